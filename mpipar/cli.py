@@ -1,0 +1,60 @@
+"""The ``mpipar`` command: one subcommand per module under ``mpipar.commands``.
+
+Each command module defines ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``.
+Modules are imported only when their subcommand runs, so ``mpipar analyze`` never imports MPI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand name -> module under mpipar.commands
+COMMANDS = {
+    "train": "train",
+    "prepare-data": "prepare_data",
+    "schedule": "schedule",
+    "commbench": "commbench",
+    "analyze": "analyze",
+    "slurm": "slurm",
+    "bench": "bench",
+}
+
+
+def _load(name: str):
+    return importlib.import_module(f"mpipar.commands.{COMMANDS[name]}")
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mpipar", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        if only is not None and name != only:
+            sub.add_parser(name, help="")  # placeholder so the name is listed
+            continue
+        try:
+            module = _load(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.startswith("mpipar.commands"):
+                continue  # command not built yet
+            raise
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # Load only the module of the chosen command (fast start, no MPI import for analysis).
+    chosen = argv[0] if argv and argv[0] in COMMANDS else None
+    parser = build_parser(only=chosen)
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    return int(_load(args.command).run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per ``mpipar`` subcommand (see mpipar/cli.py)."""
