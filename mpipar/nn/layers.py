@@ -1,0 +1,362 @@
+"""Layers: parameters plus the saved context of every micro-batch in flight.
+
+Contract 3 of DESIGN.md. A layer exposes ``forward(x, mb)``, ``backward_input(dy, mb)`` (returns
+dx) and ``backward_weight(mb)`` (accumulates into ``param.grad``); ``backward`` is both. ``mb`` keys
+the saved context, so a pipeline can hold many micro-batches at once and a zero-bubble schedule
+can run W long after B. Inputs are kept by reference, never copied: the caller must hand each
+micro-batch a buffer of its own (the pipeline executor receives into fresh arrays).
+"""
+
+from __future__ import annotations
+
+from ..backend import array_module
+from . import functional as F
+from .params import REPLICATED, Parameter, ShardSpec
+
+
+class ParamFactory:
+    """Makes the parameters of one model on one rank: backend, seed, tensor-parallel position."""
+
+    def __init__(self, backend, seed=0, tp_rank=0, tp_size=1, std=0.02):
+        self.backend, self.seed = backend, seed
+        self.tp_rank, self.tp_size, self.std = tp_rank, tp_size, std
+
+    def make(self, name, full_shape, spec: ShardSpec = REPLICATED, init="normal", std=None):
+        return Parameter(name, full_shape, self.backend, spec=spec, tp_rank=self.tp_rank,
+                         tp_size=self.tp_size, init=init, std=self.std if std is None else std,
+                         seed=self.seed)
+
+
+class Layer:
+    """Base class. Subclasses set ``self.own_params`` and override the three passes."""
+
+    def __init__(self, name=""):
+        self.name = name
+        self.own_params: list[Parameter] = []
+        self._ctx: dict = {}
+
+    # -- structure
+    def children(self) -> list["Layer"]:
+        return []
+
+    def params(self) -> list[Parameter]:
+        out = list(self.own_params)
+        for c in self.children():
+            out.extend(c.params())
+        return out
+
+    def in_flight(self) -> set:
+        """Micro-batches whose context is still held, over this layer and its children."""
+        keys = set(self._ctx)
+        for c in self.children():
+            keys |= c.in_flight()
+        return keys
+
+    def drop(self, mb) -> None:
+        """Forget a micro-batch's saved context (recomputation and aborted steps)."""
+        self._ctx.pop(mb, None)
+        for c in self.children():
+            c.drop(mb)
+
+    # -- passes
+    def forward(self, x, mb=0):
+        raise NotImplementedError
+
+    def backward_input(self, dy, mb=0):
+        raise NotImplementedError
+
+    def backward_weight(self, mb=0) -> None:
+        """Default: no weights, nothing to do."""
+
+    def backward(self, dy, mb=0):
+        dx = self.backward_input(dy, mb)
+        self.backward_weight(mb)
+        return dx
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.name})"
+
+
+class Sequential(Layer):
+    def __init__(self, layers, name=""):
+        super().__init__(name)
+        self.layers = list(layers)
+
+    def children(self):
+        return self.layers
+
+    def forward(self, x, mb=0):
+        for layer in self.layers:
+            x = layer.forward(x, mb)
+        return x
+
+    def backward_input(self, dy, mb=0):
+        for layer in reversed(self.layers):
+            dy = layer.backward_input(dy, mb)
+        return dy
+
+    def backward_weight(self, mb=0):
+        for layer in reversed(self.layers):
+            layer.backward_weight(mb)
+
+
+class Residual(Layer):
+    """y = x + inner(x)."""
+
+    def __init__(self, inner: Layer, name=""):
+        super().__init__(name)
+        self.inner = inner
+
+    def children(self):
+        return [self.inner]
+
+    def forward(self, x, mb=0):
+        y = self.inner.forward(x, mb)
+        y += x
+        return y
+
+    def backward_input(self, dy, mb=0):
+        dx = self.inner.backward_input(dy, mb)
+        dx += dy
+        return dx
+
+    def backward_weight(self, mb=0):
+        self.inner.backward_weight(mb)
+
+
+class Linear(Layer):
+    """y = x @ W (+ b), W acting as a (d_in, d_out) matrix. Specs say how W and b split over tp.
+
+    ``w_shape`` / ``b_shape`` give the full parameter shapes when they are not plain (d_in, d_out):
+    the fused q/k/v weight is (d, 3, d), split along its last axis so that each rank holds whole
+    heads of q, k and v; the rank's shard is then viewed as a (d, 3 * d / tp) matrix.
+    """
+
+    def __init__(self, pf: ParamFactory, name, d_in, d_out, bias=True,
+                 w_spec=REPLICATED, b_spec=REPLICATED, std=None, w_shape=None, b_shape=None):
+        super().__init__(name)
+        self.w = pf.make(f"{name}.weight", w_shape or (d_in, d_out), w_spec, std=std)
+        self.b = (pf.make(f"{name}.bias", b_shape or (d_out,), b_spec, init="zeros")
+                  if bias else None)
+        self.own_params = [self.w] + ([self.b] if bias else [])
+
+    def _w(self, a):
+        return a.reshape(a.shape[0], -1)  # a view: parameters are contiguous
+
+    def forward(self, x, mb=0):
+        self._ctx[mb] = [x, None]
+        b = None if self.b is None else self.b.data.reshape(-1)
+        return F.linear_forward(x, self._w(self.w.data), b)
+
+    def backward_input(self, dy, mb=0):
+        self._ctx[mb][1] = dy
+        return F.linear_backward_input(dy, self._w(self.w.data))
+
+    def backward_weight(self, mb=0):
+        x, dy = self._ctx.pop(mb)
+        db = None if self.b is None else self.b.grad.reshape(-1)
+        F.linear_backward_weight(x, dy, self._w(self.w.grad), db)
+
+
+class TiedHead(Layer):
+    """Logits from the token-embedding table: y = x @ E.T (weight tying, Press & Wolf 2017).
+
+    Under tensor parallelism the table's row shard is exactly the head's column shard, so tying
+    needs no communication when the embedding and the head live on the same pipeline stage.
+    """
+
+    def __init__(self, table: Parameter, name="head"):
+        super().__init__(name)
+        self.table = table  # not in own_params: the embedding owns it
+
+    def forward(self, x, mb=0):
+        self._ctx[mb] = [x, None]
+        return x @ self.table.data.T
+
+    def backward_input(self, dy, mb=0):
+        self._ctx[mb][1] = dy
+        return dy @ self.table.data
+
+    def backward_weight(self, mb=0):
+        x, dy = self._ctx.pop(mb)
+        h = x.shape[-1]
+        self.table.grad += dy.reshape(-1, dy.shape[-1]).T @ x.reshape(-1, h)
+
+
+class Bias(Layer):
+    """y = x + b. Megatron's row-parallel linear adds its bias once, after the reduction."""
+
+    def __init__(self, pf: ParamFactory, name, d, spec=REPLICATED):
+        super().__init__(name)
+        self.b = pf.make(f"{name}.bias", (d,), spec, init="zeros")
+        self.own_params = [self.b]
+
+    def forward(self, x, mb=0):
+        return x + self.b.data
+
+    def backward_input(self, dy, mb=0):
+        self._ctx[mb] = dy
+        return dy
+
+    def backward_weight(self, mb=0):
+        dy = self._ctx.pop(mb)
+        self.b.grad += dy.reshape(-1, dy.shape[-1]).sum(axis=0)
+
+
+class LayerNorm(Layer):
+    def __init__(self, pf: ParamFactory, name, d, eps=1e-5, partial_grad=False):
+        super().__init__(name)
+        spec = ShardSpec(axis=None, partial_grad=partial_grad)
+        self.g = pf.make(f"{name}.weight", (d,), spec, init="ones")
+        self.b = pf.make(f"{name}.bias", (d,), spec, init="zeros")
+        self.own_params = [self.g, self.b]
+        self.eps = eps
+
+    def forward(self, x, mb=0):
+        y, xhat, rstd = F.layernorm_forward(x, self.g.data, self.b.data, self.eps)
+        self._ctx[mb] = [xhat, rstd, None]
+        return y
+
+    def backward_input(self, dy, mb=0):
+        ctx = self._ctx[mb]
+        ctx[2] = dy
+        return F.layernorm_backward_input(dy, ctx[0], ctx[1], self.g.data)
+
+    def backward_weight(self, mb=0):
+        xhat, _, dy = self._ctx.pop(mb)
+        F.layernorm_backward_weight(dy, xhat, self.g.grad, self.b.grad)
+
+
+class GELU(Layer):
+    def forward(self, x, mb=0):
+        y, t = F.gelu_forward(x)
+        self._ctx[mb] = (x, t)
+        return y
+
+    def backward_input(self, dy, mb=0):
+        x, t = self._ctx.pop(mb)
+        return F.gelu_backward(dy, x, t)
+
+
+class ReLU(Layer):
+    def forward(self, x, mb=0):
+        self._ctx[mb] = x
+        return F.relu_forward(x)
+
+    def backward_input(self, dy, mb=0):
+        return F.relu_backward(dy, self._ctx.pop(mb))
+
+
+class Embedding(Layer):
+    """Token embedding over the rows [lo, hi) of the vocabulary (all of it when tp = 1).
+
+    Ids outside this rank's rows give zero vectors (the vocab-parallel masked lookup); the sum over
+    tensor-parallel ranks then gives every token its row exactly once.
+    """
+
+    def __init__(self, pf: ParamFactory, name, vocab, d, spec=REPLICATED):
+        super().__init__(name)
+        self.table = pf.make(f"{name}.weight", (vocab, d), spec)
+        self.own_params = [self.table]
+        rows = self.table.shape[0]
+        self.lo = pf.tp_rank * rows if spec.axis == 0 else 0
+        self.hi = self.lo + rows
+        self.vocab = vocab
+
+    def forward(self, ids, mb=0):
+        xp = array_module(self.table.data)
+        ids = xp.asarray(ids)
+        if self.lo == 0 and self.hi == self.vocab:
+            self._ctx[mb] = [ids, None, None]
+            return F.embedding_forward(ids, self.table.data)
+        outside = (ids < self.lo) | (ids >= self.hi)
+        local = ids - self.lo
+        local[outside] = 0
+        y = F.embedding_forward(local, self.table.data)
+        y[outside] = 0.0
+        self._ctx[mb] = [local, outside, None]
+        return y
+
+    def backward_input(self, dy, mb=0):
+        self._ctx[mb][2] = dy
+        return None  # token ids have no gradient
+
+    def backward_weight(self, mb=0):
+        local, outside, dy = self._ctx.pop(mb)
+        if outside is not None:
+            dy = dy.copy()
+            dy[outside] = 0.0
+        F.embedding_backward_weight(local, dy, self.table.grad)
+
+
+class PositionEmbedding(Layer):
+    """y = x + P[offset : offset + s]: learned positions.
+
+    Under sequence parallelism a rank holds the ``shard_index``-th slice of the sequence, so its
+    positions start at shard_index * s (s = the local length).
+    """
+
+    def __init__(self, pf: ParamFactory, name, max_len, d, shard_index=0, partial_grad=False):
+        super().__init__(name)
+        self.pos = pf.make(f"{name}.weight", (max_len, d), ShardSpec(None, partial_grad))
+        self.own_params = [self.pos]
+        self.shard_index = shard_index
+
+    def _span(self, s):
+        lo = self.shard_index * s
+        if lo + s > self.pos.shape[0]:
+            raise ValueError(f"sequence positions up to {lo + s} exceed the context of "
+                             f"{self.pos.shape[0]}: lower seq_len or raise block_size")
+        return lo, lo + s
+
+    def forward(self, x, mb=0):
+        lo, hi = self._span(x.shape[1])
+        return x + self.pos.data[lo:hi]
+
+    def backward_input(self, dy, mb=0):
+        self._ctx[mb] = dy
+        return dy
+
+    def backward_weight(self, mb=0):
+        dy = self._ctx.pop(mb)
+        lo, hi = self._span(dy.shape[1])
+        self.pos.grad[lo:hi] += dy.sum(axis=0)
+
+
+class CausalSelfAttention(Layer):
+    """The weightless core of attention on this rank's heads.
+
+    Input (B, S, 3 * n_local * hd) laid out as [q | k | v] per rank; output (B, S, n_local * hd).
+    """
+
+    def __init__(self, n_heads_local, head_dim, name="attn"):
+        super().__init__(name)
+        self.nh, self.hd = n_heads_local, head_dim
+        self._masks = {}
+
+    def _mask(self, xp, s):
+        if s not in self._masks:
+            self._masks[s] = F.causal_mask(xp, s, s)
+        return self._masks[s]
+
+    def forward(self, qkv, mb=0):
+        xp = array_module(qkv)
+        b, s, _ = qkv.shape
+        # (B, S, 3, nh, hd) -> (3, B, nh, S, hd)
+        t = qkv.reshape(b, s, 3, self.nh, self.hd).transpose(2, 0, 3, 1, 4)
+        q, k, v = t[0], t[1], t[2]
+        out, p = F.attention_forward(q, k, v, self._mask(xp, s))
+        self._ctx[mb] = (q, k, v, p)
+        return out.transpose(0, 2, 1, 3).reshape(b, s, self.nh * self.hd)
+
+    def backward_input(self, dy, mb=0):
+        xp = array_module(dy)
+        q, k, v, p = self._ctx.pop(mb)
+        b, s, _ = dy.shape
+        dout = dy.reshape(b, s, self.nh, self.hd).transpose(0, 2, 1, 3)
+        dq, dk, dv = F.attention_backward(dout, q, k, v, p)
+        dqkv = xp.empty((b, s, 3, self.nh, self.hd), dtype=dy.dtype)
+        dqkv[:, :, 0] = dq.transpose(0, 2, 1, 3)
+        dqkv[:, :, 1] = dk.transpose(0, 2, 1, 3)
+        dqkv[:, :, 2] = dv.transpose(0, 2, 1, 3)
+        return dqkv.reshape(b, s, 3 * self.nh * self.hd)

@@ -1,0 +1,299 @@
+"""Optimisers (SGD, AdamW), gradient-norm clipping and the learning-rate schedule.
+
+They work on this rank's shards (``Parameter.data`` / ``.grad``, NumPy or CuPy) and know nothing
+about ranks: an element-wise update of a shard equals the update of the full tensor, sliced.
+The only place sharding matters is the gradient norm, where ``grad_norm_sq_local`` counts a
+tensor-parallel replicated parameter on tp rank 0 only, so that a sum over tp and pp ranks (the
+``reduce_sum`` the parallel layer passes in) counts every element once.
+
+Everything stays in the parameter's dtype: hyperparameters are Python floats (NumPy 2 keeps
+``float32_array * python_float`` in float32) and updates are in place through one scratch buffer
+per array module and dtype, not a temporary per expression. The training loop sums gradients over
+micro-batches (the loss already scaled) before ``step``; the optimisers only read ``.grad``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from mpipar.backend import array_module
+
+
+def decays(p) -> bool:
+    """Weight decay applies to matrices (full_shape ndim >= 2), never to biases or LayerNorm."""
+    return len(p.full_shape) >= 2
+
+
+class _Scratch:
+    """Flat buffers per (array module, dtype, slot), as big as the largest parameter; views of
+    them hold the intermediate results of an update (two slots when two are alive at once)."""
+
+    def __init__(self):
+        self._bufs = {}
+
+    def like(self, a, slot: int = 0):
+        xp = array_module(a)
+        key = (xp.__name__, a.dtype.str, slot)
+        buf = self._bufs.get(key)
+        if buf is None or buf.size < a.size:
+            buf = xp.empty(a.size, dtype=a.dtype)
+            self._bufs[key] = buf
+        return buf[: a.size].reshape(a.shape)
+
+
+class Optimizer:
+    """Shared bookkeeping: the parameter list, per-parameter state buffers, step count and
+    ``state_dict`` / ``load_state_dict``. Subclasses name their buffers in ``BUFFERS``."""
+
+    BUFFERS: tuple[str, ...] = ()
+
+    def __init__(self, params, lr: float):
+        self.params = list(params)
+        if not self.params:
+            raise ValueError("optimizer got an empty parameter list")
+        names = [p.name for p in self.params]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"parameter names must be unique for the optimizer state, repeated: {dupes}")
+        self.lr = _positive_float(lr, "lr", allow_zero=True)
+        self.last_lr = self.lr
+        self.step_count = 0
+        self._scratch = _Scratch()
+        # Eager zero state: state_dict() is complete before the first step and memory use is
+        # visible from the start.
+        self.state = {p.name: {b: array_module(p.data).zeros_like(p.data) for b in self.BUFFERS}
+                      for p in self.params}
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.zero_grad()
+
+    def step(self, lr: float | None = None) -> None:
+        """One update from the current ``.grad``; ``lr`` overrides the base lr for this step."""
+        lr = self.lr if lr is None else _positive_float(lr, "lr", allow_zero=True)
+        self.last_lr = lr
+        self.step_count += 1
+        for p in self.params:
+            self._update(p, self.state[p.name], lr)
+
+    def _update(self, p, state, lr: float) -> None:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        """{param name: {buffer name: copy of the buffer (shard shape, param dtype), "step": int}}."""
+        out = {}
+        for p in self.params:
+            xp = array_module(p.data)
+            entry = {b: xp.array(self.state[p.name][b], copy=True) for b in self.BUFFERS}
+            entry["step"] = self.step_count
+            out[p.name] = entry
+        return out
+
+    def load_state_dict(self, state: dict) -> None:
+        """Copy ``state`` (as from ``state_dict``, NumPy or CuPy arrays) into this optimizer's
+        buffers, in the parameters' dtype and device. Checks names, keys and shapes first, so a
+        failed load changes nothing."""
+        ours = {p.name for p in self.params}
+        missing, extra = sorted(ours - set(state)), sorted(set(state) - ours)
+        if missing or extra:
+            raise ValueError(f"{type(self).__name__}.load_state_dict: names do not match the "
+                             f"parameters: missing {missing}, unexpected {extra}")
+        steps = set()
+        for p in self.params:
+            entry = state[p.name]
+            keys_needed = set(self.BUFFERS) | {"step"}
+            if set(entry) != keys_needed:
+                raise ValueError(f"{type(self).__name__}.load_state_dict: {p.name} has keys "
+                                 f"{sorted(entry)}, expected {sorted(keys_needed)} (a state from "
+                                 "another optimizer or other settings?)")
+            for b in self.BUFFERS:
+                shape = tuple(entry[b].shape)
+                if shape != tuple(p.data.shape):
+                    raise ValueError(f"{type(self).__name__}.load_state_dict: {p.name}.{b} has "
+                                     f"shape {shape}, the parameter shard is {tuple(p.data.shape)} "
+                                     "(saved with another tensor-parallel size?)")
+            steps.add(int(entry["step"]))
+        if len(steps) != 1:
+            raise ValueError(f"{type(self).__name__}.load_state_dict: parameters disagree on the "
+                             f"step count: {sorted(steps)}")
+        for p in self.params:
+            xp = array_module(p.data)
+            for b in self.BUFFERS:
+                self.state[p.name][b][...] = xp.asarray(state[p.name][b], dtype=p.data.dtype)
+        self.step_count = steps.pop()
+
+
+def _positive_float(x, what: str, allow_zero: bool = False) -> float:
+    x = float(x)  # Python float: keeps float32 math in float32 under NumPy 2 promotion
+    if not math.isfinite(x) or x < 0 or (x == 0 and not allow_zero):
+        raise ValueError(f"{what} must be {'>= 0' if allow_zero else '> 0'} and finite, got {x}")
+    return x
+
+
+class SGD(Optimizer):
+    """SGD with PyTorch's semantics: ``g = grad + weight_decay * p`` (matrices only, see
+    ``decays``), ``buf = momentum * buf + g`` (so ``buf = g`` at the first step), then
+    ``p -= lr * (g + momentum * buf)`` (nesterov) or ``p -= lr * buf``. Momentum 0:
+    ``p -= lr * g``."""
+
+    def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
+                 nesterov: bool = False):
+        self.momentum = _positive_float(momentum, "momentum", allow_zero=True)
+        self.weight_decay = _positive_float(weight_decay, "weight_decay", allow_zero=True)
+        if self.momentum >= 1.0:
+            raise ValueError(f"momentum must be below 1, got {momentum}")
+        if nesterov and self.momentum == 0.0:
+            raise ValueError("nesterov needs momentum > 0")
+        self.nesterov = bool(nesterov)
+        self.BUFFERS = ("momentum_buffer",) if self.momentum > 0 else ()
+        super().__init__(params, lr)
+
+    def _update(self, p, state, lr: float) -> None:
+        xp = array_module(p.data)
+        g = p.grad
+        if self.weight_decay and decays(p):
+            g = self._scratch.like(p.data, 0)
+            xp.multiply(p.data, self.weight_decay, out=g)
+            g += p.grad
+        step = self._scratch.like(p.data, 1)
+        if self.momentum:
+            buf = state["momentum_buffer"]
+            buf *= self.momentum
+            buf += g
+            xp.multiply(buf, self.momentum if self.nesterov else 1.0, out=step)
+            if self.nesterov:
+                step += g
+        else:
+            step[...] = g
+        step *= lr
+        p.data -= step
+
+
+class AdamW(Optimizer):
+    """Adam with bias correction and decoupled weight decay (Loshchilov & Hutter; PyTorch's
+    AdamW): ``p *= 1 - lr * weight_decay`` (matrices only, see ``decays``),
+    ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g^2``, and with ``t`` the step count
+    ``p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)``."""
+
+    BUFFERS = ("exp_avg", "exp_avg_sq")
+
+    def __init__(self, params, lr: float, betas=(0.9, 0.95), eps: float = 1e-8,
+                 weight_decay: float = 0.0):
+        b1, b2 = (float(b) for b in betas)
+        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
+            raise ValueError(f"betas must be in [0, 1), got {tuple(betas)}")
+        self.betas = (b1, b2)
+        self.eps = _positive_float(eps, "eps")
+        self.weight_decay = _positive_float(weight_decay, "weight_decay", allow_zero=True)
+        super().__init__(params, lr)
+
+    def _update(self, p, state, lr: float) -> None:
+        xp = array_module(p.data)
+        b1, b2 = self.betas
+        t = self.step_count
+        m, v, g = state["exp_avg"], state["exp_avg_sq"], p.grad
+        tmp = self._scratch.like(p.data, 0)
+        if self.weight_decay and decays(p):
+            p.data *= 1.0 - lr * self.weight_decay
+        # m += (1 - b1) * (g - m)  ==  b1 m + (1 - b1) g
+        xp.subtract(g, m, out=tmp)
+        tmp *= 1.0 - b1
+        m += tmp
+        # v = b2 v + (1 - b2) g^2
+        v *= b2
+        xp.multiply(g, g, out=tmp)
+        tmp *= 1.0 - b2
+        v += tmp
+        # tmp = sqrt(v / (1 - b2^t)) + eps, then the step lr / (1 - b1^t) * m / tmp
+        xp.sqrt(v, out=tmp)
+        tmp *= 1.0 / math.sqrt(1.0 - b2**t)
+        tmp += self.eps
+        xp.divide(m, tmp, out=tmp)
+        tmp *= lr / (1.0 - b1**t)
+        p.data -= tmp
+
+
+# ---------------------------------------------------------------------------------------------
+# Gradient clipping
+# ---------------------------------------------------------------------------------------------
+
+
+def counts_in_norm(p) -> bool:
+    """Whether this rank's shard of ``p`` counts in the global gradient norm: a sharded
+    parameter always (each tp rank holds different elements), a replicated one only on tp rank 0
+    (every tp rank holds the same copy)."""
+    return p.spec.axis is not None or p.tp_rank == 0
+
+
+def grad_norm_sq_local(params) -> float:
+    """Sum of squared gradient elements this rank is responsible for (see ``counts_in_norm``).
+    Call it once the gradients are final (data-parallel all-reduce and the tp reduction of
+    partial gradients done). Summed over the tp and pp ranks of one data-parallel replica (not
+    over dp: replicas hold the same gradients), it gives the full model's squared norm.
+    Accumulated in float64, with one device sync at the end."""
+    total = None
+    for p in params:
+        if not counts_in_norm(p):
+            continue
+        xp = array_module(p.grad)
+        g = p.grad.ravel()
+        s = xp.vdot(g, g).astype(xp.float64)
+        total = s if total is None else total + s
+    return 0.0 if total is None else float(total)
+
+
+def global_grad_norm(params, reduce_sum=None) -> float:
+    """The full model's gradient L2 norm. ``reduce_sum`` (float -> float) sums a number over the
+    tp and pp ranks of this replica; it is supplied by the parallel layer (None: one rank)."""
+    sq = grad_norm_sq_local(params)
+    if reduce_sum is not None:
+        sq = float(reduce_sum(sq))
+    return math.sqrt(sq)
+
+
+def clip_grads_(params, max_norm: float, total_norm: float) -> float:
+    """Scale every gradient by ``min(1, max_norm / (total_norm + 1e-6))`` in place; return the
+    scale. ``total_norm`` must be the global norm (the same on every rank, so all ranks agree).
+    A non-finite norm raises FloatingPointError on every rank alike instead of zeroing the grads."""
+    max_norm = _positive_float(max_norm, "max_norm")
+    total_norm = float(total_norm)
+    if not math.isfinite(total_norm):
+        raise FloatingPointError(f"gradient norm is {total_norm}: the loss diverged or overflowed; "
+                                 "lower the learning rate (or use float64 to look for the cause)")
+    scale = min(1.0, max_norm / (total_norm + 1e-6))
+    if scale < 1.0:
+        for p in params:
+            p.grad *= scale
+    return scale
+
+
+# ---------------------------------------------------------------------------------------------
+# Learning-rate schedule
+# ---------------------------------------------------------------------------------------------
+
+
+def lr_at(step: int, base_lr: float, warmup_steps: int, total_steps: int,
+          min_lr: float = 0.0) -> float:
+    """Learning rate of the 0-based optimizer step ``step``.
+
+    - warm-up, ``step < warmup_steps``: ``base_lr * (step + 1) / warmup_steps`` (linear, never 0,
+      reaching ``base_lr`` at the last warm-up step);
+    - then cosine decay from ``base_lr`` at ``step == warmup_steps`` to ``min_lr`` at
+      ``step == total_steps`` (so the last of ``total_steps`` steps is just above ``min_lr``),
+      and ``min_lr`` after it;
+    - ``total_steps == 0``: no decay, ``base_lr`` after the warm-up (constant if no warm-up).
+    """
+    if step < 0 or warmup_steps < 0 or total_steps < 0:
+        raise ValueError(f"step, warmup_steps and total_steps must be >= 0, got {step}, "
+                         f"{warmup_steps}, {total_steps}")
+    if total_steps and warmup_steps >= total_steps:
+        raise ValueError(f"warmup_steps ({warmup_steps}) must be below total_steps "
+                         f"({total_steps}); lower --warmup or raise --steps")
+    if min_lr > base_lr:
+        raise ValueError(f"min_lr ({min_lr}) must not exceed the base lr ({base_lr})")
+    if step < warmup_steps:
+        return base_lr * (step + 1) / warmup_steps
+    if total_steps == 0:
+        return base_lr
+    progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
+    return min_lr + 0.5 * (base_lr - min_lr) * (1.0 + math.cos(math.pi * progress))

@@ -1,0 +1,179 @@
+"""Tensor parallelism (Megatron 1D) by composition.
+
+Megatron-LM (Shoeybi et al., 2019) splits a transformer layer with one conjugate pair of
+communication operators per block:
+
+- ``f`` (:class:`CopyToTP`): identity forward, all-reduce of the gradient backward;
+- ``g`` (:class:`ReduceFromTP`): all-reduce forward, identity backward.
+
+A column-parallel linear (weight split by output columns) follows ``f``; a row-parallel linear
+(weight split by input rows) is followed by ``g`` and then its bias, added once. With sequence
+parallelism (Korthikanti et al., 2022) the regions between blocks hold a slice of the sequence:
+``f`` becomes an all-gather along the sequence (:class:`GatherSeq`, reduce-scatter backward) and
+``g`` a reduce-scatter (:class:`ReduceScatterSeq`, all-gather backward); the bytes moved are the
+same as the all-reduces they replace, and LayerNorm work and activations are split by tp.
+
+These layers hold no MPI: they call a communicator object (``mpipar.dist.comm.Comm``) given to
+them. With tp = 1 they are identities and never touch it, so the one-rank model is the same code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..nn.layers import Layer
+from ..nn.params import ShardSpec
+
+SEQ_AXIS = 1  # activations are (batch, sequence, hidden)
+
+
+@dataclass
+class TPContext:
+    """What a model needs to know about tensor parallelism on this rank."""
+
+    comm: object = None  # mpipar.dist.comm.Comm along the tp axis (None when size is 1)
+    size: int = 1
+    rank: int = 0
+    sequence_parallel: bool = False
+
+    @classmethod
+    def from_comm(cls, comm, sequence_parallel=False):
+        return cls(comm=comm, size=comm.size, rank=comm.rank,
+                   sequence_parallel=sequence_parallel and comm.size > 1)
+
+    @property
+    def col(self) -> ShardSpec:
+        """Spec of a column-parallel (d_in, d_out) weight: split the output columns."""
+        return ShardSpec(axis=1)
+
+    @property
+    def row(self) -> ShardSpec:
+        """Spec of a row-parallel (d_in, d_out) weight: split the input rows."""
+        return ShardSpec(axis=0)
+
+    def enter(self, name="f") -> Layer:
+        """The operator in front of a column-parallel region: f, or all-gather with SP."""
+        return GatherSeq(self, name) if self.sequence_parallel else CopyToTP(self, name)
+
+    def leave(self, name="g") -> Layer:
+        """The operator after a row-parallel region: g, or reduce-scatter with SP."""
+        return ReduceScatterSeq(self, name) if self.sequence_parallel else ReduceFromTP(self, name)
+
+    def divide(self, n: int, what: str) -> int:
+        if n % self.size:
+            raise ValueError(f"{what} = {n} is not divisible by tp = {self.size}: choose a tp "
+                             f"that divides it")
+        return n // self.size
+
+
+class _TPOp(Layer):
+    def __init__(self, tp: TPContext, name):
+        super().__init__(name)
+        self.tp = tp
+
+    @property
+    def active(self) -> bool:
+        return self.tp.size > 1
+
+
+class CopyToTP(_TPOp):
+    """Megatron's f: identity forward, all-reduce (sum) of the input gradient backward."""
+
+    def forward(self, x, mb=0):
+        return x
+
+    def backward_input(self, dy, mb=0):
+        # dy is the fresh result of the column-parallel linear's input-gradient GEMM: reduce in place
+        return self.tp.comm.allreduce(dy, op="sum", inplace=True) if self.active else dy
+
+
+class ReduceFromTP(_TPOp):
+    """Megatron's g: all-reduce (sum) forward of the row-parallel partial outputs, identity back."""
+
+    def forward(self, x, mb=0):
+        return self.tp.comm.allreduce(x, op="sum", inplace=True) if self.active else x
+
+    def backward_input(self, dy, mb=0):
+        return dy
+
+
+class GatherSeq(_TPOp):
+    """Sequence parallel f: all-gather the sequence shards forward, reduce-scatter backward."""
+
+    def forward(self, x, mb=0):
+        return self.tp.comm.allgather(x, axis=SEQ_AXIS) if self.active else x
+
+    def backward_input(self, dy, mb=0):
+        return self.tp.comm.reduce_scatter(dy, axis=SEQ_AXIS) if self.active else dy
+
+
+class ReduceScatterSeq(_TPOp):
+    """Sequence parallel g: reduce-scatter along the sequence forward, all-gather backward."""
+
+    def forward(self, x, mb=0):
+        return self.tp.comm.reduce_scatter(x, axis=SEQ_AXIS) if self.active else x
+
+    def backward_input(self, dy, mb=0):
+        return self.tp.comm.allgather(dy, axis=SEQ_AXIS) if self.active else dy
+
+
+class VocabParallelCrossEntropy:
+    """Mean softmax cross-entropy over logits split by vocabulary columns across tp.
+
+    Never gathers the full logits (Megatron's vocab-parallel loss): the row max, the sum of
+    exponentials and the target logit are each reduced over tp, so the message per token is a
+    few scalars instead of V / tp logits.
+    """
+
+    def __init__(self, tp: TPContext):
+        self.tp = tp
+        self._ctx = {}
+
+    def _reduce(self, x, op):
+        return self.tp.comm.allreduce(x, op=op, inplace=True) if self.tp.size > 1 else x
+
+    def forward(self, logits, targets, mb=0, scale=1.0) -> float:
+        """Returns the mean loss over this micro-batch's tokens (unscaled); keeps what backward needs.
+
+        ``scale`` multiplies the gradient (1 / micro-batches for a batch mean).
+        """
+        from ..backend import array_module
+
+        xp = array_module(logits)
+        v_local = logits.shape[-1]
+        z = logits.reshape(-1, v_local)
+        t = xp.asarray(targets).reshape(-1)
+        n = z.shape[0]
+        lo = self.tp.rank * v_local
+        rowmax = self._reduce(z.max(axis=1), "max")
+        e = z - rowmax[:, None]
+        inside = (t >= lo) & (t < lo + v_local)
+        local_t = xp.where(inside, t - lo, 0)
+        picked = e[xp.arange(n), local_t] * inside
+        picked = self._reduce(picked, "sum")
+        xp.exp(e, out=e)
+        sumexp = self._reduce(e.sum(axis=1), "sum")
+        loss = float((xp.log(sumexp) - picked).mean())
+        e /= sumexp[:, None]  # e is now this rank's slice of the softmax
+        self._ctx[mb] = (e, local_t, inside, scale, logits.shape)
+        return loss
+
+    def backward(self, mb=0):
+        from ..backend import array_module
+
+        p, local_t, inside, scale, shape = self._ctx.pop(mb)
+        xp = array_module(p)
+        n = p.shape[0]
+        p[xp.arange(n), local_t] -= inside.astype(p.dtype)
+        p *= scale / n
+        return p.reshape(shape)
+
+
+def sync_partial_grads(params, tp: TPContext) -> None:
+    """All-reduce over tp the gradients that sequence parallelism leaves partial (LayerNorm,
+    row-parallel biases, positions): each tp rank saw only its slice of the sequence."""
+    if tp.size == 1:
+        return
+    for p in params:
+        if p.spec.partial_grad:
+            tp.comm.allreduce(p.grad, op="sum", inplace=True)
