@@ -46,6 +46,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    from .threads import set_blas_threads
+
+    set_blas_threads()  # before anything imports NumPy
     # Load only the module of the chosen command (fast start, no MPI import for analysis).
     chosen = argv[0] if argv and argv[0] in COMMANDS else None
     parser = build_parser(only=chosen)

@@ -251,6 +251,12 @@ def validate(cfg: Config, world_size: int | None = None) -> None:
         if m.task not in ("classification", "regression"):
             raise ConfigError(f"model.task = {m.task!r}: use classification or regression")
         n_units = len(m.sizes) - 1
+        from .models import check_mlp_shapes
+
+        try:
+            check_mlp_shapes(m, p.tp)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     stages = p.pp * p.virtual_stages
     if stages > n_units:
         raise ConfigError(f"pp * virtual_stages = {p.pp} * {p.virtual_stages} = {stages} "

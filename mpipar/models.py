@@ -36,7 +36,16 @@ class Model:
     units: list[Layer]
     loss: object
     n_params_full: int = 0
+    # last-axis width of each unit's output on this rank (what a pipeline sends after that unit)
+    out_widths: list = field(default_factory=list)
+    seq_shards: int = 1  # >1: activations between units hold 1/seq_shards of the sequence (SP)
     extra: dict = field(default_factory=dict)
+
+    def boundary_shape(self, unit: int, batch: int, seq_len: int | None = None) -> tuple:
+        """Shape of the activation leaving ``unit`` (and of its gradient) for a micro-batch."""
+        if self.kind == "gpt":
+            return (batch, seq_len // self.seq_shards, self.out_widths[unit])
+        return (batch, self.out_widths[unit])
 
     def params(self, units=None):
         seen, out = set(), []
@@ -128,7 +137,9 @@ def build_gpt(mcfg, backend, seed=0, tp: TPContext | None = None) -> Model:
         head = Linear(pf, "head", d, mcfg.vocab_size, bias=False, w_spec=tp.col)
     final = Sequential([LayerNorm(pf, "ln_f", d, partial_grad=sp), tp.enter("head.f"), head],
                        name="head")
-    model = Model("gpt", [embed, *blocks, final], VocabParallelCrossEntropy(tp))
+    model = Model("gpt", [embed, *blocks, final], VocabParallelCrossEntropy(tp),
+                  out_widths=[d] * (mcfg.n_layer + 1) + [mcfg.vocab_size // tp.size],
+                  seq_shards=tp.size if sp else 1)
     model.n_params_full = _count_full(model.params())
     return model
 
@@ -151,6 +162,17 @@ class MSELoss:
         return F.mse_backward(diff, scale)
 
 
+def check_mlp_shapes(mcfg, tp_size=1):
+    """With tp > 1 every column-parallel width (sizes[1], sizes[3], ...) must divide by tp."""
+    n = len(mcfg.sizes) - 1
+    if tp_size == 1:
+        return
+    for i in range(0, n - 1, 2):
+        if mcfg.sizes[i + 1] % tp_size:
+            raise ValueError(f"model.sizes[{i + 1}] = {mcfg.sizes[i + 1]} is split over tp = "
+                             f"{tp_size} (column-parallel) and must divide by it")
+
+
 def build_mlp(mcfg, backend, seed=0, tp: TPContext | None = None) -> Model:
     """Linears ``sizes[0] -> sizes[1] -> ... -> sizes[-1]`` with an activation between them.
 
@@ -159,15 +181,17 @@ def build_mlp(mcfg, backend, seed=0, tp: TPContext | None = None) -> Model:
     Each linear (with what follows it) is one pipeline unit.
     """
     tp = tp or TPContext()
+    check_mlp_shapes(mcfg, tp.size)
     sizes = list(mcfg.sizes)
     n = len(sizes) - 1
     pf = ParamFactory(backend, seed=seed, tp_rank=tp.rank, tp_size=tp.size, std=mcfg.init_std)
     act_cls = {"relu": ReLU, "gelu": GELU}[mcfg.activation]
-    units = []
+    units, widths = [], []
     for i in range(n):
         name = f"layers.{i}"
         paired = tp.size > 1 and (i % 2 == 0 and i + 1 < n or i % 2 == 1)
         parts: list[Layer] = []
+        widths.append(sizes[i + 1] // (tp.size if paired and i % 2 == 0 else 1))
         if paired and i % 2 == 0:
             tp.divide(sizes[i + 1], f"model.sizes[{i + 1}]")
             parts += [tp.enter(f"{name}.f"),
@@ -185,7 +209,7 @@ def build_mlp(mcfg, backend, seed=0, tp: TPContext | None = None) -> Model:
         loss = VocabParallelCrossEntropy(TPContext())  # logits are replicated: a plain CE
     else:
         loss = MSELoss()
-    model = Model("mlp", units, loss)
+    model = Model("mlp", units, loss, out_widths=widths)
     model.n_params_full = _count_full(model.params())
     return model
 

@@ -1,0 +1,224 @@
+"""HDF5 checkpoints of full (unsharded) tensors, which load onto any grid.
+
+Layout (format_version 1):
+
+- ``/params/<parameter name>``: the full-shape parameter, in the run's dtype;
+- ``/optim/<parameter name>/<buffer>``: the optimizer state of that parameter, full shape
+  (``exp_avg``, ``exp_avg_sq`` for AdamW; ``momentum_buffer`` for SGD);
+- attributes: ``format_version``, ``step`` (steps completed), ``optimizer``, ``optimizer_step``,
+  ``config`` (JSON), ``grid`` (JSON, of the run that saved it), ``dtype``.
+
+Saving gathers each tensor over tp (its shard axis), then each stage's tensors to world rank 0,
+which writes ``step_NNNNNN.h5`` through a temporary file and ``os.replace``: a crash mid-write
+leaves the previous checkpoint and no half-written file. ``latest`` names the newest one.
+Loading: every rank reads the file, checks every name and shape first (a mismatch names the
+tensor), then takes its own shard, so a run saved at dp2 pp2 tp2 resumes at dp1 pp4 tp2 or on
+one rank. Since batches depend only on (seed, step), resuming is exact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .backend import to_numpy
+from .nn.params import take_shard
+
+FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+# ----- packing named arrays into bytes (for the gather to rank 0; no pickling) ----------------
+
+def pack_arrays(arrays: dict) -> bytes:
+    header, chunks = [], []
+    for name, a in arrays.items():
+        a = np.ascontiguousarray(a)
+        header.append([name, list(a.shape), a.dtype.str])
+        chunks.append(a.tobytes())
+    h = json.dumps(header).encode()
+    return len(h).to_bytes(8, "little") + h + b"".join(chunks)
+
+
+def unpack_arrays(blob: bytes) -> dict:
+    n = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8:8 + n])
+    out, off = {}, 8 + n
+    for name, shape, dt in header:
+        dtype = np.dtype(dt)
+        size = int(np.prod(shape)) * dtype.itemsize
+        out[name] = np.frombuffer(blob[off:off + size], dtype=dtype).reshape(shape)
+        off += size
+    return out
+
+
+# ----- save -----------------------------------------------------------------------------------
+
+def _gather_full(tensor, spec, tp_comm):
+    if spec.axis is None or tp_comm.size == 1:
+        return to_numpy(tensor)
+    return to_numpy(tp_comm.allgather(tensor, axis=spec.axis))
+
+
+def _optimizer_state_by_param(trainer) -> dict:
+    sd = trainer.opt.state_dict()
+    buffers = [k for k in next(iter(sd.values())) if k != "step"] if sd else []
+    if trainer.sync.zero1:
+        state = {k: v for k, v in sd.items()}
+        return trainer.sync.gather_state(state, buffers), buffers
+    return {name: {b: e[b] for b in buffers} for name, e in sd.items()}, buffers
+
+
+def gather_full(trainer, what=("params", "optim")) -> dict | None:
+    """Collective over the world: {"params/NAME": full array, "optim/NAME/BUF": ..., "grads/NAME":
+    ...} on world rank 0 (None elsewhere), gathered over tp (shard axes) and pp (stages)."""
+    g = trainer.grid
+    tensors = {}
+    if "optim" in what:
+        opt_state, buffers = _optimizer_state_by_param(trainer)
+    for p in trainer.params:
+        if "params" in what:
+            tensors[f"params/{p.name}"] = _gather_full(p.data, p.spec, g.tp_comm)
+        if "grads" in what:
+            tensors[f"grads/{p.name}"] = _gather_full(p.grad, p.spec, g.tp_comm)
+        if "optim" in what:
+            for b in buffers:
+                tensors[f"optim/{p.name}/{b}"] = _gather_full(opt_state[p.name][b], p.spec,
+                                                              g.tp_comm)
+    # one copy per stage (dp 0, tp 0) goes to world rank 0 over the pipeline communicator
+    blobs = None
+    if g.dp_rank == 0 and g.tp_rank == 0:
+        blobs = g.pp_comm.gather_bytes(pack_arrays(tensors), root=0)
+    if g.rank != 0:
+        return None
+    merged = {}
+    for blob in blobs:
+        merged.update(unpack_arrays(blob))
+    return merged
+
+
+def save_checkpoint(trainer, directory) -> Path | None:
+    """Collective over the world. Returns the path on world rank 0 (None elsewhere)."""
+    g = trainer.grid
+    tensors = gather_full(trainer)
+    path = _write(Path(directory), trainer, tensors) if g.rank == 0 else None
+    g.world_comm.barrier()
+    return path
+
+
+def _write(directory: Path, trainer, tensors: dict) -> Path:
+    import h5py
+
+    cfg = trainer.cfg
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"step_{trainer.step:06d}.h5"
+    tmp = directory / f".{path.name}.tmp{os.getpid()}"
+    try:
+        with h5py.File(tmp, "w") as f:
+            for name, a in sorted(tensors.items()):
+                f.create_dataset(name, data=a)
+            f.attrs["format_version"] = FORMAT_VERSION
+            f.attrs["step"] = trainer.step
+            f.attrs["optimizer"] = cfg.train.optimizer
+            f.attrs["optimizer_step"] = trainer.opt.step_count
+            f.attrs["config"] = cfg.to_json()
+            f.attrs["grid"] = json.dumps({"dp": cfg.parallel.dp, "pp": cfg.parallel.pp,
+                                          "tp": cfg.parallel.tp})
+            f.attrs["dtype"] = cfg.train.dtype
+            f.attrs["complete"] = True
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    latest_tmp = directory / f".latest.tmp{os.getpid()}"
+    latest_tmp.write_text(path.name + "\n")
+    os.replace(latest_tmp, directory / "latest")
+    return path
+
+
+# ----- load -----------------------------------------------------------------------------------
+
+def resolve(resume: str, out_dir: Path) -> Path:
+    if resume == "latest":
+        pointer = Path(out_dir) / "checkpoints" / "latest"
+        if not pointer.is_file():
+            raise CheckpointError(f"run.resume = latest but {pointer} does not exist: no "
+                                  f"checkpoint was saved in this run directory")
+        return pointer.parent / pointer.read_text().strip()
+    return Path(resume)
+
+
+def read_checkpoint(path) -> tuple[dict, dict]:
+    """(tensors, attrs) of a checkpoint file, with clear errors for missing or damaged files."""
+    import h5py
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist: check run.resume")
+    try:
+        with h5py.File(path, "r") as f:
+            attrs = dict(f.attrs)
+            if int(attrs.get("format_version", -1)) != FORMAT_VERSION or not attrs.get("complete"):
+                raise CheckpointError(f"{path} is not a complete mpipar checkpoint (format "
+                                      f"{attrs.get('format_version')}): pick another file")
+            tensors = {}
+            f.visititems(lambda name, obj: tensors.__setitem__(name, obj[()])
+                         if isinstance(obj, h5py.Dataset) else None)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # h5py raises OSError / KeyError / RuntimeError on damage
+        raise CheckpointError(f"checkpoint {path} cannot be read (truncated or corrupted?): "
+                              f"{exc}; resume from an earlier checkpoint") from None
+    return tensors, attrs
+
+
+def load_into(trainer, path) -> int:
+    """Load params and optimizer state onto this rank's shards. Returns the step to resume at."""
+    tensors, attrs = read_checkpoint(path)
+    cfg = trainer.cfg
+    if attrs.get("optimizer") != cfg.train.optimizer:
+        raise CheckpointError(f"{path} holds {attrs.get('optimizer')} state but the run uses "
+                              f"train.optimizer = {cfg.train.optimizer}")
+    # check everything before changing anything
+    buffers = [k for k in trainer.opt.BUFFERS]
+    for p in trainer.params:
+        key = f"params/{p.name}"
+        if key not in tensors:
+            raise CheckpointError(f"{path} has no tensor {p.name}: it was saved from another "
+                                  f"model (check model.* settings)")
+        if tuple(tensors[key].shape) != p.full_shape:
+            raise CheckpointError(f"{path}: tensor {p.name} has shape "
+                                  f"{tuple(tensors[key].shape)} but the model needs "
+                                  f"{p.full_shape}: the model settings differ from the saved run")
+        for b in buffers:
+            if f"optim/{p.name}/{b}" not in tensors:
+                raise CheckpointError(f"{path} lacks optimizer state optim/{p.name}/{b}")
+    xp = trainer.backend.xp
+    for p in trainer.params:
+        p.data[...] = xp.asarray(take_shard(tensors[f"params/{p.name}"], p.spec, p.tp_rank,
+                                            p.tp_size), dtype=p.data.dtype)
+    per_param = {p.name: {b: take_shard(tensors[f"optim/{p.name}/{b}"], p.spec, p.tp_rank,
+                                        p.tp_size) for b in buffers} for p in trainer.params}
+    step = int(attrs["optimizer_step"])
+    if trainer.sync.zero1:
+        shard_state = trainer.sync.scatter_state(per_param, buffers)
+        trainer.opt.load_state_dict({k: dict(v, step=step) for k, v in shard_state.items()})
+    else:
+        trainer.opt.load_state_dict({k: dict(v, step=step) for k, v in per_param.items()})
+    return int(attrs["step"])
+
+
+def maybe_resume(trainer) -> None:
+    cfg = trainer.cfg
+    if not cfg.run.resume:
+        return
+    path = resolve(cfg.run.resume, cfg.out_dir)
+    trainer.step = load_into(trainer, path)
+    if trainer.grid.rank == 0:
+        print(f"mpipar: resumed from {path} at step {trainer.step}", flush=True)

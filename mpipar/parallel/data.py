@@ -1,0 +1,196 @@
+"""Data parallelism: bucketed, overlapped gradient all-reduce, and ZeRO-1 optimizer sharding.
+
+Each chunk's gradients live in a few flat buckets (``param.grad`` becomes a view into one), so a
+bucket is reduced with one collective. A chunk's buckets start reducing (non-blocking) as soon as
+its last micro-batch's weight gradient is done, while the rest of the backward goes on; ``finish``
+waits for all of them. Buckets are filled in reverse layer order, the order backward finishes them
+(as PyTorch DDP and Megatron do).
+
+ZeRO-1 (Rajbhandari et al., 2020, stage 1): each bucket's gradient is reduce-scattered instead of
+all-reduced; each dp rank keeps optimizer state for, and updates, only its 1/dp slice of the
+bucket; the updated slices are all-gathered back into the parameters. Buckets never mix
+parameters that decay with those that do not, nor tp-replicated with tp-sharded ones, so each
+slice is a plain parameter for the optimizer and for the gradient-norm count.
+"""
+
+from __future__ import annotations
+
+from ..nn.optim import counts_in_norm, decays
+from ..nn.params import REPLICATED, ShardSpec
+
+
+class Bucket:
+    def __init__(self, params, xp, dtype, pad_to=1):
+        self.params = list(params)
+        n = sum(p.size for p in self.params)
+        self.numel = n
+        self.padded = -(-n // pad_to) * pad_to
+        self.grad = xp.zeros(self.padded, dtype=dtype)
+        off = 0
+        for p in self.params:
+            view = self.grad[off:off + p.size].reshape(p.shape)
+            view[...] = p.grad
+            p.grad = view  # gradients accumulate straight into the bucket
+            off += p.size
+        self.request = None
+
+
+class FlatShard:
+    """This dp rank's slice of a ZeRO-1 bucket, shaped like a parameter for the optimizer."""
+
+    def __init__(self, name, data, grad, decay, replicated, tp_rank):
+        self.name, self.data, self.grad = name, data, grad
+        # decays() looks at the number of dimensions of full_shape
+        self.full_shape = (1, data.size) if decay else (data.size,)
+        self.spec = REPLICATED if replicated else ShardSpec(axis=0)
+        self.tp_rank = tp_rank
+
+    @property
+    def shape(self):
+        return self.data.shape
+
+    @property
+    def size(self):
+        return int(self.data.size)
+
+    def zero_grad(self):
+        self.grad.fill(0)
+
+
+class GradSync:
+    """Gradient synchronisation over the data-parallel communicator ``comm``.
+
+    ``chunk_params``: {chunk index: [Parameter, ...] in forward order}.
+    """
+
+    def __init__(self, chunk_params: dict, comm, backend, bucket_mb=4.0, overlap=True,
+                 zero1=False):
+        self.comm, self.backend = comm, backend
+        self.dp = 1 if comm is None else comm.size
+        self.overlap, self.zero1 = overlap and self.dp > 1, zero1 and self.dp > 1
+        xp, dtype = backend.xp, backend.dtype
+        limit = max(1, int(bucket_mb * 2**20 / dtype().itemsize))
+        self.buckets = {}  # chunk -> [Bucket]
+        for c, params in chunk_params.items():
+            groups = {}
+            for p in reversed(params):  # backward finishes the last layers first
+                key = (decays(p), p.spec.axis is None) if self.zero1 else None
+                groups.setdefault(key, []).append(p)
+            out = []
+            for group in groups.values():
+                cur, size = [], 0
+                for p in group:
+                    if cur and size + p.size > limit:
+                        out.append(Bucket(cur, xp, dtype, self.dp if self.zero1 else 1))
+                        cur, size = [], 0
+                    cur.append(p)
+                    size += p.size
+                if cur:
+                    out.append(Bucket(cur, xp, dtype, self.dp if self.zero1 else 1))
+            self.buckets[c] = out
+        self.shards = self._make_shards() if self.zero1 else []
+        self._launched = set()
+
+    # -- ZeRO-1 state
+    def _make_shards(self):
+        shards = []
+        r = self.comm.rank
+        for c, buckets in sorted(self.buckets.items()):
+            for i, b in enumerate(buckets):
+                k = b.padded // self.dp
+                b.flat_data = self.backend.xp.zeros(b.padded, dtype=self.backend.dtype)
+                off = 0
+                for p in b.params:
+                    b.flat_data[off:off + p.size] = p.data.reshape(-1)
+                    p.data = b.flat_data[off:off + p.size].reshape(p.shape)
+                    off += p.size
+                p0 = b.params[0]
+                b.shard = FlatShard(f"zero1.chunk{c}.bucket{i}.dp{r}", b.flat_data[r * k:(r + 1) * k],
+                                    self.backend.xp.zeros(k, dtype=self.backend.dtype),
+                                    decays(p0), p0.spec.axis is None, p0.tp_rank)
+                shards.append(b.shard)
+        return shards
+
+    def optimizer_params(self, params):
+        """What the optimizer should update on this rank: the parameters, or ZeRO-1's slices."""
+        return self.shards if self.zero1 else list(params)
+
+    # -- the step
+    def start(self) -> None:
+        self._launched.clear()
+
+    def chunk_ready(self, c) -> None:
+        """Called by the executor when chunk c's gradients are final for this step."""
+        if self.overlap and c in self.buckets:
+            self._launch(c)
+
+    def _launch(self, c):
+        if c in self._launched:
+            return
+        self._launched.add(c)
+        for b in self.buckets[c]:
+            if self.zero1:
+                b.request = None  # reduce-scatter is blocking; done in finish()
+            else:
+                b.request = self.comm.iallreduce(b.grad, op="mean")
+
+    def finish(self) -> None:
+        """Complete every bucket's reduction (launching those not yet started)."""
+        if self.dp == 1:
+            return
+        for c in self.buckets:
+            self._launch(c)
+        for buckets in self.buckets.values():
+            for b in buckets:
+                if self.zero1:
+                    b.shard.grad[...] = self.comm.reduce_scatter(b.grad, axis=0, op="sum")
+                    b.shard.grad *= 1.0 / self.dp
+                elif b.request is not None:
+                    b.request.wait()
+                    b.request = None
+
+    def after_step(self) -> None:
+        """ZeRO-1: gather every rank's updated slice back into the full parameters."""
+        if not self.zero1:
+            return
+        for buckets in self.buckets.values():
+            for b in buckets:
+                b.flat_data[...] = self.comm.allgather(b.shard.data, axis=0)
+
+    def norm_params(self, params):
+        """The tensors whose squares make up this rank's share of the gradient norm."""
+        return self.shards if self.zero1 else [p for p in params if counts_in_norm(p)]
+
+    # -- checkpoints: ZeRO-1 optimizer state back to per-parameter tensors
+    def gather_state(self, opt_state: dict, buffers) -> dict:
+        """{param name: {buffer: array in the parameter's shard shape}} from the slices' state."""
+        out = {}
+        for buckets in self.buckets.values():
+            for b in buckets:
+                flats = {name: self.comm.allgather(opt_state[b.shard.name][name], axis=0)
+                         for name in buffers}
+                off = 0
+                for p in b.params:
+                    out[p.name] = {name: flats[name][off:off + p.size].reshape(p.shape)
+                                   for name in buffers}
+                    off += p.size
+        return out
+
+    def scatter_state(self, per_param: dict, buffers) -> dict:
+        """The inverse of ``gather_state``: this rank's slice state from per-parameter tensors."""
+        xp = self.backend.xp
+        out = {}
+        r = self.comm.rank
+        for buckets in self.buckets.values():
+            for b in buckets:
+                k = b.padded // self.dp
+                entry = {}
+                for name in buffers:
+                    flat = xp.zeros(b.padded, dtype=self.backend.dtype)
+                    off = 0
+                    for p in b.params:
+                        flat[off:off + p.size] = xp.asarray(per_param[p.name][name]).reshape(-1)
+                        off += p.size
+                    entry[name] = flat[r * k:(r + 1) * k].copy()
+                out[b.shard.name] = entry
+        return out

@@ -1,0 +1,247 @@
+"""Pipeline schedules as data: an ordered list of actions per pipeline rank.
+
+An action is ``OP<mb>.<chunk>``, e.g. ``F3.1`` is the forward of micro-batch 3 through global model
+chunk 1. Chunk ``c`` (in ``[0, pp*virtual)``) lives on rank ``c % pp``; rank ``r`` holds chunks
+``r, r+pp, r+2pp, ...``.
+
+- ``F``: forward of the chunk. ``BW``: full backward (input and weight gradients).
+- ``B``: input-gradient only, ``W``: weight-gradient only (zero-bubble split; W after B).
+- ``SEND_F(mb, c)``: send the output of chunk c to the rank of chunk c+1.
+  ``RECV_F(mb, c)``: receive the input of chunk c from the rank of chunk c-1.
+- ``SEND_B(mb, c)``: send the input-gradient of chunk c to the rank of chunk c-1.
+  ``RECV_B(mb, c)``: receive the output-gradient of chunk c from the rank of chunk c+1.
+- ``UPDATE(mb, c)``: asynchronous PipeDream only: apply mb's gradient to chunk c's weights now.
+
+The text form (``Schedule.format`` / ``Schedule.parse``) is one header line and one line per rank::
+
+    schedule kind=1f1b pp=2 virtual=1 microbatches=2 asynchronous=false
+    rank 0: F0.0 SEND_F0.0 F1.0 SEND_F1.0 RECV_B0.0 BW0.0 RECV_B1.0 BW1.0
+    rank 1: RECV_F0.1 F0.1 BW0.1 SEND_B0.1 RECV_F1.1 F1.1 BW1.1 SEND_B1.1
+
+Blank lines and ``#`` comments are ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+OPS = ("F", "B", "W", "BW", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "UPDATE")
+COMPUTE_OPS = ("F", "B", "W", "BW", "UPDATE")
+COMM_OPS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
+
+# Longest names first so that "BW0.0" is not read as "B" + garbage.
+_TOKEN = re.compile(r"(SEND_F|SEND_B|RECV_F|RECV_B|UPDATE|BW|F|B|W)(\d+)\.(\d+)")
+
+
+class ScheduleError(ValueError):
+    """A schedule that cannot be built, parsed or run; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Action:
+    op: str
+    mb: int
+    chunk: int
+
+    def __post_init__(self):
+        if self.op not in OPS:
+            raise ScheduleError(f"unknown op {self.op!r}; valid ops: {', '.join(OPS)}")
+        if self.mb < 0 or self.chunk < 0:
+            raise ScheduleError(f"negative micro-batch or chunk in {self.op}{self.mb}.{self.chunk}")
+
+    def __str__(self) -> str:
+        return f"{self.op}{self.mb}.{self.chunk}"
+
+    @property
+    def is_comm(self) -> bool:
+        return self.op in COMM_OPS
+
+    @property
+    def is_compute(self) -> bool:
+        return self.op in COMPUTE_OPS
+
+
+def parse_action(token: str) -> Action:
+    m = _TOKEN.fullmatch(token)
+    if not m:
+        raise ScheduleError(
+            f"bad action {token!r}: expected OP<mb>.<chunk> with OP one of {', '.join(OPS)}"
+        )
+    return Action(m.group(1), int(m.group(2)), int(m.group(3)))
+
+
+@dataclass
+class Schedule:
+    kind: str
+    pp: int
+    virtual: int
+    microbatches: int
+    ranks: list[list[Action]] = field(default_factory=list)
+    asynchronous: bool = False  # PipeDream: no flush, weight stashing, UPDATE actions
+
+    @property
+    def n_chunks(self) -> int:
+        return self.pp * self.virtual
+
+    def rank_of(self, chunk: int) -> int:
+        return chunk % self.pp
+
+    def local_chunk(self, chunk: int) -> int:
+        """Index of a global chunk among its rank's chunks (0 .. virtual-1)."""
+        return chunk // self.pp
+
+    def header(self) -> str:
+        return (
+            f"schedule kind={self.kind} pp={self.pp} virtual={self.virtual} "
+            f"microbatches={self.microbatches} asynchronous={str(self.asynchronous).lower()}"
+        )
+
+    def format(self) -> str:
+        lines = [self.header()]
+        for r, acts in enumerate(self.ranks):
+            lines.append(f"rank {r}: " + " ".join(str(a) for a in acts))
+        return "\n".join(lines) + "\n"
+
+    def __str__(self) -> str:
+        return self.format()
+
+    @staticmethod
+    def parse(text: str) -> Schedule:
+        header: dict[str, str] | None = None
+        ranks: dict[int, list[Action]] = {}
+        for lineno, raw in enumerate(text.splitlines(), start=1):
+            line = raw.split("#", 1)[0].rstrip()
+            if not line.strip():
+                continue
+            if header is None:
+                header = _parse_header(line, lineno)
+                continue
+            r, acts = _parse_rank_line(line, lineno, ranks)
+            ranks[r] = acts
+        if header is None:
+            raise ScheduleError(
+                "empty schedule: expected a header line such as "
+                "'schedule kind=custom pp=2 virtual=1 microbatches=4'"
+            )
+        pp, v, m = header["pp"], header["virtual"], header["microbatches"]
+        missing = [r for r in range(pp) if r not in ranks]
+        extra = [r for r in ranks if r >= pp]
+        if extra:
+            raise ScheduleError(f"header says pp={pp} but the file has a line for rank {extra[0]}")
+        if missing:
+            raise ScheduleError(
+                f"header says pp={pp} but there is no 'rank {missing[0]}:' line "
+                "(write 'rank N:' with nothing after it for an idle rank)"
+            )
+        return Schedule(
+            kind=header["kind"],
+            pp=pp,
+            virtual=v,
+            microbatches=m,
+            ranks=[ranks[r] for r in range(pp)],
+            asynchronous=header["asynchronous"],
+        )
+
+    def save(self, path) -> None:
+        Path(path).write_text(self.format())
+
+    @staticmethod
+    def load(path) -> Schedule:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ScheduleError(f"cannot read schedule file {path}: {exc.strerror}") from None
+        try:
+            return Schedule.parse(text)
+        except ScheduleError as exc:
+            raise ScheduleError(f"{path}: {exc}") from None
+
+
+def _parse_header(line: str, lineno: int) -> dict:
+    words = line.split()
+    if words[0] != "schedule":
+        raise ScheduleError(
+            f"line {lineno}, column 1: expected the header "
+            "'schedule kind=NAME pp=P virtual=V microbatches=M [asynchronous=false]', "
+            f"got {words[0]!r}"
+        )
+    out: dict = {"kind": "custom", "virtual": 1, "asynchronous": False}
+    col = len(words[0]) + 1
+    for w in words[1:]:
+        col = line.index(w, col) + 1
+        key, eq, value = w.partition("=")
+        where = f"line {lineno}, column {col}"
+        if not eq:
+            raise ScheduleError(f"{where}: expected key=value, got {w!r}")
+        if key == "kind":
+            out[key] = value
+        elif key in ("pp", "virtual", "microbatches"):
+            if not value.isdigit() or int(value) < 1:
+                raise ScheduleError(f"{where}: {key} must be a positive integer, got {value!r}")
+            out[key] = int(value)
+        elif key == "asynchronous":
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ScheduleError(f"{where}: asynchronous must be true or false, got {value!r}")
+            out[key] = value.lower() in ("true", "1")
+        else:
+            raise ScheduleError(
+                f"{where}: unknown header key {key!r} "
+                "(known: kind, pp, virtual, microbatches, asynchronous)"
+            )
+        col += len(w)
+    for key in ("pp", "microbatches"):
+        if key not in out:
+            raise ScheduleError(f"line {lineno}: the header needs {key}=N")
+    return out
+
+
+def _parse_rank_line(line: str, lineno: int, seen: dict) -> tuple[int, list[Action]]:
+    m = re.match(r"\s*rank\s+(\d+)\s*:", line)
+    if not m:
+        raise ScheduleError(
+            f"line {lineno}, column 1: expected 'rank N: ACTION ACTION ...', got {line.strip()!r}"
+        )
+    r = int(m.group(1))
+    if r in seen:
+        raise ScheduleError(f"line {lineno}: rank {r} appears twice")
+    acts = []
+    for tok in re.finditer(r"\S+", line[m.end():]):
+        try:
+            acts.append(parse_action(tok.group()))
+        except ScheduleError as exc:
+            col = m.end() + tok.start() + 1
+            raise ScheduleError(f"line {lineno}, column {col}: {exc}") from None
+    return r, acts
+
+
+def matching(a: Action) -> Action:
+    """The action a send or receive pairs with (on the rank of the neighbouring chunk)."""
+    if a.op == "SEND_F":
+        return Action("RECV_F", a.mb, a.chunk + 1)
+    if a.op == "RECV_F":
+        return Action("SEND_F", a.mb, a.chunk - 1)
+    if a.op == "SEND_B":
+        return Action("RECV_B", a.mb, a.chunk - 1)
+    if a.op == "RECV_B":
+        return Action("SEND_B", a.mb, a.chunk + 1)
+    raise ScheduleError(f"{a} is not a send or a receive")
+
+
+def recvs_before(a: Action, n_chunks: int) -> list[Action]:
+    """Receives a compute action needs first when neighbouring chunks are on other ranks."""
+    if a.op == "F" and a.chunk > 0:
+        return [Action("RECV_F", a.mb, a.chunk)]
+    if a.op in ("B", "BW") and a.chunk < n_chunks - 1:
+        return [Action("RECV_B", a.mb, a.chunk)]
+    return []
+
+
+def sends_after(a: Action, n_chunks: int) -> list[Action]:
+    """Sends that carry a compute action's result to the neighbouring chunk's rank."""
+    if a.op == "F" and a.chunk < n_chunks - 1:
+        return [Action("SEND_F", a.mb, a.chunk)]
+    if a.op in ("B", "BW") and a.chunk > 0:
+        return [Action("SEND_B", a.mb, a.chunk)]
+    return []

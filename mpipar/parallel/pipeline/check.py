@@ -1,0 +1,196 @@
+"""Validate a pipeline schedule before anything runs it.
+
+``check_schedule`` raises ScheduleError naming the offending action as ``rank R, action I (OP)``:
+every compute present exactly once on the rank that holds its chunk; local dependencies in
+order; every send matched by exactly one receive on the right rank; and no deadlock when each
+send blocks until its receive is posted (rendezvous). The executor's non-blocking sends and
+early receives can only do better than that, so a schedule that passes here cannot hang.
+"""
+
+from __future__ import annotations
+
+from .actions import Action, Schedule, ScheduleError, matching, recvs_before, sends_after
+
+
+def _where(r: int, i: int, a: Action) -> str:
+    return f"rank {r}, action {i} ({a})"
+
+
+def check_schedule(s: Schedule) -> None:
+    if s.pp < 1 or s.virtual < 1 or s.microbatches < 1:
+        raise ScheduleError(
+            f"pp, virtual and microbatches must be >= 1 (got {s.pp}, {s.virtual}, "
+            f"{s.microbatches})"
+        )
+    if len(s.ranks) != s.pp:
+        raise ScheduleError(f"schedule has pp={s.pp} but {len(s.ranks)} rank lists")
+    index = _check_actions(s)
+    _check_counts(s, index)
+    _check_local_order(s, index)
+    _check_deadlock(s)
+
+
+def _check_actions(s: Schedule) -> dict[Action, tuple[int, int]]:
+    """Ranges, placement and duplicates; returns action -> (rank, index)."""
+    n, m = s.n_chunks, s.microbatches
+    index: dict[Action, tuple[int, int]] = {}
+    for r, acts in enumerate(s.ranks):
+        for i, a in enumerate(acts):
+            where = _where(r, i, a)
+            if a.mb >= m:
+                raise ScheduleError(f"{where}: micro-batch {a.mb} out of range 0..{m - 1}")
+            if a.chunk >= n:
+                raise ScheduleError(
+                    f"{where}: chunk {a.chunk} out of range 0..{n - 1} "
+                    f"(pp={s.pp} x virtual={s.virtual})"
+                )
+            if a.chunk % s.pp != r:
+                raise ScheduleError(
+                    f"{where}: wrong rank: chunk {a.chunk} lives on rank {a.chunk % s.pp} "
+                    f"(chunk c is on rank c % pp)"
+                )
+            if a.is_comm:
+                if s.pp == 1:
+                    raise ScheduleError(
+                        f"{where}: with pp=1 all chunks are on one rank; remove sends/receives"
+                    )
+                if (a.op in ("SEND_F", "RECV_B") and a.chunk == n - 1) or (
+                    a.op in ("RECV_F", "SEND_B") and a.chunk == 0
+                ):
+                    raise ScheduleError(f"{where}: chunk {a.chunk} has no neighbour that way")
+            if a.op == "UPDATE" and not s.asynchronous:
+                raise ScheduleError(
+                    f"{where}: UPDATE is only allowed in asynchronous (PipeDream) schedules; "
+                    "set asynchronous=true in the header or remove it"
+                )
+            if a in index:
+                r0, i0 = index[a]
+                raise ScheduleError(f"{where}: duplicate of {_where(r0, i0, a)}")
+            index[a] = (r, i)
+    return index
+
+
+def _check_counts(s: Schedule, index: dict) -> None:
+    """Every (mb, chunk) has F and either BW or B+W; sends and receives as needed; UPDATEs."""
+    n = s.n_chunks
+    for mb in range(s.microbatches):
+        for c in range(n):
+            r = c % s.pp
+            need = [Action("F", mb, c)]
+            has_bw = Action("BW", mb, c) in index
+            has_split = Action("B", mb, c) in index or Action("W", mb, c) in index
+            if has_bw and has_split:
+                (r0, i0) = index[Action("BW", mb, c)]
+                raise ScheduleError(
+                    f"{_where(r0, i0, Action('BW', mb, c))}: micro-batch {mb} chunk {c} has "
+                    "both BW and a split B/W backward; use one or the other"
+                )
+            back = [Action("BW", mb, c)] if has_bw else [Action("B", mb, c), Action("W", mb, c)]
+            need += back
+            if s.asynchronous:
+                need.append(Action("UPDATE", mb, c))
+            if s.pp > 1:
+                for a in [need[0], back[0]]:
+                    need += recvs_before(a, n) + sends_after(a, n)
+            for a in need:
+                if a not in index:
+                    raise ScheduleError(
+                        f"rank {r}: missing {a} (micro-batch {mb}, chunk {c}); "
+                        f"every micro-batch needs {' '.join(str(x) for x in need)} on rank {r}"
+                    )
+    # Anything left over (e.g. an UPDATE in a flush schedule) was rejected in _check_actions;
+    # every comm action present has its partner in `need` of the partner chunk, checked above.
+    for a, (r, i) in index.items():
+        if a.is_comm and matching(a) not in index:
+            raise ScheduleError(f"{_where(r, i, a)}: no matching {matching(a)}")
+
+
+def _check_local_order(s: Schedule, index: dict) -> None:
+    """Dependencies between actions on the same rank (cross-rank ones go through the sends)."""
+    n = s.n_chunks
+    for r, acts in enumerate(s.ranks):
+        for i, a in enumerate(acts):
+            before: list[Action] = []
+            if a.op == "F":
+                before += recvs_before(a, n) if s.pp > 1 else []
+                if s.pp == 1 and a.chunk > 0:
+                    before.append(Action("F", a.mb, a.chunk - 1))
+            elif a.op in ("B", "BW"):
+                before.append(Action("F", a.mb, a.chunk))
+                if s.pp > 1:
+                    before += recvs_before(a, n)
+                elif a.chunk < n - 1:
+                    nxt = "BW" if Action("BW", a.mb, a.chunk + 1) in index else "B"
+                    before.append(Action(nxt, a.mb, a.chunk + 1))
+            elif a.op == "W":
+                before.append(Action("B", a.mb, a.chunk))
+            elif a.op == "UPDATE":
+                kind = "BW" if Action("BW", a.mb, a.chunk) in index else "W"
+                before.append(Action(kind, a.mb, a.chunk))
+            elif a.op == "SEND_F":
+                before.append(Action("F", a.mb, a.chunk))
+            elif a.op == "SEND_B":
+                kind = "BW" if Action("BW", a.mb, a.chunk) in index else "B"
+                before.append(Action(kind, a.mb, a.chunk))
+            for b in before:
+                rb, ib = index[b]
+                if ib > i:
+                    raise ScheduleError(
+                        f"{_where(r, i, a)} comes before {_where(rb, ib, b)}, which it needs; "
+                        f"move {a} after {b}"
+                    )
+
+
+def _check_deadlock(s: Schedule) -> None:
+    """Run all ranks with blocking sends: a send and its receive complete together."""
+    pos = [0] * s.pp
+    acts = s.ranks
+    while True:
+        moved = False
+        for r in range(s.pp):
+            while pos[r] < len(acts[r]):
+                a = acts[r][pos[r]]
+                if a.is_compute:
+                    pos[r] += 1
+                    moved = True
+                    continue
+                peer = matching(a)
+                q = peer.chunk % s.pp
+                if pos[q] < len(acts[q]) and acts[q][pos[q]] == peer:
+                    pos[r] += 1
+                    pos[q] += 1
+                    moved = True
+                    continue
+                break
+        if all(pos[r] == len(acts[r]) for r in range(s.pp)):
+            return
+        if not moved:
+            raise ScheduleError(_deadlock_message(s, pos))
+
+
+def _deadlock_message(s: Schedule, pos: list[int]) -> str:
+    acts = s.ranks
+    waits = {}
+    lines = []
+    for r in range(s.pp):
+        if pos[r] >= len(acts[r]):
+            lines.append(f"rank {r} finished")
+            continue
+        a = acts[r][pos[r]]
+        peer = matching(a)
+        q = peer.chunk % s.pp
+        at = f"{acts[q][pos[q]]}" if pos[q] < len(acts[q]) else "the end"
+        waits[r] = q
+        lines.append(f"{_where(r, pos[r], a)} waits for rank {q} to reach {peer} (it is at {at})")
+    # Follow the wait-for edges from the first blocked rank to name the cycle.
+    cycle, r = [], min(waits)
+    while r in waits and r not in cycle:
+        cycle.append(r)
+        r = waits[r]
+    if r in cycle:
+        ring = cycle[cycle.index(r):]
+        head = "deadlock: cycle " + " -> ".join(f"rank {x} at {acts[x][pos[x]]}" for x in ring)
+        head += f" -> rank {ring[0]}"
+    else:
+        head = "deadlock: no rank can progress"
+    return head + "\n  " + "\n  ".join(lines)

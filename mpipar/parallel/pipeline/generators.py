@@ -1,0 +1,279 @@
+"""Generators of the classic pipeline schedules, as per-rank action lists (no MPI here).
+
+Each generator first decides the order of the *compute* actions (F, B, W, BW, UPDATE) on every
+rank, which is what the papers describe. ``_add_communication`` then places the sends right after
+the producing compute and the receives right before the consuming compute, choosing their order
+inside each gap so that the whole schedule cannot deadlock even if every send blocks until its
+receive is posted (rendezvous semantics, what ``check_schedule`` enforces).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from .actions import Action, Schedule, ScheduleError, matching, recvs_before, sends_after
+
+SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "pipedream")
+
+
+def build_schedule(kind: str, pp: int, microbatches: int, virtual: int = 1) -> Schedule:
+    """Build and return the schedule ``kind`` for ``pp`` ranks and ``microbatches`` micro-batches.
+
+    Raises ScheduleError (a ValueError) with a message saying what to change for bad settings.
+    """
+    validate(kind, pp, microbatches, virtual)
+    orders = _ORDERS[kind](pp, microbatches, virtual)
+    ranks = _add_communication(pp, pp * virtual, orders)
+    return Schedule(kind, pp, virtual, microbatches, ranks, asynchronous=(kind == "pipedream"))
+
+
+def validate(kind: str, pp: int, microbatches: int, virtual: int = 1) -> None:
+    """Check a schedule's settings without building it (cheap; call before any MPI work)."""
+    if kind not in SCHEDULES:
+        raise ScheduleError(f"unknown schedule {kind!r}; valid schedules: {', '.join(SCHEDULES)}")
+    for name, value in (("pp", pp), ("microbatches", microbatches), ("virtual", virtual)):
+        if not isinstance(value, int) or value < 1:
+            raise ScheduleError(f"{name} must be a positive integer, got {value!r}")
+    if kind == "interleaved":
+        if virtual < 2:
+            raise ScheduleError(
+                f"the interleaved schedule needs virtual >= 2 model chunks per rank (got "
+                f"virtual={virtual}); set virtual to 2 or more, or use the 1f1b schedule"
+            )
+        if microbatches % pp:
+            lo = microbatches - microbatches % pp
+            hint = f"{lo} or {lo + pp}" if lo else f"{pp}"
+            raise ScheduleError(
+                f"the interleaved schedule needs microbatches to be a multiple of pp={pp} "
+                f"(got {microbatches}); use microbatches={hint}"
+            )
+    elif virtual != 1:
+        raise ScheduleError(
+            f"virtual={virtual} is only meaningful for the interleaved schedule; "
+            f"use virtual=1 with {kind!r} or choose kind='interleaved'"
+        )
+    if kind == "naive" and microbatches != 1:
+        raise ScheduleError(
+            f"the naive schedule does not split the batch (microbatches must be 1, got "
+            f"{microbatches}); use microbatches=1, or gpipe/1f1b for micro-batching"
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# Compute orders, one function per schedule: (pp, m, v) -> list per rank of compute Actions.
+
+
+def _naive(pp, m, v):
+    # One micro-batch: forward down the stages, backward up. Only one device works at a time.
+    return [[Action("F", 0, r), Action("BW", 0, r)] for r in range(pp)]
+
+
+def _gpipe(pp, m, v):
+    # Huang et al. 2019: all forwards, then all backwards (last micro-batch first, which the last
+    # stage can start right after its last forward), then the flush (optimizer step).
+    return [
+        [Action("F", j, r) for j in range(m)] + [Action("BW", j, r) for j in reversed(range(m))]
+        for r in range(pp)
+    ]
+
+
+def _1f1b_order(pp, m, r):
+    """PipeDream-Flush (Narayanan et al. 2021): warm-up, one-forward-one-backward, cool-down."""
+    warm = min(pp - r - 1, m)
+    out = [Action("F", j, r) for j in range(warm)]
+    for i in range(m - warm):
+        out += [Action("F", warm + i, r), Action("BW", i, r)]
+    out += [Action("BW", j, r) for j in range(m - warm, m)]
+    return out
+
+
+def _1f1b(pp, m, v):
+    return [_1f1b_order(pp, m, r) for r in range(pp)]
+
+
+def _pipedream(pp, m, v):
+    """Asynchronous PipeDream (Harlap et al. 2018): the 1F1B order with no flush.
+
+    Right after BW(mb, c) comes UPDATE(mb, c): the optimizer applies that micro-batch's gradient
+    to chunk c's weights at once. Weight stashing: F(mb, c) uses the weights current when it runs
+    and BW(mb, c) uses those same (stashed) weights, so each micro-batch's gradient is exact for
+    the weights its forward saw, but those weights are stale: on rank r, F(mb, c) sees the
+    weights after the updates of every earlier BW on that rank, i.e. version
+    ``weight_versions(s)[(mb, c)]`` = max(0, mb - (pp - r - 1)) in the steady state (mb counted
+    from 0): the first stage runs pp-1 micro-batches behind the last. Different stages thus use
+    different versions for one micro-batch (no vertical sync, as in the paper).
+    """
+    out = []
+    for r in range(pp):
+        acts = []
+        for a in _1f1b_order(pp, m, r):
+            acts.append(a)
+            if a.op == "BW":
+                acts.append(Action("UPDATE", a.mb, a.chunk))
+        out.append(acts)
+    return out
+
+
+def weight_versions(s: Schedule) -> dict[tuple[int, int], int]:
+    """(mb, chunk) -> number of UPDATEs of that chunk before F(mb, chunk) on its rank.
+
+    That is the weight version F(mb, chunk) sees and the executor stashes for BW(mb, chunk), so a
+    one-rank replay can apply the same staleness. All zero for synchronous schedules.
+    """
+    versions: dict[tuple[int, int], int] = {}
+    for acts in s.ranks:
+        done: dict[int, int] = {}
+        for a in acts:
+            if a.op == "UPDATE":
+                done[a.chunk] = done.get(a.chunk, 0) + 1
+            elif a.op == "F":
+                versions[(a.mb, a.chunk)] = done.get(a.chunk, 0)
+    return versions
+
+
+def _interleaved(pp, m, v):
+    """Megatron-LM's interleaved 1F1B (Narayanan et al. 2021, SC'21, and schedules.py).
+
+    Rank r holds chunks r, r+pp, ... Micro-batches go through the local chunks in groups of pp:
+    forward step k handles micro-batch (k // (pp*v))*pp + k % pp on local chunk (k // pp) % v;
+    backward step k the same micro-batch on local chunk v-1-(k // pp) % v. Warm-up has
+    (pp-r-1)*2 + (v-1)*pp forward steps (all of them when m == pp, as in Megatron).
+    """
+    total = m * v
+
+    def step(k, forward, r):  # -> (mb, global chunk)
+        mb = (k // (pp * v)) * pp + k % pp
+        local = (k // pp) % v
+        return mb, (local if forward else v - 1 - local) * pp + r
+
+    out = []
+    for r in range(pp):
+        warm = total if m == pp else min((pp - r - 1) * 2 + (v - 1) * pp, total)
+        acts = [Action("F", *step(k, True, r)) for k in range(warm)]
+        for i in range(total - warm):
+            acts += [Action("F", *step(warm + i, True, r)), Action("BW", *step(i, False, r))]
+        acts += [Action("BW", *step(k, False, r)) for k in range(total - warm, total)]
+        out.append(acts)
+    return out
+
+
+def _zb_h1(pp, m, v):
+    """ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", section 3.1).
+
+    Backward split into B (input gradient, on the critical path) and W (weight gradient, free to
+    move). Rank r runs min(pp-r, m) forwards, then for each micro-batch j: B(j); W of the oldest
+    pending micro-batch once r weight-gradients are deferred (j >= r); the next F if any left.
+    The last W's fill the cool-down, where 1F1B idles. At most pp micro-batches hold activations
+    (released at W) on any rank: the same peak as 1F1B's first stage. With F = B = W = 1 the
+    idle time per rank is pp-1 instead of 1F1B's 3(pp-1) (for m >= pp).
+    """
+    out = []
+    for r in range(pp):
+        warm = min(pp - r, m)
+        acts = [Action("F", j, r) for j in range(warm)]
+        next_f, pending_w = warm, deque()
+        for j in range(m):
+            acts.append(Action("B", j, r))
+            pending_w.append(j)
+            if j >= r:
+                acts.append(Action("W", pending_w.popleft(), r))
+            if next_f < m:
+                acts.append(Action("F", next_f, r))
+                next_f += 1
+        acts += [Action("W", j, r) for j in pending_w]
+        out.append(acts)
+    return out
+
+
+_ORDERS = {
+    "naive": _naive,
+    "gpipe": _gpipe,
+    "1f1b": _1f1b,
+    "interleaved": _interleaved,
+    "zb-h1": _zb_h1,
+    "pipedream": _pipedream,
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# Communication placement.
+
+
+_UNIT_COST = {"F": 1.0, "B": 1.0, "W": 1.0, "BW": 2.0, "UPDATE": 0.0}
+
+
+def _add_communication(pp: int, n_chunks: int, orders: list[list[Action]]) -> list[list[Action]]:
+    """Insert SEND/RECV actions into per-rank compute orders, deadlock-free under rendezvous.
+
+    We play one global execution in which every send meets its receive at one instant; each
+    rank's list is its events in that execution, so the execution itself proves the schedule
+    cannot deadlock with blocking sends. A rank between two computes has sends pending from the
+    last one and receives needed by the next one; among all sender/receiver pairs that are ready,
+    the message produced earliest (estimated with unit costs, F=B=W=1, BW=2) is exchanged first,
+    so that in real time no rank waits on a receive while holding a send it could have made. A rank
+    computes once its receives are done and its sends are out. Only if nothing else can move does
+    a rank go on with sends still pending (the send then follows a later compute).
+    """
+    if pp == 1:  # every chunk on one rank: plain gradient accumulation, nothing to send
+        return [list(o) for o in orders]
+    out: list[list[Action]] = [[] for _ in range(pp)]
+    pos = [0] * pp
+    pending: list[dict[Action, tuple]] = [{} for _ in range(pp)]  # send -> (time made,)
+    received: list[set[Action]] = [set() for _ in range(pp)]
+    clock = [0.0] * pp  # estimated time each rank reaches its current point
+    arrival: dict[Action, float] = {}  # receive -> time its data was made
+    v = n_chunks // pp
+
+    def needed(r):
+        if pos[r] >= len(orders[r]):
+            return []
+        return [x for x in recvs_before(orders[r][pos[r]], n_chunks) if x not in received[r]]
+
+    def compute(r):
+        a = orders[r][pos[r]]
+        out[r].append(a)
+        pos[r] += 1
+        ready = max([clock[r]] + [arrival[x] for x in recvs_before(a, n_chunks)])
+        clock[r] = ready + _UNIT_COST[a.op] / v
+        for s in sends_after(a, n_chunks):
+            pending[r][s] = (clock[r],)
+
+    while True:
+        # 1. Exchange the oldest message whose receiver needs it now.
+        best = None
+        for r in range(pp):
+            for recv in needed(r):
+                send = matching(recv)
+                src = send.chunk % pp
+                if send in pending[src]:
+                    # Oldest first; on a tie, a receiver with no sends of its own to hold up.
+                    key = (pending[src][send][0], bool(pending[r]), src)
+                    if best is None or key < best[0]:
+                        best = (key, src, send, r, recv)
+        if best is not None:
+            _, src, send, r, recv = best
+            arrival[recv] = pending[src].pop(send)[0]
+            out[src].append(send)
+            out[r].append(recv)
+            received[r].add(recv)
+            continue
+        # 2. Compute on every rank that is ready and has nothing left to send.
+        moved = False
+        for r in range(pp):
+            if pos[r] < len(orders[r]) and not needed(r) and not pending[r]:
+                compute(r)
+                moved = True
+        if moved:
+            continue
+        # 3. Stuck: let the lowest ready rank go on with its sends still pending.
+        ready = [r for r in range(pp) if pos[r] < len(orders[r]) and not needed(r)]
+        if ready:
+            compute(ready[0])
+            continue
+        if all(pos[r] == len(orders[r]) for r in range(pp)):
+            if any(pending):
+                left = [str(a) for p in pending for a in p]
+                raise ScheduleError(f"sends with no receiver: {', '.join(left)}")
+            return out
+        blocked = [f"rank {r} at {orders[r][pos[r]]}" for r in range(pp) if pos[r] < len(orders[r])]
+        raise ScheduleError("compute orders deadlock: " + "; ".join(blocked))
