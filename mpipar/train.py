@@ -140,10 +140,11 @@ class Trainer:
         self.executor = PipelineExecutor(
             self.model, self.chunks, self.schedule, grid.pp_rank,
             comm=grid.pp_comm if p.pp > 1 else None, tracer=tracer, recompute=p.recompute,
-            backend=backend, on_grads_ready=self.sync.chunk_ready)
+            backend=backend, on_grads_ready=self._chunk_grads_ready)
         self.eval_executor = None
         self.batches = Batches(cfg, data_path)
         self.step = 0
+        self._ready = set()
 
     def _make_optimizer(self, params):
         t = self.cfg.train
@@ -201,10 +202,22 @@ class Trainer:
         for p in self.params:
             p.zero_grad()
         self.sync.start()
+        self._ready = set()
         losses = self.executor.run(xs, ys)
-        sync_partial_grads(self.params, self.tp)
+        for c in self.chunks:
+            self._chunk_grads_ready(c)  # no-op for chunks the executor already reported
         self.sync.finish()
         return losses
+
+    def _chunk_grads_ready(self, c):
+        """A chunk's gradients are final: reduce sequence-parallel partial sums over tp, then
+        start the data-parallel reduction of its buckets (in this order: the dp reduction runs
+        in the background on the same buffers)."""
+        if c in self._ready:
+            return
+        self._ready.add(c)
+        sync_partial_grads(self.chunks[c].params(), self.tp)
+        self.sync.chunk_ready(c)
 
     def update(self) -> tuple[float, float]:
         """Clip by the global norm and step the optimizer. Returns (grad norm, lr)."""

@@ -21,13 +21,15 @@ from mpipar.train import Trainer
 STEPS = 3
 
 
-def make_cfg(data, dp, pp, tp, variant):
+def make_cfg(data, dp, pp, tp, variant, batch=None):
+    """batch: the global batch (default 2 * dp * microbatches, so any micro-batch count fits)."""
     parts = variant.split(":")
     sched, m = parts[0], parts[1]
     flags = set(parts[2:])
     v = next((int(f[2:]) for f in flags if f.startswith("v=")), 1)
     over = {
-        "train.dtype": "float64", "train.steps": STEPS, "train.batch_size": 16,
+        "train.dtype": "float64", "train.steps": STEPS,
+        "train.batch_size": batch or 2 * dp * int(m),
         "train.seq_len": 8, "train.lr": 1e-2, "train.warmup_steps": 0, "train.grad_clip": 0.5,
         "train.eval_interval": 0, "train.seed": 5,
         "parallel.dp": dp, "parallel.pp": pp, "parallel.tp": tp, "parallel.schedule": sched,
@@ -75,7 +77,8 @@ def main():
         cfg = make_cfg(data, dp, pp, tp, variant)
         losses, grads, params = run(cfg, world)
         if world.Get_rank() == 0:
-            ref_cfg = make_cfg(data, 1, 1, 1, "1f1b:1" + (":mlp" if "mlp" in variant else ""))
+            ref_cfg = make_cfg(data, 1, 1, 1, "1f1b:1" + (":mlp" if "mlp" in variant else ""),
+                               batch=cfg.train.batch_size)
             ref_losses, ref_grads, ref_params = run(ref_cfg, MPI.COMM_SELF)
             assert set(grads) == set(ref_grads), (set(grads) ^ set(ref_grads))
             # ZeRO-1 keeps reduced gradients only as dp slices: its check is the weights after
