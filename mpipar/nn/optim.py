@@ -15,6 +15,7 @@ micro-batches (the loss already scaled) before ``step``; the optimisers only rea
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 from mpipar.backend import array_module
 
@@ -52,9 +53,10 @@ class Optimizer:
         if not self.params:
             raise ValueError("optimizer got an empty parameter list")
         names = [p.name for p in self.params]
-        dupes = sorted({n for n in names if names.count(n) > 1})
+        dupes = sorted(n for n, k in Counter(names).items() if k > 1)
         if dupes:
-            raise ValueError(f"parameter names must be unique for the optimizer state, repeated: {dupes}")
+            raise ValueError(f"parameter names must be unique for the optimizer state, "
+                             f"repeated: {dupes}")
         self.lr = _positive_float(lr, "lr", allow_zero=True)
         self.last_lr = self.lr
         self.step_count = 0
@@ -80,7 +82,7 @@ class Optimizer:
         raise NotImplementedError
 
     def state_dict(self) -> dict:
-        """{param name: {buffer name: copy of the buffer (shard shape, param dtype), "step": int}}."""
+        """{param name: {buffer name: copy (shard shape, param dtype), "step": int}}."""
         out = {}
         for p in self.params:
             xp = array_module(p.data)
@@ -160,12 +162,14 @@ class SGD(Optimizer):
             buf = state["momentum_buffer"]
             buf *= self.momentum
             buf += g
-            xp.multiply(buf, self.momentum if self.nesterov else 1.0, out=step)
             if self.nesterov:
+                xp.multiply(buf, self.momentum, out=step)
                 step += g
+                step *= lr
+            else:
+                xp.multiply(buf, lr, out=step)
         else:
-            step[...] = g
-        step *= lr
+            xp.multiply(g, lr, out=step)
         p.data -= step
 
 

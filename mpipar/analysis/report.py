@@ -1,0 +1,208 @@
+"""Breakdowns as text tables, CSV and JSON (what ``mpipar analyze`` prints)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+
+import numpy as np
+
+from .breakdown import COMPARE_COLUMNS, RANK_COLUMNS, to_jsonable
+
+# per-rank text table: (column, header), ms per step. Self times (each instant once, see
+# mpipar.analysis.breakdown) so a row adds up: step = compute + communication + other + idle.
+TEXT_RANK_COLUMNS = (
+    ("step_time", "step"),
+    ("self_F", "F"),
+    ("self_B", "B"),
+    ("self_W", "W"),
+    ("self_R", "R"),
+    ("self_LOSS", "LOSS"),
+    ("self_OPT", "OPT"),
+    ("self_pp", "pp"),
+    ("self_tp", "tp"),
+    ("self_dp", "dp"),
+    ("self_world", "world"),
+    ("self_other", "other"),
+    ("idle", "idle"),
+    ("bubble", "bubble"),
+)
+FRACTIONS = {
+    "bubble",
+    "bubble_pipeline",
+    "bubble_sim",
+    "bubble_textbook",
+    "mfu",
+    "compute_frac",
+    "exposed_frac",
+    "idle_frac",
+    "comm_frac",
+}
+
+
+def fmt(value, column: str = "") -> str:
+    """Numbers for people: fractions as %, seconds as ms, rates in engineering notation."""
+    if value is None or isinstance(value, str):
+        return "n/a" if value in (None, "") else value
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else "no"
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    v = float(value)
+    if math.isnan(v):
+        return "n/a"
+    if column in FRACTIONS:
+        return f"{100 * v:.1f}%"
+    if column.startswith(("flops", "peak")) or column == "tokens_per_s":
+        return f"{v:.3g}" if abs(v) < 1e4 else f"{v:.3e}"
+    if column == "step_time" or column in dict(TEXT_RANK_COLUMNS) or column.startswith("comm"):
+        return _ms(v)
+    return f"{v:.4g}"
+
+
+def _ms(seconds: float) -> str:
+    """Seconds as milliseconds with about 4 significant digits, never in exponent notation."""
+    ms = 1e3 * seconds
+    if abs(ms) >= 1000:
+        return f"{ms:.0f}"
+    if abs(ms) >= 10:
+        return f"{ms:.1f}"
+    return f"{ms:.3g}" if abs(ms) >= 1e-3 or ms == 0 else f"{ms:.1e}"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
+    line = "  ".join(
+        h.rjust(w) if i else h.ljust(w)
+        for i, (h, w) in enumerate(zip(headers, widths, strict=True))
+    )
+    out = [line, "-" * len(line)]
+    for r in rows:
+        out.append(
+            "  ".join(
+                c.rjust(w) if i else c.ljust(w)
+                for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
+    return "\n".join(out)
+
+
+def rank_table_text(result: dict) -> str:
+    t = result["ranks"]
+    headers = ["rank"] + [h for _, h in TEXT_RANK_COLUMNS]
+    rows = []
+    for i in range(len(t["rank"])):
+        label = f"r{t['rank'][i]} dp{t['dp'][i]}/pp{t['pp'][i]}/tp{t['tp'][i]}"
+        rows.append([label] + [fmt(t[c][i], c) for c, _ in TEXT_RANK_COLUMNS])
+    return _table(headers, rows)
+
+
+def summary_text(result: dict) -> str:
+    s = result["summary"]
+    lines = [
+        f"run {s['run']}  ({result['path']})",
+        f"  grid dp={s['dp']} pp={s['pp']} tp={s['tp']} ({s['world_size']} ranks), schedule "
+        f"{s['schedule']}, microbatches {fmt(s['microbatches'])}, virtual "
+        f"{fmt(s['virtual_stages'])}, "
+        f"model {s['model']}, {s['dtype']} on {s['device']}",
+        "  " + "; ".join(result["notes"]),
+        f"  step time {fmt(s['step_time'], 'step_time')} ms, tokens/step "
+        f"{fmt(s['tokens_per_step'])}, "
+        f"tokens/s {fmt(s['tokens_per_s'], 'tokens_per_s')}",
+        f"  model FLOPs/step {fmt(s['flops_per_step'], 'flops')} (N={fmt(s['n_params'])}), "
+        f"achieved {fmt(s['flops_per_s'], 'flops')} FLOP/s, MFU {fmt(s['mfu'], 'mfu')}",
+        f"  peak used: {fmt(s['peak'], 'peak')} FLOP/s per device x {s['devices']} device(s), "
+        f"from {s['peak_source']}",
+        f"  time shares (mean over ranks): compute {fmt(s['compute_frac'], 'compute_frac')}, "
+        f"exposed comm {fmt(s['exposed_frac'], 'exposed_frac')}, "
+        f"idle {fmt(s['idle_frac'], 'idle_frac')}",
+        f"  bubble: measured {fmt(s['bubble'], 'bubble')} (1 - F+B+W+R+LOSS / step), "
+        f"pipeline window "
+        f"{fmt(s['bubble_pipeline'], 'bubble')}, simulated {fmt(s['bubble_sim'], 'bubble')}, "
+        f"textbook {fmt(s['bubble_textbook'], 'bubble')}",
+    ]
+    c = s["costs"]
+    lines.append("  measured costs (ms): " + ", ".join(f"{k} {_ms(v)}" for k, v in c.items()))
+    if s.get("predict_note"):
+        lines.append(f"  prediction: {s['predict_note']}")
+    return "\n".join(lines)
+
+
+def comparison_text(table: dict) -> str:
+    headers = list(COMPARE_COLUMNS)
+    n = len(table["run"])
+    rows = [[fmt(table[c][i], c) for c in headers] for i in range(n)]
+    short = {
+        "world_size": "ranks",
+        "microbatches": "mb",
+        "virtual_stages": "v",
+        "step_time": "step_ms",
+        "tokens_per_s": "tok/s",
+        "flops_per_s": "FLOP/s",
+        "compute_frac": "compute",
+        "exposed_frac": "exposed",
+        "idle_frac": "idle",
+        "bubble_pipeline": "bub_pipe",
+        "bubble_sim": "bub_sim",
+        "bubble_textbook": "bub_text",
+    }
+    return _table([short.get(h, h) for h in headers], rows)
+
+
+def to_text(results: list, table: dict) -> str:
+    parts = []
+    for res in results:
+        parts.append(summary_text(res))
+        parts.append(
+            "per rank, ms per step, self time (each instant once; a collective inside F is "
+            "counted as communication); bubble = 1 - (F+B+W+R+LOSS, inclusive) / step:"
+        )
+        parts.append(rank_table_text(res))
+        parts.append("")
+    parts.append("comparison:")
+    parts.append(comparison_text(table))
+    return "\n".join(parts) + "\n"
+
+
+def to_csv(results: list, table: dict) -> str:
+    """Per-rank rows of every run (seconds per step), a blank line, then the comparison rows."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["run", *RANK_COLUMNS])
+    for res in results:
+        t = res["ranks"]
+        for i in range(len(t["rank"])):
+            w.writerow([res["run"], *(_csv_value(t[c][i]) for c in RANK_COLUMNS)])
+    w.writerow([])
+    w.writerow(list(COMPARE_COLUMNS))
+    for i in range(len(table["run"])):
+        w.writerow([_csv_value(table[c][i]) for c in COMPARE_COLUMNS])
+    return buf.getvalue()
+
+
+def _csv_value(v):
+    v = to_jsonable(v)
+    return "" if v is None else v
+
+
+def to_json(results: list, table: dict) -> str:
+    runs = []
+    for res in results:
+        t = res["ranks"]
+        rows = [{c: t[c][i] for c in RANK_COLUMNS} for i in range(len(t["rank"]))]
+        runs.append(
+            {
+                "run": res["run"],
+                "path": res["path"],
+                "steps": res["steps"],
+                "notes": res["notes"],
+                "summary": res["summary"],
+                "ranks": rows,
+            }
+        )
+    comparison = [{c: table[c][i] for c in COMPARE_COLUMNS} for i in range(len(table["run"]))]
+    return json.dumps(to_jsonable({"runs": runs, "comparison": comparison}), indent=2) + "\n"

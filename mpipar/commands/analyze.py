@@ -1,0 +1,110 @@
+"""``mpipar analyze``: tabulate timing dumps (per-rank breakdown, run summary, comparison).
+
+Never imports MPI: only ``mpipar.analysis`` (h5py, numpy; matplotlib for --plots).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import sys
+
+HELP = "break down timing dumps (trace.h5) per rank and compare runs"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument(
+        "paths",
+        nargs="+",
+        metavar="RUN",
+        help="a trace.h5, or a directory searched for **/trace.h5 (a sweep)",
+    )
+    parser.add_argument(
+        "--step",
+        type=int,
+        default=None,
+        help="analyse only this step (default: all steps, skipping warm-up step 0)",
+    )
+    parser.add_argument(
+        "--peak",
+        type=float,
+        default=None,
+        metavar="FLOPS",
+        help="peak FLOP/s of one device for MFU (default: the dump's peak_flops)",
+    )
+    parser.add_argument(
+        "--plots",
+        default=None,
+        metavar="DIR",
+        help="also write timeline, breakdown (and scaling) plots into DIR",
+    )
+    parser.add_argument("--plot-format", choices=("png", "svg"), default="png")
+    parser.add_argument("--format", choices=("text", "csv", "json"), default="text")
+
+
+def expand(paths: list[str]) -> list[tuple[str, str]]:
+    """(file, run name) for every input: files as given, directories globbed for **/trace.h5."""
+    out = []
+    for p in paths:
+        if os.path.isdir(p):
+            found = sorted(glob.glob(os.path.join(p, "**", "trace.h5"), recursive=True))
+            if not found:
+                raise FileNotFoundError(
+                    f"{p}: directory holds no trace.h5 (searched {p}/**/trace.h5)"
+                )
+            for f in found:
+                rel = os.path.relpath(os.path.dirname(f), p)
+                name = os.path.basename(os.path.abspath(p)) if rel == "." else rel
+                out.append((f, name))
+        else:
+            out.append((p, None))
+    return out
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "run"
+
+
+def run(args) -> int:
+    from mpipar.analysis import DumpError, breakdown, compare, load, report
+
+    try:
+        inputs = expand(args.paths)
+        runs, seen = [], {}
+        for path, name in inputs:
+            r = load(path, name=name)
+            # two runs of the same name (foo/trace.h5, bar/foo/trace.h5) get a numeric suffix
+            n = seen.get(r.name, 0)
+            seen[r.name] = n + 1
+            if n:
+                r.name = f"{r.name}#{n + 1}"
+            runs.append(r)
+        results = [breakdown(r, step=args.step, peak=args.peak) for r in runs]
+    except (DumpError, FileNotFoundError, ValueError) as exc:
+        print(f"mpipar analyze: error: {exc}", file=sys.stderr)
+        return 2
+    table = compare(results)
+    writer = {"text": report.to_text, "csv": report.to_csv, "json": report.to_json}[args.format]
+    sys.stdout.write(writer(results, table))
+
+    if args.plots:
+        from mpipar.analysis import plots
+
+        ext = args.plot_format
+        written = []
+        for r, res in zip(runs, results, strict=True):
+            slug = _slug(r.name)
+            step = args.step if args.step is not None else res["steps"][0]
+            p = os.path.join(args.plots, f"timeline_{slug}.{ext}")
+            plots.timeline(r, p, step=step)
+            q = os.path.join(args.plots, f"breakdown_{slug}.{ext}")
+            plots.breakdown_bars(r, q, step=args.step)
+            written += [p, q]
+        if len(results) > 1:
+            p = os.path.join(args.plots, f"scaling.{ext}")
+            plots.scaling(results, p)
+            written.append(p)
+        # the plot list goes to stderr so csv/json on stdout stay machine-readable
+        print("plots: " + ", ".join(written), file=sys.stderr)
+    return 0

@@ -1,0 +1,74 @@
+"""``mpipar commbench``: point-to-point and all-reduce through mpipar's Comm beside raw mpi4py.
+
+Run under mpiexec: ``mpiexec -n 2 mpipar commbench --iters 20 --out commbench.h5``.
+"""
+
+from __future__ import annotations
+
+HELP = "benchmark p2p and all-reduce through mpipar's Comm beside raw mpi4py (run under mpiexec)"
+
+
+def add_arguments(parser) -> None:
+    from mpipar.dist.commbench import DEFAULT_SIZES
+
+    parser.add_argument(
+        "--sizes", default=DEFAULT_SIZES,
+        help=f"comma-separated message sizes in bytes, K/M/G suffixes (default {DEFAULT_SIZES})",
+    )
+    parser.add_argument("--iters", type=int, default=20, help="timed iterations per size")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed iterations per size")
+    parser.add_argument("--out", default=None, help="write the tables to this HDF5 file")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="arrays in host memory (NumPy) or on the GPU (CuPy)")
+    parser.add_argument("--staging", choices=("auto", "on", "off"), default="auto",
+                        help="Comm's host staging: auto (device arrays iff MPI is not "
+                             "CUDA-aware), or forced on / off")
+
+
+def run(args) -> int:
+    import sys
+
+    from mpipar.dist import failfast
+    from mpipar.dist.commbench import format_tables, parse_sizes, run_benchmark, write_result
+
+    # validate everything before MPI starts
+    try:
+        sizes = parse_sizes(args.sizes)
+    except ValueError as exc:
+        print(f"mpipar commbench: {exc}", file=sys.stderr)
+        return 2
+    if not sizes or args.iters < 1 or args.warmup < 0:
+        print("mpipar commbench: need at least one size, --iters >= 1, --warmup >= 0",
+              file=sys.stderr)
+        return 2
+
+    from mpi4py import MPI
+
+    failfast.install()
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() < 2:
+        print("mpipar commbench needs at least 2 ranks: mpiexec -n 2 mpipar commbench",
+              file=sys.stderr)
+        return 2
+    error = ""
+    if comm.Get_rank() == 0 and args.out:
+        from mpipar.trace import check_writable
+
+        try:
+            check_writable(args.out)
+        except ValueError as exc:
+            error = str(exc).replace("timing dump", "benchmark result")
+    error = comm.bcast(error, root=0)  # every rank stops together on a bad --out
+    if error:
+        if comm.Get_rank() == 0:
+            print(f"mpipar commbench: {error}", file=sys.stderr)
+        return 2
+
+    staging = {"auto": None, "on": True, "off": False}[args.staging]
+    result = run_benchmark(sizes, args.iters, args.warmup, device=args.device, staging=staging)
+    if result is not None:
+        print(format_tables(result), flush=True)
+        if args.out:
+            write_result(args.out, result)
+            print(f"\nwrote {args.out}", flush=True)
+    return 0

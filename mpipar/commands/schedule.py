@@ -1,0 +1,97 @@
+"""``mpipar schedule``: build or load a pipeline schedule, check, simulate and chart it (no MPI)."""
+
+from __future__ import annotations
+
+import sys
+
+HELP = "show a pipeline schedule: timeline chart, bubble fraction, peak activations (no MPI)"
+
+
+def add_arguments(p) -> None:
+    p.add_argument(
+        "--kind", help="naive, gpipe, 1f1b, interleaved, zb-h1 or pipedream (default 1f1b)"
+    )
+    p.add_argument("--pp", type=int, default=4, help="pipeline ranks (default 4)")
+    p.add_argument("--microbatches", "-m", type=int, default=8, help="micro-batches (default 8)")
+    p.add_argument("--virtual", "-v", type=int, default=None,
+                   help="model chunks per rank (interleaved; default 2 there, else 1)")
+    p.add_argument("--file", help="load a schedule from this text file instead (see --actions)")
+    p.add_argument("--costs", default="",
+                   help="cost model, e.g. F=1,B=1,W=1,BW=2,comm=0,UPDATE=0 (per stage)")
+    p.add_argument("--png", help="also write a Gantt chart to this PNG file")
+    p.add_argument("--save", help="write the schedule's action lists to this text file")
+    p.add_argument("--actions", action="store_true", help="print the action lists too")
+    p.add_argument("--width", type=int, default=120, help="chart width in characters")
+
+
+def parse_costs(text: str) -> dict:
+    costs = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        key, eq, value = item.partition("=")
+        try:
+            if not eq:
+                raise ValueError
+            costs[key.strip()] = float(value)
+        except ValueError:
+            raise ValueError(
+                f"bad --costs item {item!r}: write NAME=NUMBER, e.g. F=1,B=1,W=1"
+            ) from None
+    return costs
+
+
+def run(args) -> int:
+    from mpipar.parallel.pipeline.actions import Schedule, ScheduleError
+    from mpipar.parallel.pipeline.chart import save_png, text_chart
+    from mpipar.parallel.pipeline.check import check_schedule
+    from mpipar.parallel.pipeline.generators import build_schedule
+    from mpipar.parallel.pipeline.simulate import resolve_costs, simulate, textbook_bubble
+
+    try:
+        costs = resolve_costs(parse_costs(args.costs))
+        if args.file:
+            if args.kind:
+                raise ScheduleError("give either --file or --kind, not both")
+            s = Schedule.load(args.file)
+        else:
+            kind = args.kind or "1f1b"
+            virtual = args.virtual
+            if virtual is None:
+                virtual = 2 if kind == "interleaved" else 1
+            s = build_schedule(kind, args.pp, args.microbatches, virtual)
+        check_schedule(s)
+        result = simulate(s, costs)
+        if args.save:
+            s.save(args.save)
+        if args.png:
+            save_png(result, s, args.png)
+    except (ValueError, OSError) as exc:  # user errors: a message, no traceback
+        print(f"mpipar schedule: error: {exc}", file=sys.stderr)
+        return 2
+
+    if args.actions:
+        print(s.format())
+    print(text_chart(result, s, width=args.width))
+    cost_text = ", ".join(f"{k}={v:g}" for k, v in costs.items())
+    print(f"costs: {cost_text} (per stage; a chunk costs 1/virtual of that)")
+    print(f"makespan: {result.makespan:g}")
+    print(f"bubble fraction (simulated): {result.bubble_fraction:.4f}   per rank: "
+          + " ".join(f"{b:.3f}" for b in result.per_rank_bubble))
+    tb = textbook_bubble(s.kind, s.pp, s.microbatches, s.virtual)
+    if tb is None:
+        why = {
+            "pipedream": "asynchronous, no flush: the bubble vanishes in the steady state",
+            "zb-h1": "the published schedule assumes microbatches >= pp",
+        }.get(s.kind, "no formula")
+        print(f"bubble fraction (textbook): n/a ({why})")
+    else:
+        note = " (assumes no comm time)"
+        if s.kind == "zb-h1":
+            note = " (assumes F = B = W, no comm time)"
+        print(f"bubble fraction (textbook): {tb:.4f}{note}")
+    print("peak activations (micro-batch x chunk held, per rank): "
+          + " ".join(str(x) for x in result.peak_activations))
+    if args.png:
+        print(f"wrote {args.png}")
+    if args.save:
+        print(f"wrote {args.save}")
+    return 0

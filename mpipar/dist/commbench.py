@@ -1,0 +1,252 @@
+"""Communication benchmark: mpipar's ``Comm`` beside raw mpi4py, in the same run.
+
+Point-to-point ping-pong between world ranks 0 and 1 (one-way time and bandwidth) and all-reduce
+over all ranks (time, algorithm and bus bandwidth), for message sizes from bytes to 64 MiB.
+Each iteration runs the raw probe and the ``Comm`` path back to back, alternating which goes
+first, and the tables report medians: shared-memory bandwidth on a small machine drifts for
+minutes at a time (DESIGN.md), so only a side-by-side ratio means anything.
+
+An iteration's time is the slowest rank's (all-reduce) or half the round trip seen by rank 0
+(ping-pong). Bus bandwidth follows the NCCL convention: algbw * 2 (n-1) / n for all-reduce.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+import socket
+import tempfile
+import time
+
+import numpy as np
+
+DEFAULT_SIZES = "8,64,512,4K,32K,256K,1M,4M,16M,64M"
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+RESULT_DTYPE = np.dtype(
+    [
+        ("bytes", "i8"),
+        ("raw_s", "f8"),  # median time of one operation, raw mpi4py
+        ("comm_s", "f8"),  # the same through mpipar's Comm
+        ("ratio", "f8"),  # comm_s / raw_s
+        ("raw_gbps", "f8"),  # bandwidth, GB/s (1e9 bytes/s): p2p one-way, all-reduce bus bw
+        ("comm_gbps", "f8"),
+    ]
+)
+
+
+def parse_size(text: str) -> int:
+    """``"8"``, ``"4K"``, ``"64M"``, ``"1G"`` (binary units; optional trailing ``B``/``iB``)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)(?:i?[bB])?\s*", text)
+    if not m or int(m.group(1)) < 1:
+        raise ValueError(f"bad message size {text!r}: use a positive number with K, M or G")
+    return int(m.group(1)) * _UNITS[m.group(2).upper()]
+
+
+def parse_sizes(text: str) -> list[int]:
+    return [parse_size(s) for s in text.split(",") if s.strip()]
+
+
+def format_size(n: int) -> str:
+    for unit in ("G", "M", "K"):
+        if n >= _UNITS[unit] and n % _UNITS[unit] == 0:
+            return f"{n // _UNITS[unit]}{unit}"
+    return str(n)
+
+
+def _pingpong(world, mpi_comm, MPI, size, iters, warmup, xp, raw_xp):
+    """Per-iteration one-way times (raw, comm) seen by rank 0; None on other ranks."""
+    rank = world.rank
+    raw_buf = raw_xp.ones(size, dtype=np.uint8)
+    comm_buf = xp.ones(size, dtype=np.uint8)
+    raw_t, comm_t = [], []
+    tag = 11
+
+    def raw_once():
+        if rank == 0:
+            t = time.perf_counter()
+            mpi_comm.Send([raw_buf, MPI.BYTE], 1, tag)
+            mpi_comm.Recv([raw_buf, MPI.BYTE], 1, tag)
+            return (time.perf_counter() - t) / 2
+        mpi_comm.Recv([raw_buf, MPI.BYTE], 0, tag)
+        mpi_comm.Send([raw_buf, MPI.BYTE], 0, tag)
+        return 0.0
+
+    def comm_once():
+        if rank == 0:
+            t = time.perf_counter()
+            world.send(comm_buf, 1, tag)
+            world.recv((size,), np.uint8, 1, tag, xp=xp)
+            return (time.perf_counter() - t) / 2
+        got = world.recv((size,), np.uint8, 0, tag, xp=xp)
+        world.send(got, 0, tag)
+        return 0.0
+
+    for i in range(warmup + iters):
+        first, second = (raw_once, comm_once) if i % 2 == 0 else (comm_once, raw_once)
+        a, b = first(), second()
+        if i >= warmup:
+            ra, ca = (a, b) if first is raw_once else (b, a)
+            raw_t.append(ra)
+            comm_t.append(ca)
+    return (np.array(raw_t), np.array(comm_t)) if rank == 0 else None
+
+
+def _allreduce(world, mpi_comm, MPI, size, iters, warmup, xp, raw_xp):
+    """Per-iteration times (raw, comm) of the slowest rank, on every rank."""
+    n = max(1, size // 4)
+    raw_x = raw_xp.zeros(n, dtype=np.float32)  # zeros: repeated in-place sums stay finite
+    comm_x = xp.zeros(n, dtype=np.float32)
+    times = np.zeros((2, warmup + iters))
+
+    def raw_once():
+        mpi_comm.Barrier()
+        t = time.perf_counter()
+        mpi_comm.Allreduce(MPI.IN_PLACE, raw_x, MPI.SUM)
+        return time.perf_counter() - t
+
+    def comm_once():
+        mpi_comm.Barrier()
+        t = time.perf_counter()
+        world.allreduce(comm_x, inplace=True)
+        return time.perf_counter() - t
+
+    for i in range(warmup + iters):
+        if i % 2 == 0:
+            times[0, i] = raw_once()
+            times[1, i] = comm_once()
+        else:
+            times[1, i] = comm_once()
+            times[0, i] = raw_once()
+    # an iteration lasts as long as its slowest rank
+    mpi_comm.Allreduce(MPI.IN_PLACE, times, MPI.MAX)
+    return times[0, warmup:], times[1, warmup:]
+
+
+def run_benchmark(sizes, iters=20, warmup=2, device="cpu", staging=None, tracer=None):
+    """Run both benchmarks on every rank of COMM_WORLD; rank 0 gets the result dict, others None.
+
+    Result: {"p2p": RESULT_DTYPE rows, "allreduce": rows, "p2p_samples": (raw, comm) arrays
+    [sizes, iters], "allreduce_samples": ..., "attrs": {...}}.
+    """
+    from mpi4py import MPI
+
+    from mpipar.dist.comm import Comm, cuda_aware
+    from mpipar.trace import Tracer
+
+    if iters < 1 or warmup < 0:
+        raise ValueError(f"--iters must be >= 1 and --warmup >= 0, got {iters} and {warmup}")
+    mpi_comm = MPI.COMM_WORLD.Dup()
+    n = mpi_comm.Get_size()
+    if n < 2:
+        raise ValueError("commbench needs at least 2 ranks: run mpiexec -n 2 mpipar commbench")
+    tracer = tracer if tracer is not None else Tracer(enabled=True)
+    world = Comm(mpi_comm, "world", tracer, world_ranks=list(range(n)), staging=staging)
+    xp = np
+    if device == "cuda":
+        import cupy
+
+        from mpipar.dist.grid import bind_gpu
+
+        bind_gpu()
+        xp = cupy
+    # the raw probe hands device memory to MPI only when MPI can take it; else host memory,
+    # the best MPI itself can do, so the ratio shows the cost of staging
+    raw_xp = xp if (device == "cuda" and cuda_aware()) else np
+
+    p2p_raw, p2p_comm, ar_raw, ar_comm = [], [], [], []
+    for size in sizes:
+        res = _pingpong(world, mpi_comm, MPI, size, iters, warmup, xp, raw_xp)
+        if res is not None:
+            p2p_raw.append(res[0])
+            p2p_comm.append(res[1])
+        mpi_comm.Barrier()
+        r, c = _allreduce(world, mpi_comm, MPI, size, iters, warmup, xp, raw_xp)
+        ar_raw.append(r)
+        ar_comm.append(c)
+    hostname = socket.gethostname()
+    hosts = mpi_comm.gather(hostname, root=0)  # lowercase: setup metadata, not a hot path
+    if mpi_comm.Get_rank() != 0:
+        mpi_comm.Free()
+        return None
+    mpi_comm.Free()
+
+    def table(raw, comm, nbytes, bw_factor):
+        rows = np.zeros(len(nbytes), dtype=RESULT_DTYPE)
+        for i, b in enumerate(nbytes):
+            r, c = float(np.median(raw[i])), float(np.median(comm[i]))
+            rows[i] = (b, r, c, c / r, b * bw_factor / r / 1e9, b * bw_factor / c / 1e9)
+        return rows
+
+    ar_bytes = [max(1, s // 4) * 4 for s in sizes]  # whole float32 elements
+    return {
+        "p2p": table(p2p_raw, p2p_comm, sizes, 1.0),
+        "allreduce": table(ar_raw, ar_comm, ar_bytes, 2 * (n - 1) / n),
+        "p2p_samples": (np.array(p2p_raw), np.array(p2p_comm)),
+        "allreduce_samples": (np.array(ar_raw), np.array(ar_comm)),
+        "attrs": {
+            "world_size": n,
+            "hostnames": hosts,
+            "iters": iters,
+            "warmup": warmup,
+            "device": device,
+            "staging": {None: "auto", True: "on", False: "off"}[staging],
+            "cuda_aware": bool(cuda_aware()) if device == "cuda" else False,
+            "mpi_library": " ".join(MPI.Get_library_version().strip().splitlines()[0].split()),
+            "start_time": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+        },
+    }
+
+
+def format_tables(result) -> str:
+    a = result["attrs"]
+    lines = [
+        f"commbench: {a['world_size']} ranks on {','.join(sorted(set(a['hostnames'])))}, "
+        f"{a['mpi_library']}, device {a['device']}, staging {a['staging']}, "
+        f"median of {a['iters']} interleaved iterations",
+    ]
+    for name, title, bw in (
+        ("p2p", "ping-pong world ranks 0 <-> 1: one-way time", "GB/s"),
+        ("allreduce", f"all-reduce over {a['world_size']} ranks (float32, in place)", "busGB/s"),
+    ):
+        lines += [
+            "",
+            title,
+            f"{'bytes':>7} {'raw us':>10} {'comm us':>10} {'comm/raw':>9} "
+            f"{'raw ' + bw:>12} {'comm ' + bw:>13}",
+        ]
+        for row in result[name]:
+            lines.append(
+                f"{format_size(int(row['bytes'])):>7} {row['raw_s'] * 1e6:>10.1f} "
+                f"{row['comm_s'] * 1e6:>10.1f} {row['ratio']:>9.2f} "
+                f"{row['raw_gbps']:>12.3f} {row['comm_gbps']:>13.3f}"
+            )
+    return "\n".join(lines)
+
+
+def write_result(path, result) -> None:
+    """HDF5: /p2p and /allreduce (RESULT_DTYPE tables), /<name>_raw_s and /<name>_comm_s (samples
+    [size, iteration]); attributes describe the run. Written atomically (temp file, rename)."""
+    import h5py
+
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    os.close(fd)
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.attrs["kind"] = "commbench"
+            for key, value in result["attrs"].items():
+                f.attrs[key] = json.dumps(value) if isinstance(value, (list, dict)) else value
+            for name in ("p2p", "allreduce"):
+                f.create_dataset(name, data=result[name])
+                raw, comm = result[f"{name}_samples"]
+                f.create_dataset(f"{name}_raw_s", data=raw)
+                f.create_dataset(f"{name}_comm_s", data=comm)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

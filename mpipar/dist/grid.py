@@ -1,0 +1,220 @@
+"""The dp x pp x tp process grid: which world rank has which coordinates; a communicator per axis.
+
+Rank order (Megatron's ``parallel_state``): ``order`` lists the axes fastest-varying first. The
+default ``"tp-dp-pp"`` puts the ranks of one tensor-parallel group next to each other (same node,
+fastest links: tp talks inside every layer), then data parallelism, then pipeline stages, which
+only exchange one activation per micro-batch. With dp=2, pp=2, tp=2 and the default order:
+
+    world rank: 0 1 2 3 4 5 6 7
+    tp rank:    0 1 0 1 0 1 0 1
+    dp rank:    0 0 1 1 0 0 1 1
+    pp rank:    0 0 0 0 1 1 1 1
+
+The layout itself (``grid_layout``, ``axis_groups``) is pure arithmetic so it can be tested for
+every grid without MPI; ``ProcessGrid`` then splits the world communicator accordingly.
+"""
+
+from __future__ import annotations
+
+import socket
+
+AXES = ("dp", "pp", "tp")
+DEFAULT_ORDER = "tp-dp-pp"
+
+
+class GridError(ValueError):
+    """A grid that cannot be laid out on the ranks mpiexec started."""
+
+
+def _check_axes(dp, pp, tp) -> None:
+    for name, n in (("dp", dp), ("pp", pp), ("tp", tp)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise GridError(
+                f"--{name} must be an integer >= 1, got {n!r}; use 1 to leave that axis unsplit"
+            )
+
+
+def check_grid(dp, pp, tp, world_size) -> None:
+    """Raise ``GridError`` naming the number to change. No MPI: call it before any MPI work."""
+    _check_axes(dp, pp, tp)
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise GridError(f"world size must be an integer >= 1, got {world_size!r}")
+    product = dp * pp * tp
+    if product != world_size:
+        raise GridError(
+            f"dp*pp*tp = {dp}*{pp}*{tp} = {product} but mpiexec started {world_size} ranks: "
+            f"change --dp/--pp/--tp so their product is {world_size}, "
+            f"or run mpiexec -n {product}"
+        )
+
+
+def parse_order(order: str) -> tuple[str, str, str]:
+    """``"tp-dp-pp"`` -> ("tp", "dp", "pp"), fastest-varying axis first; any permutation."""
+    parts = tuple(p.strip() for p in str(order).split("-"))
+    if sorted(parts) != sorted(AXES):
+        raise GridError(
+            f"rank order {order!r} must name each of tp, dp, pp once, fastest-varying first "
+            f"(e.g. {DEFAULT_ORDER!r})"
+        )
+    return parts  # type: ignore[return-value]
+
+
+def _strides(sizes: dict, order: str) -> dict:
+    strides, s = {}, 1
+    for axis in parse_order(order):
+        strides[axis] = s
+        s *= sizes[axis]
+    return strides
+
+
+def grid_layout(dp, pp, tp, order=DEFAULT_ORDER) -> list[tuple[int, int, int]]:
+    """The coordinate table: entry r is world rank r's (dp_rank, pp_rank, tp_rank)."""
+    _check_axes(dp, pp, tp)
+    sizes = {"dp": dp, "pp": pp, "tp": tp}
+    strides = _strides(sizes, order)
+    return [
+        tuple((r // strides[a]) % sizes[a] for a in AXES)  # type: ignore[misc]
+        for r in range(dp * pp * tp)
+    ]
+
+
+def world_rank_of(dp_rank, pp_rank, tp_rank, dp, pp, tp, order=DEFAULT_ORDER) -> int:
+    """Inverse of ``grid_layout``."""
+    sizes = {"dp": dp, "pp": pp, "tp": tp}
+    coords = {"dp": dp_rank, "pp": pp_rank, "tp": tp_rank}
+    for a in AXES:
+        if not 0 <= coords[a] < sizes[a]:
+            raise GridError(f"{a} rank {coords[a]} is outside 0..{sizes[a] - 1}")
+    strides = _strides(sizes, order)
+    return sum(coords[a] * strides[a] for a in AXES)
+
+
+def axis_groups(dp, pp, tp, axis, order=DEFAULT_ORDER) -> list[list[int]]:
+    """The communicators along ``axis``: each a list of world ranks, ordered by that axis' rank.
+
+    Every rank belongs to exactly one group per axis; the group of a rank holds the ranks that
+    share its other two coordinates. Groups are listed by their lowest world rank.
+    """
+    if axis not in AXES:
+        raise GridError(f"axis must be one of {AXES}, got {axis!r}")
+    layout = grid_layout(dp, pp, tp, order)
+    k = AXES.index(axis)
+    groups: dict[tuple, list[tuple[int, int]]] = {}
+    for r, c in enumerate(layout):
+        key = tuple(c[i] for i in range(3) if i != k)
+        groups.setdefault(key, []).append((c[k], r))
+    return sorted(([r for _, r in sorted(g)] for g in groups.values()), key=lambda g: g[0])
+
+
+class ProcessGrid:
+    """This rank's place in the grid and its traced communicators, one per axis plus world_comm.
+
+    Collective: every rank of ``world`` must construct it with the same arguments.
+    """
+
+    def __init__(self, dp, pp, tp, *, order=DEFAULT_ORDER, world=None, tracer=None, backend=None):
+        from mpi4py import MPI
+
+        from mpipar.dist.comm import Comm
+
+        world = MPI.COMM_WORLD if world is None else world
+        check_grid(dp, pp, tp, world.Get_size())
+        self.order = "-".join(parse_order(order))
+        self.dp_size, self.pp_size, self.tp_size = dp, pp, tp
+        self.world_size = world.Get_size()
+        self.rank = world.Get_rank()
+        layout = grid_layout(dp, pp, tp, self.order)
+        self.dp_rank, self.pp_rank, self.tp_rank = layout[self.rank]
+
+        world_ranks = list(range(self.world_size))
+        # world_comm: a duplicate, so the library's messages never match a user's on COMM_WORLD
+        self.world_comm = Comm(world.Dup(), "world", tracer, backend, world_ranks=world_ranks)
+        self.dp_comm = self._split(world, "dp", tracer, backend, Comm)
+        self.pp_comm = self._split(world, "pp", tracer, backend, Comm)
+        self.tp_comm = self._split(world, "tp", tracer, backend, Comm)
+
+        # hostnames of every world rank, once, for describe() and the dump
+        self.hostname = socket.gethostname()
+        blobs = self.world_comm.gather_bytes(self.hostname.encode(), root=0, trace=False)
+        names = "\0".join(b.decode() for b in blobs) if blobs is not None else ""
+        self.hostnames = self.world_comm.broadcast_bytes(names.encode(), trace=False).decode()
+        self.hostnames = self.hostnames.split("\0")
+
+    def _split(self, world, axis, tracer, backend, Comm):
+        k = AXES.index(axis)
+        me = self.coords
+        groups = axis_groups(self.dp_size, self.pp_size, self.tp_size, axis, self.order)
+        # color: index of this rank's group; key: its rank along the axis (so local rank = coord)
+        color = next(i for i, g in enumerate(groups) if self.rank in g)
+        mpi_comm = world.Split(color, me[k])
+        if mpi_comm.Get_rank() != me[k] or mpi_comm.Get_size() != len(groups[color]):
+            raise RuntimeError(f"{axis} split gave rank {mpi_comm.Get_rank()}, expected {me[k]}")
+        return Comm(mpi_comm, axis, tracer, backend, world_ranks=groups[color])
+
+    @property
+    def coords(self) -> tuple[int, int, int]:
+        return (self.dp_rank, self.pp_rank, self.tp_rank)
+
+    @property
+    def prev_rank(self):
+        """pp_comm rank of the previous pipeline stage, None on the first stage."""
+        return self.pp_rank - 1 if self.pp_rank > 0 else None
+
+    @property
+    def next_rank(self):
+        """pp_comm rank of the next pipeline stage, None on the last stage."""
+        return self.pp_rank + 1 if self.pp_rank < self.pp_size - 1 else None
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp_size - 1
+
+    def world_rank_of(self, dp, pp, tp) -> int:
+        return world_rank_of(dp, pp, tp, self.dp_size, self.pp_size, self.tp_size, self.order)
+
+    def as_dict(self) -> dict:
+        """What the dump stores as its ``grid`` attribute."""
+        return {"dp": self.dp_size, "pp": self.pp_size, "tp": self.tp_size, "order": self.order}
+
+    def describe(self) -> str:
+        """A table of every world rank's coordinates and host (no communication)."""
+        layout = grid_layout(self.dp_size, self.pp_size, self.tp_size, self.order)
+        lines = [
+            f"grid dp={self.dp_size} pp={self.pp_size} tp={self.tp_size} order={self.order}",
+            f"{'rank':>5} {'dp':>3} {'pp':>3} {'tp':>3}  host",
+        ]
+        for r, (d, p, t) in enumerate(layout):
+            lines.append(f"{r:>5} {d:>3} {p:>3} {t:>3}  {self.hostnames[r]}")
+        return "\n".join(lines)
+
+    def free(self) -> None:
+        """Release the communicators (optional; MPI_Finalize frees them too)."""
+        for c in (self.tp_comm, self.pp_comm, self.dp_comm, self.world_comm):
+            c.free()
+
+
+def bind_gpu(world=None) -> int:
+    """Give each rank of a node its own GPU: node-local rank modulo the device count.
+
+    Returns the device id made current for CuPy. Ranks outnumbering GPUs share them round-robin.
+    """
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD if world is None else world
+    node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+    try:
+        local_rank = node.Get_rank()
+    finally:
+        node.Free()
+    import cupy
+
+    n = cupy.cuda.runtime.getDeviceCount()
+    if n < 1:
+        raise RuntimeError("bind_gpu: CuPy sees no CUDA device; run with --device cpu")
+    device = local_rank % n
+    cupy.cuda.Device(device).use()
+    return device

@@ -1,0 +1,517 @@
+"""Slurm batch scripts for mpipar training runs: render, submit, watch.
+
+One bash body serves every script: the checked-in templates slurm/train.sbatch and
+slurm/sweep.sbatch (settings from the environment) and the scripts `mpipar slurm render` writes
+(settings chosen on the command line, still overridable from the environment). Keeping one body
+means the checked-in files cannot drift from what the CLI submits (a test compares them).
+
+No MPI here: this module only writes text and calls sbatch / scontrol / squeue / scancel.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SWEEP_KEYS = ("dp", "pp", "tp", "schedule", "microbatches", "steps")
+_INT_KEYS = ("dp", "pp", "tp", "microbatches", "steps")
+ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
+                 "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT"}
+OK_STATES = {"COMPLETED"}
+NO_SBATCH = ("sbatch not found: run this on a Slurm login node or use mpiexec directly "
+             "(mpiexec -n N mpipar train --config ... --dp D --pp P --tp T)")
+
+
+class SlurmError(ValueError):
+    """A bad request (grid does not fit, bad sweep file) or a missing / failing Slurm command."""
+
+
+# ---- what to run and on what -------------------------------------------------------------
+
+@dataclass
+class JobSpec:
+    """One training job (or one job array when `sweep` is non-empty)."""
+
+    config: str
+    dp: int = 1
+    pp: int = 1
+    tp: int = 1
+    schedule: str | None = None
+    microbatches: int | None = None
+    steps: int | None = None
+    extra_args: str = ""
+    run_root: str = "runs/slurm"
+    gpus_per_node: int | None = None  # set: one rank per GPU, --device cuda
+    tasks_per_node: int | None = None
+    nodes: int | None = None
+    cpus_per_task: int = 1
+    partition: str | None = None
+    time: str | None = None
+    job_name: str | None = None
+    launcher: str = "srun"
+    srun_nolocal: str = "auto"  # auto | 1 | 0: MPIR_CVAR_NOLOCAL=1 under srun (PyPI mpich)
+    sweep: list[dict] = field(default_factory=list)
+
+    @property
+    def ranks(self) -> int:
+        """Ranks the allocation must hold: the grid's, or the largest grid of the sweep."""
+        if not self.sweep:
+            return self.dp * self.pp * self.tp
+        return max(e.get("dp", self.dp) * e.get("pp", self.pp) * e.get("tp", self.tp)
+                   for e in self.sweep)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    ntasks: int
+    nodes: int | None  # None: let Slurm place the tasks
+    tasks_per_node: int | None
+
+
+def allocation(ntasks: int, gpus_per_node: int | None = None, tasks_per_node: int | None = None,
+               nodes: int | None = None) -> Allocation:
+    """Nodes and tasks for `ntasks` ranks: one rank per GPU, or `tasks_per_node` ranks per node.
+
+    Raises SlurmError when the requested nodes cannot hold the grid.
+    """
+    for name, value in (("ranks", ntasks), ("--gpus-per-node", gpus_per_node),
+                        ("--tasks-per-node", tasks_per_node), ("--nodes", nodes)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise SlurmError(f"{name} must be a positive integer, got {value!r}")
+    per_node = tasks_per_node
+    if gpus_per_node is not None:
+        if tasks_per_node is not None and tasks_per_node != gpus_per_node:
+            raise SlurmError(f"GPU jobs run one rank per GPU: --tasks-per-node ({tasks_per_node}) "
+                             f"must equal --gpus-per-node ({gpus_per_node}) or be left out")
+        per_node = gpus_per_node
+    if per_node is None:
+        if nodes is not None and nodes > ntasks:
+            raise SlurmError(f"--nodes {nodes} is more than the {ntasks} ranks of the grid: "
+                             f"use --nodes {ntasks} or fewer")
+        return Allocation(ntasks, nodes, None)
+    needed = math.ceil(ntasks / per_node)
+    if nodes is None:
+        nodes = needed
+    elif nodes * per_node < ntasks:
+        unit = "GPUs" if gpus_per_node is not None else "tasks"
+        raise SlurmError(f"the grid needs {ntasks} ranks but --nodes {nodes} x {per_node} {unit} "
+                         f"per node gives only {nodes * per_node} tasks: use --nodes {needed} "
+                         f"(or more {unit} per node, or a smaller dp*pp*tp)")
+    return Allocation(ntasks, nodes, per_node)
+
+
+def parse_sweep(text: str, source: str = "sweep file") -> list[dict]:
+    """One grid per non-blank line: `dp=2 pp=2 tp=1 schedule=1f1b microbatches=4` ('#' comments).
+
+    Keys left out keep the job's values. Returns one dict per line, in order (array task ids).
+    """
+    entries = []
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        entry: dict = {}
+        for token in line.split():
+            key, eq, value = token.partition("=")
+            where = f"{source} line {lineno} ({raw.strip()!r})"
+            if not eq or key not in SWEEP_KEYS:
+                raise SlurmError(f"{where}: expected key=value with key in "
+                                 f"{', '.join(SWEEP_KEYS)}, got {token!r}")
+            if key in _INT_KEYS:
+                if not value.isdigit() or int(value) < 1:
+                    raise SlurmError(f"{where}: {key} must be a positive integer, got {value!r}")
+                entry[key] = int(value)
+            else:
+                entry[key] = value
+        entries.append(entry)
+    if not entries:
+        raise SlurmError(f"{source} has no grids: write one line per run, "
+                         "e.g. 'dp=2 pp=2 tp=1 schedule=1f1b microbatches=4'")
+    return entries
+
+
+def sweep_line(entry: dict) -> str:
+    return " ".join(f"{k}={entry[k]}" for k in SWEEP_KEYS if k in entry)
+
+
+# ---- the script --------------------------------------------------------------------------
+
+_HEADER = """\
+#!/bin/bash
+# {title}
+# {origin}
+"""
+
+_SETTINGS_DOC = """\
+# ---- run settings {how} ----
+# CONFIG        training config (TOML)               DP, PP, TP   the parallel grid
+# SCHEDULE      pipeline schedule (empty: config's)  MICROBATCHES, STEPS (empty: config's)
+# EXTRA_ARGS    more `mpipar train` flags; arguments after the script name are appended too
+# RUN_ROOT      each job writes RUN_ROOT/<jobid> (arrays: RUN_ROOT/<arrayjobid>_<taskid>)
+# LAUNCHER      srun (PMI-2, default) or mpiexec (MPICH Hydra / Open MPI inside the allocation)
+# DEVICE        empty (config's device) or cuda (one rank per GPU: --gpus-per-task=1)
+# MPIPAR_CUDA_AWARE=1  CuPy arrays go straight to a CUDA-aware MPI (also sets
+#               MPICH_GPU_SUPPORT_ENABLED=1 for Cray MPICH; Open MPI+UCX: export OMPI_MCA_pml=ucx
+#               yourself); unset or 0: staged through host memory
+# MPIPAR        the mpipar command (e.g. "python3 -m mpipar.cli")
+# SRUN_NOLOCAL  auto|1|0: 1 exports MPIR_CVAR_NOLOCAL=1 for srun launches. The PyPI mpich wheel
+#               under Slurm's PMI-2 disagrees between ranks on which peers share the node and
+#               aborts in MPI_Init ("Message truncated") or hangs; NOLOCAL sends all traffic
+#               through the network module (UCX still uses shared memory on one node).
+#               auto: 1 when python3 has the PyPI `mpich` package, else 0 (site MPI libraries)
+# SWEEP_FILE    (job arrays) one grid per line, e.g. "dp=2 pp=2 tp=1 schedule=1f1b microbatches=4";
+#               array task i runs line i (0-based, blank and '#' lines skipped)
+"""
+
+# The part every script shares. Plain bash, readable on its own (slurm/README.md explains it).
+_BODY = r"""
+set -euo pipefail
+die() { echo "mpipar-slurm: error: $*" >&2; exit 2; }
+
+# ---- job arrays: this task's grid comes from its line of the sweep --------------------------
+if [ -n "${SLURM_ARRAY_TASK_ID:-}" ]; then
+    if [ ${#SWEEP_LINES[@]} -eq 0 ] && [ -n "${SWEEP_FILE:-}" ]; then
+        [ -r "$SWEEP_FILE" ] || die "SWEEP_FILE $SWEEP_FILE is not readable"
+        mapfile -t SWEEP_LINES < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$SWEEP_FILE")
+    fi
+    if [ ${#SWEEP_LINES[@]} -gt 0 ]; then
+        line=${SWEEP_LINES[$SLURM_ARRAY_TASK_ID]:-}
+        [ -n "$line" ] || die "array task $SLURM_ARRAY_TASK_ID has no line in the sweep" \
+            "(${#SWEEP_LINES[@]} grids): submit with --array=0-$((${#SWEEP_LINES[@]} - 1))"
+        for kv in $line; do
+            case ${kv%%=*} in
+                dp) DP=${kv#*=} ;;
+                pp) PP=${kv#*=} ;;
+                tp) TP=${kv#*=} ;;
+                schedule) SCHEDULE=${kv#*=} ;;
+                microbatches) MICROBATCHES=${kv#*=} ;;
+                steps) STEPS=${kv#*=} ;;
+                *) die "unknown key '${kv%%=*}' in sweep line '$line'" \
+                       "(known: dp pp tp schedule microbatches steps)" ;;
+            esac
+        done
+    fi
+fi
+
+[ -n "$CONFIG" ] || die "CONFIG is not set:" \
+    "export CONFIG=path/to/config.toml (or sbatch --export=ALL,CONFIG=...)"
+for var in DP PP TP MICROBATCHES STEPS; do
+    value=${!var}
+    if [ -n "$value" ] && ! [[ $value =~ ^[1-9][0-9]*$ ]]; then
+        die "$var must be a positive integer, got '$value'"
+    fi
+done
+NP=$((DP * PP * TP))
+NTASKS=${SLURM_NTASKS:-$NP}
+[ "$NP" -le "$NTASKS" ] || die "grid dp=$DP x pp=$PP x tp=$TP needs $NP ranks but this" \
+    "allocation has $NTASKS tasks: submit with --ntasks=$NP (mpipar slurm render sizes it for you)"
+
+# ---- where this job writes: RUN_ROOT/<jobid> --------------------------------------------------
+if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then
+    JOB_TAG=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}
+else
+    JOB_TAG=${SLURM_JOB_ID:-local$$}
+fi
+case $RUN_ROOT in /*) ;; *) RUN_ROOT=${SLURM_SUBMIT_DIR:-$PWD}/$RUN_ROOT ;; esac
+RUN_DIR=$RUN_ROOT/$JOB_TAG
+mkdir -p "$RUN_DIR"
+
+# ---- per-rank threads: BLAS uses the CPUs Slurm gave each task, no more -------------------------
+CPUS=${SLURM_CPUS_PER_TASK:-1}
+export OMP_NUM_THREADS=$CPUS OPENBLAS_NUM_THREADS=$CPUS MKL_NUM_THREADS=$CPUS
+
+# ---- GPUs: one rank per GPU; CUDA-aware MPI only when asked for --------------------------------
+GPU_FLAGS=()
+if [ "$DEVICE" = cuda ]; then
+    GPU_FLAGS=(--gpus-per-task=1)
+    if [ "${MPIPAR_CUDA_AWARE:-0}" = 1 ]; then
+        export MPIPAR_CUDA_AWARE=1
+        export MPICH_GPU_SUPPORT_ENABLED=1  # Cray MPICH: allow device pointers
+    fi
+fi
+
+# ---- the command ----------------------------------------------------------------------------
+# shellcheck disable=SC2206  # MPIPAR and EXTRA_ARGS are split into words on purpose
+cmd=($MPIPAR train --config "$CONFIG" --dp "$DP" --pp "$PP" --tp "$TP")
+[ -z "$SCHEDULE" ] || cmd+=(--schedule "$SCHEDULE")
+[ -z "$MICROBATCHES" ] || cmd+=(--microbatches "$MICROBATCHES")
+[ -z "$STEPS" ] || cmd+=(--steps "$STEPS")
+[ -z "$DEVICE" ] || cmd+=(--device "$DEVICE")
+# shellcheck disable=SC2206
+cmd+=(--out "$RUN_DIR" $EXTRA_ARGS "$@")
+
+cat > "$RUN_DIR/slurm_job.json" <<EOF
+{"job": "$JOB_TAG", "dp": $DP, "pp": $PP, "tp": $TP, "schedule": "$SCHEDULE",
+ "microbatches": ${MICROBATCHES:-null}, "steps": ${STEPS:-null}, "ranks": $NP,
+ "launcher": "$LAUNCHER", "nodes": "${SLURM_JOB_NODELIST:-}", "cpus_per_task": $CPUS,
+ "device": "$DEVICE"}
+EOF
+echo "mpipar-slurm: job $JOB_TAG: $NP ranks (dp=$DP pp=$PP tp=$TP) via $LAUNCHER -> $RUN_DIR"
+echo "mpipar-slurm: ${cmd[*]}"
+
+set +e
+case $LAUNCHER in
+    srun)  # PMI-2: MPICH (incl. the PyPI wheel, see SRUN_NOLOCAL) and Slurm-aware Open MPI
+        if [ "$SRUN_NOLOCAL" = auto ]; then
+            SRUN_NOLOCAL=0
+            if python3 -c 'import importlib.metadata as m; m.distribution("mpich")' 2>/dev/null
+            then SRUN_NOLOCAL=1; fi
+        fi
+        [ "$SRUN_NOLOCAL" = 0 ] || export MPIR_CVAR_NOLOCAL=1
+        srun --mpi="${SRUN_MPI:-pmi2}" --ntasks="$NP" --cpus-per-task="$CPUS" \
+            --kill-on-bad-exit=1 "${GPU_FLAGS[@]}" "${cmd[@]}" ;;
+    mpiexec)  # Hydra / ORTE find the allocation themselves and start their daemons with srun
+        mpiexec -n "$NP" "${cmd[@]}" ;;
+    *) die "LAUNCHER must be srun or mpiexec, got '$LAUNCHER'" ;;
+esac
+rc=$?
+set -e
+echo "mpipar-slurm: job $JOB_TAG finished with exit code $rc"
+exit $rc
+"""
+
+
+def _default_mpipar() -> str:
+    # The python that renders the script is the one that has mpipar; `mpipar` when on PATH.
+    return "mpipar" if shutil.which("mpipar") else f"{sys.executable} -m mpipar.cli"
+
+
+def _settings(values: dict, fixed: bool) -> str:
+    """Settings lines: fixed (`DP=2`, rendered scripts) or environment-overridable defaults
+    (`: "${DP:=1}"`, the checked-in templates). Rendered scripts ignore the environment on
+    purpose: sbatch exports the submitter's whole environment, and a stray CONFIG or STEPS
+    there must not silently change a job that was rendered with explicit choices."""
+    if fixed:
+        return "".join(f"{var}={shlex.quote(str(value)) if value != '' else ''}\n"
+                       for var, value in values.items())
+    for value in values.values():  # template defaults are plain words: no quoting needed
+        if re.search(r"[$`\\\"\s]", str(value)):
+            raise SlurmError(f"template default {value!r} needs quoting")
+    return "".join(f': "${{{var}:={value}}}"\n' for var, value in values.items())
+
+
+def _sbatch_lines(options: list[tuple[str, object]]) -> str:
+    return "".join(f"#SBATCH --{k}={v}\n" for k, v in options if v is not None)
+
+
+def render(spec: JobSpec, mpipar: str | None = None) -> str:
+    """The batch script for `spec` (a job array when spec.sweep is non-empty)."""
+    if not spec.config:
+        raise SlurmError("--config is required")
+    if spec.launcher not in ("srun", "mpiexec"):
+        raise SlurmError(f"launcher must be srun or mpiexec, got {spec.launcher!r}")
+    if spec.srun_nolocal not in ("auto", "1", "0"):
+        raise SlurmError(f"srun_nolocal must be auto, 1 or 0, got {spec.srun_nolocal!r}")
+    if not isinstance(spec.cpus_per_task, int) or spec.cpus_per_task < 1:
+        raise SlurmError(f"--cpus-per-task must be a positive integer, got {spec.cpus_per_task!r}")
+    for name in ("dp", "pp", "tp", "microbatches", "steps"):
+        value = getattr(spec, name)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise SlurmError(f"--{name} must be a positive integer, got {value!r}")
+    if spec.time is not None and not re.fullmatch(r"(\d+-)?\d+(:\d{2}){0,2}", spec.time):
+        raise SlurmError(f"--time must look like HH:MM:SS (or D-HH:MM:SS), got {spec.time!r}")
+    alloc = allocation(spec.ranks, spec.gpus_per_node, spec.tasks_per_node, spec.nodes)
+    gpu = spec.gpus_per_node is not None
+    array = bool(spec.sweep)
+    name = spec.job_name or ("mpipar-sweep" if array else "mpipar-train")
+    log = f"{spec.run_root.rstrip('/')}/slurm-{'%A_%a' if array else '%j'}.out"
+    options = [
+        ("job-name", name),
+        ("nodes", alloc.nodes),
+        ("ntasks", alloc.ntasks),
+        ("ntasks-per-node", alloc.tasks_per_node),
+        ("cpus-per-task", spec.cpus_per_task),
+        ("gpus-per-task", 1 if gpu else None),
+        ("partition", spec.partition),
+        ("time", spec.time),
+        ("array", f"0-{len(spec.sweep) - 1}" if array else None),
+        ("output", log),
+    ]
+    grid = f"dp={spec.dp} pp={spec.pp} tp={spec.tp}" if not array else \
+        f"{len(spec.sweep)} grids, allocation sized for the largest ({alloc.ntasks} ranks)"
+    kind = "sweep (job array)" if array else "training job"
+    text = _HEADER.format(title=f"mpipar {kind}: {grid}",
+                          origin="rendered by `mpipar slurm render`; the log directory "
+                                 f"({spec.run_root}) must exist before sbatch "
+                                 "(`mpipar slurm submit` creates it)")
+    text += _sbatch_lines(options)
+    text += "\n" + _SETTINGS_DOC.format(how="(as rendered; edit here, not via the environment)")
+    text += _settings(fixed=True, values={
+        "CONFIG": spec.config, "DP": spec.dp, "PP": spec.pp, "TP": spec.tp,
+        "SCHEDULE": spec.schedule or "", "MICROBATCHES": spec.microbatches or "",
+        "STEPS": spec.steps or "", "EXTRA_ARGS": spec.extra_args, "RUN_ROOT": spec.run_root,
+        "LAUNCHER": spec.launcher, "DEVICE": "cuda" if gpu else "",
+        "MPIPAR": mpipar or _default_mpipar(), "SRUN_NOLOCAL": spec.srun_nolocal,
+    })
+    text += "SWEEP_LINES=(\n" + "".join(f"    {shlex.quote(sweep_line(e))}\n" for e in spec.sweep) \
+        + ")\n" if array else "SWEEP_LINES=()\n"
+    return text + _BODY
+
+
+def render_static(kind: str) -> str:
+    """The checked-in templates slurm/train.sbatch and slurm/sweep.sbatch (settings from env)."""
+    if kind not in ("train", "sweep"):
+        raise SlurmError(f"kind must be train or sweep, got {kind!r}")
+    sweep = kind == "sweep"
+    title = ("mpipar sweep: one array task per line of $SWEEP_FILE" if sweep
+             else "mpipar training job: settings from the environment")
+    usage = ("usage: SWEEP_FILE=grids.txt CONFIG=cfg.toml sbatch --array=0-<lines-1> "
+             "--ntasks=<largest grid> slurm/sweep.sbatch" if sweep else
+             "usage: CONFIG=cfg.toml DP=2 PP=2 TP=1 sbatch --ntasks=4 slurm/train.sbatch "
+             "[more mpipar train flags]")
+    text = _HEADER.format(title=title, origin=usage)
+    text += "# Generated from mpipar/slurm.py (render_static); edit there, then regenerate with\n"
+    text += "#   python -c 'import mpipar.slurm as s; s.write_static()'\n"
+    text += _sbatch_lines([("job-name", "mpipar-sweep" if sweep else "mpipar-train"),
+                           ("ntasks", 1), ("cpus-per-task", 1), ("time", "00:30:00")])
+    text += ("# GPU variant: add  --gpus-per-task=1 --ntasks-per-node=<GPUs per node>"
+             "  and DEVICE=cuda\n")
+    text += "\n" + _SETTINGS_DOC.format(how="(a variable set in the environment wins)")
+    text += _settings(fixed=False, values={"CONFIG": "", "DP": 1, "PP": 1, "TP": 1, "SCHEDULE": "",
+                       "MICROBATCHES": "", "STEPS": "", "EXTRA_ARGS": "", "RUN_ROOT": "runs/slurm",
+                       "LAUNCHER": "srun", "DEVICE": "", "MPIPAR": "mpipar",
+                       "SRUN_NOLOCAL": "auto"})
+    if sweep:
+        text += ': "${SWEEP_FILE:?set SWEEP_FILE to a file with one grid per line}"\n'
+    text += "SWEEP_LINES=()\n"
+    return text + _BODY
+
+
+def write_static(directory: Path | None = None) -> None:
+    directory = directory or Path(__file__).resolve().parents[1] / "slurm"
+    for kind in ("train", "sweep"):
+        (directory / f"{kind}.sbatch").write_text(render_static(kind))
+
+
+# ---- talking to Slurm ----------------------------------------------------------------------
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        if name == "sbatch":
+            raise SlurmError(NO_SBATCH)
+        raise SlurmError(f"{name} not found: run this on a Slurm login node")
+    return path
+
+
+def submit(script: str, script_path: Path, env: dict | None = None) -> str:
+    """Write `script` to `script_path`, sbatch it; returns the job id (array: the array job id)."""
+    sbatch = _tool("sbatch")
+    script_path.parent.mkdir(parents=True, exist_ok=True)
+    script_path.write_text(script)
+    proc = subprocess.run([sbatch, "--parsable", str(script_path)], capture_output=True,
+                          text=True, env=env, timeout=60)
+    if proc.returncode != 0:
+        raise SlurmError(f"sbatch failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc.stdout.strip().split(";")[0]  # --parsable prints "jobid[;cluster]"
+
+
+@dataclass
+class JobState:
+    job_id: str  # "123", or "123_4" for an array task
+    state: str
+    exit_code: str  # "rc:signal"
+    reason: str = ""
+    stdout: str = ""
+    stderr: str = ""
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+    @property
+    def failed(self) -> bool:
+        return not self.active and self.state not in OK_STATES
+
+
+def _parse_scontrol(line: str) -> dict:
+    # `scontrol show job -o`: space-separated Key=Value pairs; a value may itself hold spaces.
+    return {m.group(1): m.group(2).strip()
+            for m in re.finditer(r"(\w[\w:/]*)=(.*?)(?=\s\w[\w:/]*=|$)", line)}
+
+
+def job_states(job_id: str, env: dict | None = None) -> list[JobState]:
+    """State of a job (every task of an array). Empty when Slurm no longer knows the job."""
+    scontrol = _tool("scontrol")
+    proc = subprocess.run([scontrol, "show", "job", "-o", str(job_id)], capture_output=True,
+                          text=True, env=env, timeout=30)
+    states = []
+    if proc.returncode == 0:
+        for line in proc.stdout.splitlines():
+            if not line.strip():
+                continue
+            f = _parse_scontrol(line)
+            jid = f.get("JobId", "")
+            if f.get("ArrayJobId") and f.get("ArrayTaskId"):
+                jid = f"{f['ArrayJobId']}_{f['ArrayTaskId']}"
+            states.append(JobState(jid, f.get("JobState", "UNKNOWN"), f.get("ExitCode", ""),
+                                   f.get("Reason", ""), f.get("StdOut", ""), f.get("StdErr", "")))
+        return states
+    if "Invalid job id" not in proc.stderr:
+        raise SlurmError(f"scontrol show job {job_id} failed: {proc.stderr.strip()}")
+    # Fall back to squeue (jobs still listed with -t all), e.g. when scontrol lost the record.
+    squeue = _tool("squeue")
+    proc = subprocess.run([squeue, "-h", "-t", "all", "-j", str(job_id), "-o", "%i|%T|%r"],
+                          capture_output=True, text=True, env=env, timeout=30)
+    for line in proc.stdout.splitlines():
+        jid, state, reason = (line.split("|") + ["", ""])[:3]
+        states.append(JobState(jid.strip(), state.strip(), "", reason.strip()))
+    return states
+
+
+def wait(job_id: str, timeout: float, env: dict | None = None,
+         poll: float = 0.25) -> list[JobState]:
+    """Poll until every task of the job has ended (sbatch --wait polls too slowly)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        states = job_states(job_id, env)
+        if states and not any(s.active for s in states):
+            return states
+        if time.monotonic() > deadline:
+            raise SlurmError(f"job {job_id} still {', '.join(sorted({s.state for s in states}))} "
+                             f"after {timeout:.0f} s (scancel {job_id} to stop it)")
+        time.sleep(poll)
+
+
+def cancel(job_id: str, env: dict | None = None) -> None:
+    proc = subprocess.run([_tool("scancel"), str(job_id)], capture_output=True, text=True,
+                          env=env, timeout=30)
+    if proc.returncode != 0:
+        raise SlurmError(f"scancel {job_id} failed: {proc.stderr.strip()}")
+
+
+def error_text(state: JobState, lines: int = 15) -> str:
+    """The last lines of a job's stderr file (the batch log), where a failure says why."""
+    path = Path(state.stderr or state.stdout)
+    if not state.stderr and not state.stdout:
+        return ""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def collect(run_root: str | Path, job_id: str) -> list[dict]:
+    """Results of a job (or each task of an array) under run_root: slurm_job.json+metrics.json."""
+    root = Path(run_root)
+    dirs = sorted([p for p in root.glob(f"{job_id}_*") if p.is_dir()],
+                  key=lambda p: int(p.name.split("_")[-1]))
+    if (root / str(job_id)).is_dir():
+        dirs.insert(0, root / str(job_id))
+    rows = []
+    for d in dirs:
+        row: dict = {"run_dir": str(d)}
+        for name in ("slurm_job.json", "metrics.json"):
+            if (d / name).exists():
+                row.update(json.loads((d / name).read_text()))
+        row["trace"] = str(d / "trace.h5") if (d / "trace.h5").exists() else None
+        rows.append(row)
+    return rows

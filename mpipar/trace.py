@@ -1,0 +1,267 @@
+"""The event recorder and the HDF5 timing dump writer (docs/dump_schema.md is the source of truth).
+
+A leaf module: no MPI here (gathering to rank 0 lives in ``mpipar.dist.dump``), and h5py is
+imported only inside ``write_dump`` so that tracing costs nothing to import.
+
+Each rank owns one ``Tracer``. Events are kept as plain tuples in a list (appending a tuple is the
+cheapest thing Python can do per event) and turned into the schema's structured array on demand.
+A disabled tracer hands out one shared no-op context, so instrumented code costs a method call.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import tempfile
+import time
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+KIND_LEN = 24  # bytes of the `kind` field (S24)
+
+EVENT_DTYPE = np.dtype(
+    [
+        ("kind", f"S{KIND_LEN}"),
+        ("step", "i4"),
+        ("mb", "i4"),
+        ("chunk", "i4"),
+        ("start", "f8"),
+        ("end", "f8"),
+        ("bytes", "i8"),
+        ("peer", "i4"),
+    ]
+)
+
+METRICS_DTYPE = np.dtype(
+    [
+        ("step", "i4"),
+        ("loss", "f8"),
+        ("val_loss", "f8"),
+        ("lr", "f8"),
+        ("grad_norm", "f8"),
+        ("tokens", "i8"),
+        ("step_time", "f8"),
+    ]
+)
+
+# what a metrics row holds when the caller leaves a field out
+_METRICS_DEFAULTS = {
+    "step": -1,
+    "loss": np.nan,
+    "val_loss": np.nan,
+    "lr": np.nan,
+    "grad_norm": np.nan,
+    "tokens": 0,
+    "step_time": np.nan,
+}
+
+
+class _NoOp:
+    """The shared context a disabled tracer returns: enter and exit do nothing."""
+
+    __slots__ = ()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NOOP = _NoOp()
+
+
+class _Region:
+    """Times one ``with`` block and records it as one event (even when the block raises)."""
+
+    __slots__ = ("tracer", "kind", "mb", "chunk", "nbytes", "peer", "start")
+
+    def __init__(self, tracer, kind, mb, chunk, nbytes, peer):
+        self.tracer = tracer
+        self.kind = kind
+        self.mb = mb
+        self.chunk = chunk
+        self.nbytes = nbytes
+        self.peer = peer
+
+    def __enter__(self):
+        t = self.tracer
+        if t._sync is not None:
+            t._sync()  # earlier GPU work must not be billed to this region
+        self.start = time.perf_counter() - t.t0
+        return self
+
+    def __exit__(self, *exc):
+        t = self.tracer
+        if t._sync is not None:
+            t._sync()  # this region's GPU work must be finished before the end clock
+        end = time.perf_counter() - t.t0
+        t._events.append(
+            (self.kind, t.step, self.mb, self.chunk, self.start, end, self.nbytes, self.peer)
+        )
+        return False
+
+
+class Tracer:
+    """Records timed events (kind, step, mb, chunk, start, end, bytes, peer) of one rank."""
+
+    def __init__(self, enabled: bool = True, backend=None, rank: int = 0):
+        self.enabled = bool(enabled)
+        self.backend = backend
+        self.rank = int(rank)
+        self.step = -1
+        self._events: list[tuple] = []
+        self._metrics: list[tuple] = []
+        gpu = backend is not None and getattr(backend, "is_gpu", False)
+        self._sync = backend.synchronize if gpu else None
+        self.reset_clock()
+
+    # --- clock -------------------------------------------------------------------------------
+
+    def now(self) -> float:
+        """Seconds since t0."""
+        return time.perf_counter() - self.t0
+
+    def reset_clock(self) -> None:
+        """Start the clock now. Call right after a world barrier so ranks share (nearly) one t0."""
+        self.t0 = time.perf_counter()
+        self.start_time = _dt.datetime.now(_dt.timezone.utc).isoformat()
+
+    # --- recording ---------------------------------------------------------------------------
+
+    def region(self, kind: str, mb: int = -1, chunk: int = -1, nbytes: int = 0, peer: int = -1):
+        """A context manager recording one event spanning the ``with`` block."""
+        if not self.enabled:
+            return _NOOP
+        _check_kind(kind)
+        return _Region(self, kind, int(mb), int(chunk), int(nbytes), int(peer))
+
+    def record(self, kind, start, end, mb=-1, chunk=-1, nbytes=0, peer=-1) -> None:
+        """Record an event measured by the caller (times in seconds since t0, see ``now``)."""
+        if not self.enabled:
+            return
+        _check_kind(kind)
+        self._events.append(
+            (kind, self.step, int(mb), int(chunk), float(start), float(end), int(nbytes), int(peer))
+        )
+
+    def events(self) -> np.ndarray:
+        """All events so far, in recording order, as an ``EVENT_DTYPE`` array."""
+        return np.array(self._events, dtype=EVENT_DTYPE)
+
+    def clear(self) -> None:
+        """Forget the events and metrics recorded so far (the clock keeps running)."""
+        self._events.clear()
+        self._metrics.clear()
+
+    # --- metrics -----------------------------------------------------------------------------
+
+    def add_metrics(self, **row) -> None:
+        """Append one /metrics row; fields left out get NaN (floats), -1 (step) or 0 (tokens)."""
+        unknown = set(row) - set(_METRICS_DEFAULTS)
+        if unknown:
+            raise ValueError(
+                f"unknown metrics field(s) {sorted(unknown)}; "
+                f"the schema has {list(_METRICS_DEFAULTS)}"
+            )
+        full = {**_METRICS_DEFAULTS, **row}
+        self._metrics.append(tuple(full[name] for name in METRICS_DTYPE.names))
+
+    def metrics(self) -> np.ndarray:
+        return np.array(self._metrics, dtype=METRICS_DTYPE)
+
+
+def _check_kind(kind: str) -> None:
+    # numpy would silently cut a longer name; an analysis keyed on kinds must not see that
+    if len(kind) > KIND_LEN:
+        raise ValueError(f"event kind {kind!r} is longer than {KIND_LEN} characters")
+
+
+# --- the HDF5 file -----------------------------------------------------------------------------
+
+
+def _attr_value(value):
+    """Schema attributes are ints, bools or strings; dicts and lists are stored as JSON text."""
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value)
+    if value is None:
+        return ""
+    return value
+
+
+def write_dump(
+    path, per_rank_events: list, rank_attrs: list, file_attrs: dict, metrics=None
+) -> None:
+    """Write the whole dump to ``path`` atomically (temp file in the same directory, then rename).
+
+    ``per_rank_events[r]`` are world rank r's events (EVENT_DTYPE), ``rank_attrs[r]`` the
+    attributes of ``/ranks/r``; ``file_attrs`` become the file's attributes (``schema_version``
+    is always set here). A failure at any point leaves the previous file, if any, untouched.
+    """
+    import h5py
+
+    if len(rank_attrs) != len(per_rank_events):
+        raise ValueError(
+            f"{len(per_rank_events)} ranks of events but {len(rank_attrs)} rank attribute dicts"
+        )
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    os.close(fd)
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.attrs["schema_version"] = SCHEMA_VERSION
+            for key, value in file_attrs.items():
+                if key != "schema_version":
+                    f.attrs[key] = _attr_value(value)
+            ranks = f.create_group("ranks")
+            for r, (ev, attrs) in enumerate(zip(per_rank_events, rank_attrs, strict=True)):
+                ev = np.asarray(ev)
+                if ev.dtype != EVENT_DTYPE:
+                    raise ValueError(f"rank {r}: events have dtype {ev.dtype}, not EVENT_DTYPE")
+                g = ranks.create_group(str(r))
+                g.create_dataset("events", data=ev)
+                for key, value in attrs.items():
+                    g.attrs[key] = _attr_value(value)
+            if metrics is not None:
+                m = np.asarray(metrics)
+                if m.dtype != METRICS_DTYPE:
+                    raise ValueError(f"metrics have dtype {m.dtype}, not METRICS_DTYPE")
+                f.create_dataset("metrics", data=m)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def check_writable(path) -> None:
+    """Fail early (before training) if the dump cannot be written where asked.
+
+    Probes by creating and deleting a file next to ``path``: permission bits lie for root and
+    on some network file systems.
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    why = None
+    if os.path.isdir(path):
+        why = "it is a directory"
+    elif not os.path.isdir(directory):
+        why = f"directory {directory} does not exist"
+    else:
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".mpipar-probe.", dir=directory)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+    if why is not None:
+        raise ValueError(
+            f"cannot write the timing dump to {path}: {why}; "
+            f"pass --out DIR with a writable directory"
+        )

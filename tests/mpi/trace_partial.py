@@ -1,0 +1,30 @@
+"""A run that flushes its dump after step 0 and then dies on one rank mid step 1.
+
+Run: mpiexec -n N python tests/mpi/trace_partial.py PATH
+The job must abort (failfast) and PATH must hold the complete=False dump of step 0.
+"""
+
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+from mpipar.dist import failfast
+from mpipar.dist.dump import dump_trace
+from mpipar.dist.grid import ProcessGrid
+from mpipar.trace import Tracer
+
+failfast.install()
+path = sys.argv[1]
+tracer = Tracer(enabled=True)
+n = MPI.COMM_WORLD.Get_size()
+g = ProcessGrid(n, 1, 1, tracer=tracer)
+for step in range(2):
+    tracer.step = step
+    with tracer.region("F", mb=0):
+        g.dp_comm.allreduce(np.ones(8) * (g.rank + 1))
+    if step == 1 and g.rank == n - 1:
+        raise RuntimeError(f"deliberate failure in step 1 on rank {g.rank}")
+    dump_trace(tracer, g, path, {"config": {"steps": 2}})
+g.world_comm.barrier()  # a non-root rank may get through the last gather; never past this
+print("unreachable: the job survived a failed rank", flush=True)

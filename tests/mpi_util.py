@@ -1,0 +1,77 @@
+"""Launch multi-rank test scripts under mpiexec, with a timeout that kills the whole job.
+
+A hang (the failure mode of MPI code) becomes a test failure showing the job's last output,
+never a stalled CI. Each rank gets one BLAS/OpenMP thread: the machine has few cores and the
+tests oversubscribe.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+MPI_DIR = Path(__file__).resolve().parent / "mpi"
+REPO = Path(__file__).resolve().parent.parent
+
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def _tail(text: str, n: int = 4000) -> str:
+    return text if len(text) <= n else "...\n" + text[-n:]
+
+
+def run_mpi(n, args, timeout=120, env=None, cwd=None, check=False) -> subprocess.CompletedProcess:
+    """Run ``mpiexec -n N <args>``; return the finished process (text stdout/stderr).
+
+    On timeout the process group is killed and the test fails with the output's tail.
+    ``check=True`` also fails the test on a non-zero exit status.
+    """
+    full_env = {**os.environ, **ONE_THREAD, **(env or {})}
+    # the scripts import mpipar and tests helpers from the checkout
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO), full_env.get("PYTHONPATH", "")) if p
+    )
+    cmd = ["mpiexec", "-n", str(n), *[str(a) for a in args]]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        start_new_session=True,  # its own process group, so a timeout can kill every rank
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, err = proc.communicate()
+        pytest.fail(
+            f"{' '.join(cmd)} timed out after {timeout} s (a hang?)\n"
+            f"--- stdout tail ---\n{_tail(out)}\n--- stderr tail ---\n{_tail(err)}"
+        )
+    result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    if check and result.returncode != 0:
+        pytest.fail(
+            f"{' '.join(cmd)} exited with status {result.returncode}\n"
+            f"--- stdout tail ---\n{_tail(out)}\n--- stderr tail ---\n{_tail(err)}"
+        )
+    return result
+
+
+def python_script(n, path, *args, timeout=120, env=None, cwd=None, check=False):
+    """``mpiexec -n N python path args...``; a bare name is looked up in tests/mpi/."""
+    path = Path(path)
+    if not path.is_absolute() and not path.exists():
+        path = MPI_DIR / path
+    return run_mpi(
+        n, [sys.executable, str(path), *args], timeout=timeout, env=env, cwd=cwd, check=check
+    )

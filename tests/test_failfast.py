@@ -1,0 +1,34 @@
+"""One failing rank ends the whole job quickly, with a non-zero status and its traceback."""
+
+import pytest
+from mpi_util import python_script
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode", ["hook", "guard"])
+def test_exception_aborts_job(mode):
+    # the other ranks block in a receive / barrier forever; the timeout turns a hang into a failure
+    p = python_script(4, "failfast_raise.py", mode, timeout=60)
+    assert p.returncode != 0
+    assert "[mpipar] rank 3 (host " in p.stderr, p.stderr
+    assert "RuntimeError: deliberate failure on rank 3" in p.stderr, p.stderr
+    assert "Traceback (most recent call last)" in p.stderr
+    assert "unreachable" not in p.stdout
+
+
+@pytest.mark.mpi
+def test_nonzero_exit_aborts_job():
+    p = python_script(2, "failfast_raise.py", "exit", timeout=60)
+    assert p.returncode != 0
+    assert "[mpipar] rank 1 (host " in p.stderr and "exited with status 3" in p.stderr, p.stderr
+
+
+def test_guard_passes_success_and_zero_exit():
+    from mpipar.dist import failfast
+
+    with failfast.guard():
+        x = 1
+    assert x == 1
+    with pytest.raises(SystemExit):
+        with failfast.guard():
+            raise SystemExit(0)

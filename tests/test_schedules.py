@@ -1,0 +1,214 @@
+"""Pipeline schedules as data: generators, checker, text format, the `mpipar schedule` command."""
+
+import subprocess
+import sys
+
+import pytest
+
+from mpipar.parallel.pipeline.actions import Action, Schedule, ScheduleError
+from mpipar.parallel.pipeline.check import check_schedule
+from mpipar.parallel.pipeline.generators import (
+    SCHEDULES,
+    build_schedule,
+    validate,
+    weight_versions,
+)
+
+
+def grid():
+    """(kind, pp, m, v) over pp 1..8 and m below, equal to, above and not a multiple of pp."""
+    for kind in SCHEDULES:
+        for pp in range(1, 9):
+            for m in sorted({1, 2, 3, pp, pp + 1, 2 * pp, 3 * pp + 1}):
+                for v in ((2, 3) if kind == "interleaved" else (1,)):
+                    try:
+                        validate(kind, pp, m, v)
+                    except ScheduleError:
+                        continue
+                    yield kind, pp, m, v
+
+
+def test_every_generator_passes_the_checker():
+    n = 0
+    for kind, pp, m, v in grid():
+        s = build_schedule(kind, pp, m, v)
+        check_schedule(s)
+        assert len(s.ranks) == pp
+        n += 1
+    assert n > 200
+
+
+@pytest.mark.parametrize("kind", SCHEDULES)
+def test_pp1_is_plain_gradient_accumulation(kind):
+    m = 1 if kind == "naive" else 4
+    s = build_schedule(kind, 1, m, 2 if kind == "interleaved" else 1)
+    check_schedule(s)
+    assert not any(a.is_comm for a in s.ranks[0])
+
+
+def test_format_parse_round_trip(tmp_path):
+    for kind, pp, m, v in [("1f1b", 4, 6, 1), ("interleaved", 2, 4, 3), ("pipedream", 3, 5, 1),
+                           ("zb-h1", 3, 7, 1)]:
+        s = build_schedule(kind, pp, m, v)
+        t = Schedule.parse(s.format())
+        assert t == s
+        s.save(tmp_path / "s.txt")
+        assert Schedule.load(tmp_path / "s.txt") == s
+
+
+def test_parse_reports_line_and_column():
+    text = "schedule kind=x pp=1 microbatches=1\nrank 0: F0.0 BX0.0\n"
+    with pytest.raises(ScheduleError, match=r"line 2, column 14: bad action 'BX0.0'"):
+        Schedule.parse(text)
+    with pytest.raises(ScheduleError, match="no 'rank 1:' line"):
+        Schedule.parse("schedule pp=2 microbatches=1\nrank 0: F0.0 BW0.0\n")
+    with pytest.raises(ScheduleError, match="unknown header key 'q'"):
+        Schedule.parse("schedule pp=2 q=1 microbatches=1\n")
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (("bogus", 2, 4), "valid schedules: naive, gpipe, 1f1b, interleaved, zb-h1, pipedream"),
+        (("1f1b", 2, 0), "microbatches must be a positive integer"),
+        (("interleaved", 2, 4, 1), "virtual >= 2"),
+        (("interleaved", 4, 6, 2), "multiple of pp=4.*microbatches=4 or 8"),
+        (("gpipe", 2, 4, 2), "only meaningful for the interleaved"),
+        (("naive", 2, 4), "microbatches must be 1"),
+    ],
+)
+def test_bad_settings_are_rejected(args, match):
+    with pytest.raises(ScheduleError, match=match):
+        build_schedule(*args)
+
+
+def two_rank(text0, text1, asynchronous=False):
+    acts = [[Action(t[0], int(t[1]), int(t[2])) for t in (w.split(":") for w in x.split())]
+            for x in (text0, text1)]
+    return Schedule("custom", 2, 1, 1, acts, asynchronous)
+
+
+GOOD0 = "F:0:0 SEND_F:0:0 RECV_B:0:0 BW:0:0"
+GOOD1 = "RECV_F:0:1 F:0:1 BW:0:1 SEND_B:0:1"
+
+
+def test_checker_accepts_the_hand_made_good_one():
+    check_schedule(two_rank(GOOD0, GOOD1))
+
+
+def test_checker_missing_receive():
+    s = two_rank(GOOD0, "F:0:1 BW:0:1 SEND_B:0:1")
+    with pytest.raises(ScheduleError, match=r"rank 1: missing RECV_F0\.1"):
+        check_schedule(s)
+
+
+def test_checker_cycle_under_rendezvous():
+    # Each rank sends before it receives: fine with buffering, a deadlock with blocking sends.
+    s = Schedule.parse(
+        "schedule pp=2 microbatches=2\n"
+        "rank 0: F0.0 F1.0 SEND_F1.0 SEND_F0.0 RECV_B0.0 BW0.0 RECV_B1.0 BW1.0\n"
+        "rank 1: RECV_F0.1 F0.1 RECV_F1.1 F1.1 BW0.1 SEND_B0.1 BW1.1 SEND_B1.1\n"
+    )
+    with pytest.raises(ScheduleError, match=r"deadlock: cycle rank 0 at SEND_F1\.0 -> rank 1 at "
+                       r"RECV_F0\.1 -> rank 0") as e:
+        check_schedule(s)
+    assert "rank 0, action 2 (SEND_F1.0)" in str(e.value)
+
+
+def test_checker_wrong_rank():
+    s = two_rank(GOOD0 + " F:0:1", GOOD1)
+    with pytest.raises(ScheduleError, match=r"rank 0, action 4 \(F0\.1\): wrong rank"):
+        check_schedule(s)
+
+
+def test_checker_w_before_b():
+    s = Schedule.parse(
+        "schedule pp=2 microbatches=1\n"
+        "rank 0: F0.0 SEND_F0.0 RECV_B0.0 W0.0 B0.0\n"
+        "rank 1: RECV_F0.1 F0.1 B0.1 SEND_B0.1 W0.1\n"
+    )
+    with pytest.raises(ScheduleError, match=r"rank 0, action 3 \(W0\.0\) comes before rank 0, "
+                       r"action 4 \(B0\.0\)"):
+        check_schedule(s)
+
+
+def test_checker_duplicate_and_update_in_flush_schedule():
+    with pytest.raises(ScheduleError, match=r"action 4 \(BW0\.0\): duplicate"):
+        check_schedule(two_rank(GOOD0 + " BW:0:0", GOOD1))
+    with pytest.raises(ScheduleError, match="UPDATE is only allowed in asynchronous"):
+        check_schedule(two_rank(GOOD0 + " UPDATE:0:0", GOOD1))
+
+
+def test_checker_send_before_compute():
+    s = two_rank("SEND_F:0:0 F:0:0 RECV_B:0:0 BW:0:0", GOOD1)
+    with pytest.raises(ScheduleError, match=r"SEND_F0\.0\) comes before .*F0\.0"):
+        check_schedule(s)
+
+
+def test_1f1b_shape():
+    s = build_schedule("1f1b", 4, 8)
+    comp = [[str(a) for a in acts if a.is_compute] for acts in s.ranks]
+    assert comp[0][:5] == ["F0.0", "F1.0", "F2.0", "F3.0", "BW0.0"]  # 3 warm-up + 1F1B
+    assert comp[3][:4] == ["F0.3", "BW0.3", "F1.3", "BW1.3"]
+
+
+def test_pipedream_updates_and_weight_versions():
+    pp, m = 3, 6
+    s = build_schedule("pipedream", pp, m)
+    assert s.asynchronous
+    vers = weight_versions(s)
+    for r in range(pp):
+        for mb in range(m):
+            # F(mb) on rank r comes after the BW+UPDATE of micro-batches 0..mb-(pp-r) there.
+            assert vers[(mb, r)] == max(0, mb - (pp - r - 1))
+        comp = [a for a in s.ranks[r] if a.is_compute]  # the gradient goes out, then UPDATE
+        for i, a in enumerate(comp):
+            if a.op == "BW":
+                assert comp[i + 1] == Action("UPDATE", a.mb, a.chunk)
+    assert all(v == 0 for v in weight_versions(build_schedule("1f1b", pp, m)).values())
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "mpipar.cli", "schedule", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_cli_chart_png_file_costs(tmp_path):
+    png, txt = tmp_path / "s.png", tmp_path / "s.txt"
+    p = run_cli("--kind", "1f1b", "--pp", "4", "--microbatches", "8", "--png", str(png),
+                "--save", str(txt))
+    assert p.returncode == 0, p.stderr
+    assert "rank 3: .  .  .  F0 B0 B0 F1" in p.stdout
+    assert "bubble fraction (simulated): 0.2727" in p.stdout  # 3 / 11
+    assert "bubble fraction (textbook): 0.2727" in p.stdout
+    assert "peak activations (micro-batch x chunk held, per rank): 4 3 2 1" in p.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
+    p = run_cli("--file", str(txt), "--costs", "F=1,B=1,W=1,comm=0.5")
+    assert p.returncode == 0, p.stderr
+    assert "comm=0.5" in p.stdout and "BW=2" in p.stdout
+    p = run_cli("--kind", "interleaved", "--pp", "2", "--microbatches", "4", "--virtual", "3")
+    assert p.returncode == 0, p.stderr
+    assert "F0a" in p.stdout and "(simulated): 0.0769" in p.stdout  # (p-1)/(v m+p-1) = 1/13
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (("--kind", "nope"), "valid schedules"),
+        (("--kind", "interleaved", "--microbatches", "6"), "multiple of pp"),
+        (("--costs", "F=oops"), "bad --costs item"),
+        (("--file", "/nonexistent/x.txt"), "cannot read schedule file"),
+    ],
+)
+def test_cli_bad_input(args, match):
+    p = run_cli(*args)
+    assert p.returncode != 0
+    assert match in p.stderr and "Traceback" not in p.stderr
+
+
+def test_cli_rejects_broken_file(tmp_path):
+    f = tmp_path / "bad.txt"
+    f.write_text("schedule pp=2 microbatches=1\nrank 0: F0.0 SEND_F0.0 RECV_B0.0 BW0.0\n"
+                 "rank 1: F0.1 BW0.1 SEND_B0.1\n")
+    p = run_cli("--file", str(f))
+    assert p.returncode != 0 and "missing RECV_F0.1" in p.stderr and "Traceback" not in p.stderr

@@ -1,0 +1,101 @@
+"""Cost-model simulation: bubble fractions against the published formulas, peak activations."""
+
+import pytest
+
+from mpipar.parallel.pipeline.actions import ScheduleError
+from mpipar.parallel.pipeline.chart import text_chart
+from mpipar.parallel.pipeline.generators import build_schedule
+from mpipar.parallel.pipeline.simulate import resolve_costs, simulate, textbook_bubble
+
+PP_M = [(pp, m) for pp in range(1, 9) for m in sorted({1, 2, pp, pp + 1, 2 * pp + 3, 4 * pp})]
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+def test_gpipe_1f1b_bubble_is_textbook(kind):
+    for pp, m in PP_M:
+        r = simulate(build_schedule(kind, pp, m))  # F = 1, BW = 2
+        assert r.bubble_fraction == pytest.approx((pp - 1) / (m + pp - 1), abs=1e-12)
+        assert r.makespan == pytest.approx(3 * (m + pp - 1))
+        assert textbook_bubble(kind, pp, m) == pytest.approx((pp - 1) / (m + pp - 1))
+
+
+def test_naive_bubble():
+    for pp in range(1, 9):
+        r = simulate(build_schedule("naive", pp, 1))
+        assert r.bubble_fraction == pytest.approx((pp - 1) / pp, abs=1e-12)
+        assert r.peak_activations == [1] * pp
+
+
+def test_interleaved_bubble_is_textbook():
+    for pp in range(1, 9):
+        for v in (2, 3, 4):
+            for m in (pp, 2 * pp, 3 * pp):
+                r = simulate(build_schedule("interleaved", pp, m, v))
+                tb = (pp - 1) / (v * m + pp - 1)
+                assert r.bubble_fraction == pytest.approx(tb, abs=1e-12), (pp, v, m)
+                assert textbook_bubble("interleaved", pp, m, v) == pytest.approx(tb)
+
+
+def test_zb_h1_beats_1f1b_at_the_same_peak_memory():
+    for pp, m in PP_M:
+        if pp == 1:
+            continue
+        zb = simulate(build_schedule("zb-h1", pp, m), {"F": 1, "B": 1, "W": 1})
+        one = simulate(build_schedule("1f1b", pp, m), {"F": 1, "B": 1, "W": 1})
+        assert zb.bubble_fraction < one.bubble_fraction
+        assert max(zb.peak_activations) == max(one.peak_activations) == min(pp, m)
+        if m >= pp:  # Qi et al.: idle (p-1) per rank instead of 3(p-1)
+            assert zb.makespan == pytest.approx(3 * m + pp - 1)
+            assert zb.bubble_fraction == pytest.approx(textbook_bubble("zb-h1", pp, m))
+
+
+def test_peak_activations():
+    for pp, m in PP_M:
+        g = simulate(build_schedule("gpipe", pp, m))
+        assert g.peak_activations == [m] * pp
+        o = simulate(build_schedule("1f1b", pp, m))
+        assert o.peak_activations[0] == min(pp, m)
+        assert o.peak_activations == [min(pp - r, m) for r in range(pp)]
+    r = simulate(build_schedule("interleaved", 2, 4, 2))
+    assert max(r.peak_activations) <= 2 * 4  # chunks x micro-batches, never more than all
+
+
+def test_costs_scale_and_comm_delays():
+    s = build_schedule("1f1b", 4, 8)
+    base = simulate(s)
+    double = simulate(s, {"F": 2, "BW": 4})
+    assert double.makespan == pytest.approx(2 * base.makespan)
+    assert double.bubble_fraction == pytest.approx(base.bubble_fraction)
+    slow = simulate(s, {"comm": 0.25})
+    assert slow.makespan > base.makespan
+    assert resolve_costs({"B": 1.5, "W": 0.5})["BW"] == 2.0  # BW follows B + W unless given
+    with pytest.raises(ScheduleError, match="unknown cost name"):
+        simulate(s, {"X": 1})
+    with pytest.raises(ScheduleError, match=">= 0"):
+        simulate(s, {"F": -1})
+
+
+def test_pipedream_simulates_and_has_no_textbook_flush_bubble():
+    r = simulate(build_schedule("pipedream", 4, 8), {"UPDATE": 0.5})
+    assert r.makespan > 0 and textbook_bubble("pipedream", 4, 8) is None
+    assert r.busy[0] == pytest.approx(8 * 3 + 8 * 0.5)
+
+
+def test_timeline_is_consistent():
+    s = build_schedule("zb-h1", 3, 5)
+    r = simulate(s)
+    for row, acts in zip(r.timeline, s.ranks, strict=True):
+        assert [a for _, _, a in row] == acts
+        for (s0, e0, _), (s1, _, _) in zip(row, row[1:], strict=False):
+            assert s0 <= e0 <= s1 + 1e-12
+
+
+def test_text_chart_rows_and_columns():
+    s = build_schedule("gpipe", 3, 4)
+    chart = text_chart(simulate(s), s)
+    rows = [line for line in chart.splitlines() if line.lstrip().startswith("rank")]
+    assert len(rows) == 3
+    assert rows[0].split(":")[1].split()[:4] == ["F0", "F1", "F2", "F3"]
+    assert len(rows[2].split(":")[1].split()) == 3 * (4 + 3 - 1)  # makespan columns
+    s = build_schedule("1f1b", 8, 32)
+    assert all(len(line) <= 120 for line in text_chart(simulate(s), s).splitlines())

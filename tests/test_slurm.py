@@ -1,0 +1,260 @@
+"""Slurm support: render arithmetic and errors (no cluster), then real jobs on a local cluster.
+
+The cluster tests bring up munged + slurmctld + slurmd on localhost once per session
+(tests/slurm_cluster.py) and are skipped, with the reason, where that cannot be done (not root,
+no apt). Jobs run the real `mpipar train` on the tiny config with few steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mpi_util import run_mpi  # noqa: E402
+from slurm_cluster import ClusterUnavailable, SlurmCluster  # noqa: E402
+
+from mpipar import slurm  # noqa: E402
+from mpipar.cli import main as cli_main  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "experiments" / "configs" / "tiny.toml"
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+JOB_TIMEOUT = 120  # seconds; a stuck job fails the test (and is cancelled at tear-down)
+
+
+# ---- render: node / task arithmetic and its errors (no cluster) ------------------------------
+
+@pytest.mark.parametrize("ntasks, gpus, per_node, nodes, expected", [
+    (4, None, None, None, (4, None, None)),   # CPU, Slurm places the tasks
+    (8, None, 4, None, (8, 2, 4)),            # 8 ranks at 4 per node: 2 nodes
+    (6, None, 4, None, (6, 2, 4)),            # partial last node
+    (8, 4, None, None, (8, 2, 4)),            # one rank per GPU
+    (8, 4, 4, None, (8, 2, 4)),
+    (3, 8, None, None, (3, 1, 8)),
+    (8, None, 4, 3, (8, 3, 4)),               # more nodes than needed is allowed
+])
+def test_allocation_arithmetic(ntasks, gpus, per_node, nodes, expected):
+    a = slurm.allocation(ntasks, gpus_per_node=gpus, tasks_per_node=per_node, nodes=nodes)
+    assert (a.ntasks, a.nodes, a.tasks_per_node) == expected
+
+
+def test_allocation_too_many_tasks_says_what_to_change():
+    with pytest.raises(slurm.SlurmError, match=r"needs 8 ranks.*gives only 4 tasks.*--nodes 2"):
+        slurm.allocation(8, tasks_per_node=4, nodes=1)
+    with pytest.raises(slurm.SlurmError, match=r"needs 16 ranks.*4 GPUs per node.*--nodes 4"):
+        slurm.allocation(16, gpus_per_node=4, nodes=2)
+    with pytest.raises(slurm.SlurmError, match="one rank per GPU"):
+        slurm.allocation(8, gpus_per_node=4, tasks_per_node=8)
+    with pytest.raises(slurm.SlurmError, match="positive integer"):
+        slurm.allocation(0)
+
+
+def _cli(capsys, *argv) -> tuple[int, str, str]:
+    rc = cli_main(["slurm", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_render_gpu_script(capsys):
+    rc, out, _ = _cli(capsys, "render", "--config", "c.toml", "--dp", 2, "--pp", 2, "--tp", 2,
+                      "--gpus-per-node", 4, "--partition", "gpu", "--time", "01:00:00",
+                      "--schedule", "1f1b", "--microbatches", 8, "--steps", 5)
+    assert rc == 0
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks=8", "#SBATCH --ntasks-per-node=4",
+                 "#SBATCH --gpus-per-task=1", "#SBATCH --partition=gpu",
+                 "#SBATCH --time=01:00:00", "DP=2", "PP=2", "TP=2", "SCHEDULE=1f1b",
+                 "MICROBATCHES=8", "STEPS=5", "DEVICE=cuda", "CONFIG=c.toml"):
+        assert line in out.splitlines(), line
+    assert "--mpi=" in out and "OMP_NUM_THREADS=$CPUS" in out
+    subprocess.run(["bash", "-n"], input=out, text=True, check=True)  # valid bash
+
+
+def test_render_too_many_tasks_is_a_clear_cli_error(capsys):
+    rc, out, err = _cli(capsys, "render", "--config", "c.toml", "--dp", 4, "--tp", 2,
+                        "--tasks-per-node", 2, "--nodes", 2)
+    assert rc == 2 and out == ""
+    assert "needs 8 ranks" in err and "--nodes 4" in err
+
+
+def test_render_sweep_is_one_array_sized_for_the_largest_grid(tmp_path, capsys):
+    sweep = tmp_path / "grids.txt"
+    sweep.write_text("# grid sweep\ndp=1\ndp=2 pp=2 schedule=gpipe  # four ranks\n\n"
+                     "tp=2 microbatches=4\n")
+    rc, out, _ = _cli(capsys, "render", "--config", "c.toml", "--sweep", sweep)
+    assert rc == 0
+    assert "#SBATCH --array=0-2" in out and "#SBATCH --ntasks=4" in out
+    assert "'dp=2 pp=2 schedule=gpipe'" in out and "%A_%a" in out
+
+
+@pytest.mark.parametrize("text, match", [
+    ("dp=2 pipeline=3\n", "key in dp, pp, tp"),
+    ("dp=two\n", "dp must be a positive integer"),
+    ("# nothing\n\n", "no grids"),
+])
+def test_bad_sweep_file(text, match):
+    with pytest.raises(slurm.SlurmError, match=match):
+        slurm.parse_sweep(text)
+
+
+def test_submit_without_sbatch_says_where_to_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch anywhere
+    rc, out, err = _cli(capsys, "submit", "--config", "c.toml", "--dp", 2,
+                        "--run-root", tmp_path / "runs")
+    assert rc == 2 and out == ""
+    assert "sbatch not found: run this on a Slurm login node or use mpiexec" in err
+
+
+def test_checked_in_templates_match_the_renderer():
+    for kind in ("train", "sweep"):
+        text = (REPO / "slurm" / f"{kind}.sbatch").read_text()
+        assert text == slurm.render_static(kind), \
+            f"slurm/{kind}.sbatch is stale: python -c 'import mpipar.slurm as s; s.write_static()'"
+
+
+def test_template_refuses_a_grid_larger_than_the_allocation(tmp_path):
+    # The script's own guard, run outside Slurm: 4 ranks wanted, 2 tasks allocated.
+    env = dict(os.environ, CONFIG="c.toml", DP="2", PP="2", SLURM_NTASKS="2",
+               RUN_ROOT=str(tmp_path))
+    proc = subprocess.run(["bash", str(REPO / "slurm" / "train.sbatch")], env=env,
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert "needs 4 ranks but this allocation has 2 tasks" in proc.stderr
+
+
+# ---- a real cluster ----------------------------------------------------------------------
+
+def _train_available() -> str | None:
+    proc = subprocess.run([sys.executable, "-m", "mpipar.cli", "train", "--help"],
+                          capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        return "`mpipar train` is not available yet"
+    if not TINY.exists():
+        return f"{TINY} is missing"
+    return None
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    try:
+        c = SlurmCluster.start()
+    except ClusterUnavailable as exc:
+        pytest.skip(f"no local Slurm cluster: {exc}")
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="session")
+def train_ready():
+    why = _train_available()
+    if why:
+        pytest.skip(why)
+
+
+def _submit(cluster, run_root: Path, *argv) -> str:
+    proc = subprocess.run([sys.executable, "-m", "mpipar.cli", "slurm", "submit",
+                           "--config", TINY, "--run-root", run_root, *map(str, argv)],
+                          capture_output=True, text=True, env={**cluster.env, **ONE_THREAD},
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def _wait(cluster, job_id: str) -> list[slurm.JobState]:
+    try:
+        return slurm.wait(job_id, JOB_TIMEOUT, env=cluster.env)
+    except slurm.SlurmError as exc:
+        slurm.cancel(job_id, env=cluster.env)
+        pytest.fail(f"{exc}\n{cluster.log_tail('slurmctld')}")
+
+
+def _losses(trace: Path) -> np.ndarray:
+    import h5py
+
+    with h5py.File(trace, "r") as f:
+        return np.asarray(f["metrics"]["loss"], dtype=np.float64)
+
+
+GRID = ("--dp", 2, "--pp", 2, "--tp", 1, "--schedule", "1f1b", "--microbatches", 4,
+        "--steps", 3)
+
+
+def test_batch_job_trains_like_mpiexec(cluster, train_ready, tmp_path):
+    job = _submit(cluster, tmp_path / "runs", *GRID)
+    states = _wait(cluster, job)
+    assert [s.state for s in states] == ["COMPLETED"], slurm.error_text(states[0])
+    run_dir = tmp_path / "runs" / job
+    losses = _losses(run_dir / "trace.h5")
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    info = json.loads((run_dir / "slurm_job.json").read_text())
+    assert (info["dp"], info["pp"], info["tp"], info["ranks"]) == (2, 2, 1, 4)
+    assert len(losses) == 3 and np.all(np.isfinite(losses))
+    assert metrics["final_loss"] == pytest.approx(losses[-1], rel=1e-12)
+
+    # The same run under plain mpiexec: same ranks, same seed, same code -> same losses.
+    ref = tmp_path / "mpiexec"
+    run_mpi(4, [sys.executable, "-m", "mpipar.cli", "train", "--config", TINY, *GRID,
+                "--out", ref], timeout=JOB_TIMEOUT, check=True)
+    np.testing.assert_allclose(losses, _losses(ref / "trace.h5"), rtol=1e-12, atol=0)
+
+
+def test_sweep_array_runs_every_grid(cluster, train_ready, tmp_path, capsys):
+    sweep = tmp_path / "grids.txt"
+    sweep.write_text("dp=1\ndp=2\npp=2 microbatches=2 schedule=gpipe\n")
+    job = _submit(cluster, tmp_path / "runs", "--sweep", sweep, "--steps", 2,
+                  "--microbatches", 2)
+    states = _wait(cluster, job)
+    assert sorted(s.job_id for s in states) == [f"{job}_{i}" for i in range(3)]
+    assert all(s.state == "COMPLETED" for s in states), [(s.job_id, s.state) for s in states]
+    rows = slurm.collect(tmp_path / "runs", job)
+    assert [(r["dp"], r["pp"], r["tp"]) for r in rows] == [(1, 1, 1), (2, 1, 1), (1, 2, 1)]
+    for r in rows:
+        assert r["trace"] and len(_losses(Path(r["trace"]))) == 2
+        assert np.isfinite(r["final_loss"])
+    # The table of the sweep: `mpipar analyze` over the run root finds every dump.
+    assert cli_main(["analyze", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert out.strip()
+    assert cli_main(["slurm", "collect", job, "--run-root", str(tmp_path / "runs")]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 4  # header + 3 grids
+
+
+def test_failing_job_is_reported_with_its_error(cluster, train_ready, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[model]\nkind = "transformer"\n')  # not gpt or mlp
+    direct = subprocess.run([sys.executable, "-m", "mpipar.cli", "train", "--config", bad,
+                             "--out", tmp_path / "direct"], capture_output=True, text=True,
+                            timeout=60)
+    assert direct.returncode != 0 and direct.stderr.strip()
+    message = direct.stderr.strip().splitlines()[-1]
+
+    proc = subprocess.run([sys.executable, "-m", "mpipar.cli", "slurm", "submit", "--config",
+                           bad, "--dp", "2", "--run-root", tmp_path / "runs", "--wait",
+                           "--timeout", str(JOB_TIMEOUT)], capture_output=True, text=True,
+                          env=cluster.env, timeout=JOB_TIMEOUT + 30)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAILED" in proc.stdout
+    assert message in proc.stderr  # the job log's tail, shown by status
+
+
+def test_scancel_stops_a_running_job(cluster, train_ready, tmp_path):
+    job = _submit(cluster, tmp_path / "runs", "--dp", 2, "--steps", 100000)
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while slurm.job_states(job, cluster.env)[0].state != "RUNNING":
+        assert time.monotonic() < deadline, "job never started"
+        time.sleep(0.1)
+    cancel = subprocess.run([sys.executable, "-m", "mpipar.cli", "slurm", "cancel", job],
+                            capture_output=True, text=True, env=cluster.env, timeout=60)
+    assert cancel.returncode == 0, cancel.stderr
+    states = _wait(cluster, job)
+    assert states[0].state == "CANCELLED"
+    status = subprocess.run([sys.executable, "-m", "mpipar.cli", "slurm", "status", job],
+                            capture_output=True, text=True, env=cluster.env, timeout=60)
+    assert status.returncode == 1 and "CANCELLED" in status.stdout

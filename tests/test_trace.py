@@ -1,0 +1,166 @@
+"""The tracer and the HDF5 dump: schema round trip, atomic writes, clear errors."""
+
+import json
+import os
+
+import h5py
+import numpy as np
+import pytest
+from mpi_util import python_script
+
+from mpipar.trace import (
+    EVENT_DTYPE,
+    METRICS_DTYPE,
+    SCHEMA_VERSION,
+    Tracer,
+    check_writable,
+    write_dump,
+)
+
+
+def test_schema_dtypes_match_docs():
+    assert SCHEMA_VERSION == 1
+    assert EVENT_DTYPE.names == ("kind", "step", "mb", "chunk", "start", "end", "bytes", "peer")
+    assert [EVENT_DTYPE[n].str for n in EVENT_DTYPE.names] == [
+        "|S24", "<i4", "<i4", "<i4", "<f8", "<f8", "<i8", "<i4"
+    ]
+    assert METRICS_DTYPE.names == (
+        "step", "loss", "val_loss", "lr", "grad_norm", "tokens", "step_time"
+    )
+
+
+def test_region_and_record():
+    t = Tracer()
+    t.step = 3
+    with t.region("F", mb=1, chunk=0):
+        sum(range(1000))
+    t.record("pp.send", 0.5, 0.75, mb=2, chunk=1, nbytes=64, peer=4)
+    with pytest.raises(ZeroDivisionError):
+        with t.region("B", mb=2):
+            raise ZeroDivisionError("in a region")
+    ev = t.events()
+    assert ev.dtype == EVENT_DTYPE and len(ev) == 3
+    assert list(ev["kind"]) == [b"F", b"pp.send", b"B"]  # the failing region is still recorded
+    assert list(ev["step"]) == [3, 3, 3]
+    assert ev[0]["end"] >= ev[0]["start"] >= 0
+    assert tuple(ev[1])[1:] == (3, 2, 1, 0.5, 0.75, 64, 4)
+    with pytest.raises(ValueError, match="longer than 24"):
+        t.record("x" * 25, 0, 1)
+    t.clear()
+    assert len(t.events()) == 0
+
+
+def test_disabled_tracer_records_nothing():
+    t = Tracer(enabled=False)
+    ctx = t.region("F")
+    assert ctx is t.region("B", mb=3)  # one shared no-op
+    with ctx:
+        pass
+    t.record("F", 0, 1)
+    assert len(t.events()) == 0 and t.events().dtype == EVENT_DTYPE
+
+
+def test_gpu_backend_synchronizes_around_regions():
+    calls = []
+
+    class FakeGPU:
+        is_gpu = True
+
+        def synchronize(self):
+            calls.append(1)
+
+    t = Tracer(backend=FakeGPU())
+    with t.region("F"):
+        pass
+    assert len(calls) == 2  # before the start clock and before the end clock
+
+
+def test_metrics_rows():
+    t = Tracer()
+    t.add_metrics(step=0, loss=2.5, lr=1e-3, tokens=64)
+    t.add_metrics(step=1, loss=2.0, val_loss=2.2, grad_norm=0.5, step_time=0.1)
+    m = t.metrics()
+    assert m.dtype == METRICS_DTYPE and list(m["step"]) == [0, 1]
+    assert np.isnan(m["val_loss"][0]) and m["val_loss"][1] == 2.2 and m["tokens"][1] == 0
+    with pytest.raises(ValueError, match="unknown metrics field"):
+        t.add_metrics(step=2, accuracy=0.9)
+
+
+def _events(n, seed):
+    rng = np.random.default_rng(seed)
+    ev = np.zeros(n, dtype=EVENT_DTYPE)
+    ev["kind"] = [b"F", b"pp.send", b"B"][: n] if n <= 3 else b"F"
+    ev["step"] = 1
+    ev["mb"] = np.arange(n)
+    ev["start"] = rng.uniform(0, 1, n)
+    ev["end"] = ev["start"] + rng.uniform(0.1, 1, n)
+    ev["bytes"] = rng.integers(1, 10**9, n)
+    ev["peer"] = 1
+    return ev
+
+
+def test_write_dump_round_trip(tmp_path):
+    path = tmp_path / "trace.h5"
+    evs = [_events(3, 0), _events(0, 1)]  # a rank with no events is fine
+    attrs = [{"dp": 0, "pp": 0, "tp": 0, "hostname": "a", "device": "cpu"},
+             {"dp": 0, "pp": 1, "tp": 0, "hostname": "b", "device": "cuda:1"}]
+    t = Tracer()
+    t.add_metrics(step=0, loss=1.5)
+    write_dump(path, evs, attrs, {"config": {"lr": 0.1}, "world_size": 2, "complete": True},
+               metrics=t.metrics())
+    with h5py.File(path, "r") as f:
+        assert f.attrs["schema_version"] == 1 and f.attrs["world_size"] == 2
+        assert json.loads(f.attrs["config"]) == {"lr": 0.1} and bool(f.attrs["complete"])
+        for r in range(2):
+            got = f[f"ranks/{r}/events"][()]
+            assert got.dtype == EVENT_DTYPE and np.array_equal(got, evs[r])
+            assert dict(f[f"ranks/{r}"].attrs) == attrs[r]
+        assert f["metrics"][()]["loss"][0] == 1.5
+    assert os.listdir(tmp_path) == ["trace.h5"]  # no temporary file left
+
+
+def test_failed_write_keeps_previous_file(tmp_path):
+    path = tmp_path / "trace.h5"
+    write_dump(path, [_events(2, 0)], [{"dp": 0}], {"complete": False})
+    before = path.read_bytes()
+    bad = np.zeros(2, dtype=[("kind", "S8")])  # not EVENT_DTYPE: fails mid-write
+    with pytest.raises(ValueError, match="not EVENT_DTYPE"):
+        write_dump(path, [bad], [{"dp": 0}], {"complete": True})
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["trace.h5"]
+
+
+def test_check_writable_messages(tmp_path):
+    check_writable(tmp_path / "trace.h5")  # fine
+    with pytest.raises(ValueError, match=r"cannot write the timing dump to .*not exist.*--out"):
+        check_writable(tmp_path / "missing" / "trace.h5")
+    with pytest.raises(ValueError, match="it is a directory"):
+        check_writable(tmp_path)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="does not exist"):
+        check_writable(tmp_path / "file" / "trace.h5")  # parent is a file
+    with pytest.raises(ValueError, match="cannot write the timing dump to /proc/trace.h5"):
+        check_writable("/proc/trace.h5")  # not writable even for root
+
+
+@pytest.mark.mpi
+def test_dump_gathers_all_ranks(tmp_path):
+    path = tmp_path / "trace.h5"
+    p = python_script(4, "trace_dump.py", path, 2, 2, 1, timeout=90, check=True)
+    assert "trace_dump OK on 4 ranks" in p.stdout
+
+
+@pytest.mark.mpi
+def test_partial_dump_after_failure_is_readable(tmp_path):
+    path = tmp_path / "trace.h5"
+    p = python_script(3, "trace_partial.py", path, timeout=60)
+    assert p.returncode != 0 and "deliberate failure in step 1 on rank 2" in p.stderr, p.stderr
+    assert "unreachable" not in p.stdout
+    with h5py.File(path, "r") as f:
+        assert bool(f.attrs["complete"]) is False
+        assert f.attrs["world_size"] == 3
+        for r in range(3):
+            ev = f[f"ranks/{r}/events"][()]
+            assert set(ev["step"]) == {0}, ev  # exactly what was flushed: step 0
+            assert b"dp.allreduce" in set(ev["kind"])
+    assert sorted(os.listdir(tmp_path)) == ["trace.h5"]
