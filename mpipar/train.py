@@ -122,6 +122,28 @@ def _split_rows(a, parts, index=None):
     return [a[i * k:(i + 1) * k] for i in range(parts)]
 
 
+class ChunkOptimizers:
+    """One optimizer per pipeline chunk (asynchronous PipeDream), seen as one for checkpoints."""
+
+    def __init__(self, chunks: dict):
+        self.chunks = chunks
+        self.BUFFERS = next(iter(chunks.values())).BUFFERS
+
+    @property
+    def step_count(self):
+        return next(iter(self.chunks.values())).step_count
+
+    def state_dict(self):
+        out = {}
+        for o in self.chunks.values():
+            out.update(o.state_dict())
+        return out
+
+    def load_state_dict(self, state):
+        for o in self.chunks.values():
+            o.load_state_dict({p.name: state[p.name] for p in o.params})
+
+
 class Trainer:
     def __init__(self, cfg: Config, grid, tracer: Tracer, backend: Backend, data_path=None):
         self.cfg, self.grid, self.tracer, self.backend = cfg, grid, tracer, backend
@@ -136,11 +158,18 @@ class Trainer:
         chunk_params = {c: ch.params() for c, ch in self.chunks.items()}
         self.sync = GradSync(chunk_params, grid.dp_comm if p.dp > 1 else None, backend,
                              bucket_mb=p.bucket_mb, overlap=p.overlap_grad_sync, zero1=p.zero1)
-        self.opt = self._make_optimizer(self.sync.optimizer_params(self.params))
+        self.asynchronous = bool(self.schedule.asynchronous)
+        if self.asynchronous:
+            # PipeDream: each chunk steps on its own, once per micro-batch
+            self.opt = ChunkOptimizers({c: self._make_optimizer(ps)
+                                        for c, ps in chunk_params.items()})
+        else:
+            self.opt = self._make_optimizer(self.sync.optimizer_params(self.params))
         self.executor = PipelineExecutor(
             self.model, self.chunks, self.schedule, grid.pp_rank,
             comm=grid.pp_comm if p.pp > 1 else None, tracer=tracer, recompute=p.recompute,
-            backend=backend, on_grads_ready=self._chunk_grads_ready)
+            backend=backend, on_grads_ready=self._chunk_grads_ready,
+            on_update=self._async_update if self.asynchronous else None)
         self.eval_executor = None
         self.batches = Batches(cfg, data_path)
         self.step = 0
@@ -204,16 +233,29 @@ class Trainer:
         self.sync.start()
         self._ready = set()
         losses = self.executor.run(xs, ys)
-        for c in self.chunks:
-            self._chunk_grads_ready(c)  # no-op for chunks the executor already reported
-        self.sync.finish()
+        if not self.asynchronous:
+            for c in self.chunks:
+                self._chunk_grads_ready(c)  # no-op for chunks the executor already reported
+            self.sync.finish()
         return losses
+
+    def _async_update(self, mb, c):
+        """PipeDream: apply micro-batch mb's gradient to chunk c now (synchronised over tp, dp)."""
+        params = self.chunks[c].params()
+        sync_partial_grads(params, self.tp)
+        if self.grid.dp_size > 1:
+            for p in params:
+                self.grid.dp_comm.allreduce(p.grad, op="mean", inplace=True)
+        t = self.cfg.train
+        lr = lr_at(self.step, t.lr, min(t.warmup_steps, t.steps - 1), t.steps, t.min_lr)
+        with self.tracer.region("OPT", mb=mb, chunk=c):
+            self.opt.chunks[c].step(lr)
 
     def _chunk_grads_ready(self, c):
         """A chunk's gradients are final: reduce sequence-parallel partial sums over tp, then
         start the data-parallel reduction of its buckets (in this order: the dp reduction runs
         in the background on the same buffers)."""
-        if c in self._ready:
+        if c in self._ready or self.asynchronous:
             return
         self._ready.add(c)
         sync_partial_grads(self.chunks[c].params(), self.tp)
@@ -239,7 +281,12 @@ class Trainer:
         t0 = tr.now()
         start = time.perf_counter()
         losses = self.forward_backward()
-        norm, lr = self.update()
+        if self.asynchronous:  # the executor already applied every micro-batch's update
+            t = cfg.train
+            norm = float("nan")
+            lr = lr_at(self.step, t.lr, min(t.warmup_steps, t.steps - 1), t.steps, t.min_lr)
+        else:
+            norm, lr = self.update()
         loss = self.global_loss(losses)
         self.backend.synchronize()
         tr.record("STEP", t0, tr.now())

@@ -55,3 +55,15 @@ def test_grid_matches_one_rank(tokens, grid):
     report = "\n".join(line for line in res.stdout.splitlines() if line[:4] in ("ok  ", "FAIL"))
     assert res.returncode == 0, f"{report}\n{res.stderr[-3000:]}"
     assert report.count("ok  ") == len(variants(dp, pp, tp)), report
+
+
+PIPEDREAM = [(1, 2, 1, 4), (1, 4, 1, 6), (2, 2, 2, 3), (1, 2, 2, 1)]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("grid", PIPEDREAM, ids=[f"dp{a}-pp{b}-tp{c}-m{m}" for a, b, c, m in PIPEDREAM])
+def test_pipedream_matches_its_one_rank_replay(tokens, grid):
+    dp, pp, tp, m = grid
+    res = python_script(dp * pp * tp, "pipedream_equiv.py", tokens, dp, pp, tp, m, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert "ok  " in res.stdout

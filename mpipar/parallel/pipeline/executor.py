@@ -7,6 +7,11 @@ would silently corrupt the weight gradients of an earlier micro-batch still in f
 
 The loss is computed on the last chunk right after its forward (as Megatron does), scaled by
 1 / microbatches so that the accumulated gradient is that of the mean over the whole batch.
+
+Asynchronous PipeDream (``schedule.asynchronous``): each micro-batch is its own update. F stashes
+the weights it ran with; BW runs with that stash (weight stashing, Harlap et al. 2018) on freshly
+zeroed gradients; UPDATE hands the gradient to ``on_update(mb, chunk)`` at once. The loss is not
+scaled by 1 / microbatches then. The pipeline still drains at the end of each ``run`` (a step).
 """
 
 from __future__ import annotations
@@ -47,6 +52,9 @@ class PipelineExecutor:
         self.actions = schedule.ranks[pp_rank]
         self.tracer, self.recompute, self.backend = tracer, recompute, backend
         self.on_grads_ready, self.on_update = on_grads_ready, on_update
+        self.asynchronous = bool(getattr(schedule, "asynchronous", False))
+        if self.asynchronous and on_update is None:
+            raise ScheduleError("an asynchronous (PipeDream) schedule needs an on_update callback")
         for a in self.actions:
             if a.chunk not in chunks:
                 raise ScheduleError(f"rank {pp_rank}: action {a} names chunk {a.chunk}, which "
@@ -86,6 +94,8 @@ class PipelineExecutor:
         grads_in, grads_out = {}, {}  # (mb, chunk) -> gradient at a chunk's output / input
         saved_inputs = {}  # recomputation: the chunk input of each micro-batch
         losses = {}
+        stash = {}  # asynchronous: (mb, chunk) -> the weights F ran with
+        loss_scale = 1.0 if self.asynchronous else 1.0 / m
         sends = []
         w_done = defaultdict(int)
 
@@ -145,22 +155,31 @@ class PipelineExecutor:
                 if forward_only:
                     chunk.drop(mb)
                     if c == last:
-                        losses[mb] = self.model.loss.forward(y, targets[mb], mb, scale=1.0 / m)
+                        losses[mb] = self.model.loss.forward(y, targets[mb], mb, scale=loss_scale)
                         self.model.loss._ctx.pop(mb, None)
                     else:
                         acts_out[(mb, c)] = y
                     continue
+                if self.asynchronous:
+                    stash[(mb, c)] = [p.data.copy() for p in chunk.params()]
                 if self.recompute:
                     saved_inputs[(mb, c)] = x
                     chunk.drop(mb)  # keep only the input; rebuilt before the backward
                 if c == last:
                     with self._region("LOSS", mb, c):
-                        losses[mb] = self.model.loss.forward(y, targets[mb], mb, scale=1.0 / m)
+                        losses[mb] = self.model.loss.forward(y, targets[mb], mb, scale=loss_scale)
                         grads_in[(mb, c)] = self.model.loss.backward(mb)
                 else:
                     acts_out[(mb, c)] = y
             elif op in ("B", "BW"):
                 dy = output_grad(mb, c)
+                current = None
+                if self.asynchronous:  # backward with the weights this micro-batch saw
+                    params = chunk.params()
+                    current = [p.data for p in params]
+                    for p, w in zip(params, stash.pop((mb, c))):
+                        p.data = w
+                        p.zero_grad()
                 if self.recompute:
                     with self._region("R", mb, c):
                         chunk.forward(saved_inputs.pop((mb, c)), mb)
@@ -168,6 +187,9 @@ class PipelineExecutor:
                     dx = chunk.backward_input(dy, mb)
                     if op == "BW":
                         chunk.backward_weight(mb)
+                if current is not None:
+                    for p, w in zip(params, current):
+                        p.data = w
                 if op == "BW":
                     self._weight_done(w_done, c, m)
                 if c > 0:
