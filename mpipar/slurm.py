@@ -438,6 +438,12 @@ def _parse_scontrol(line: str) -> dict:
             for m in re.finditer(r"(\w[\w:/]*)=(.*?)(?=\s\w[\w:/]*=|$)", line)}
 
 
+def _task_order(state: "JobState"):
+    # scontrol lists array tasks newest first; show them in task order (pending ranges last).
+    task = state.job_id.partition("_")[2]
+    return (0, int(task)) if task.isdigit() else (1, 0) if task else (-1, 0)
+
+
 def job_states(job_id: str, env: dict | None = None) -> list[JobState]:
     """State of a job (every task of an array). Empty when Slurm no longer knows the job."""
     scontrol = _tool("scontrol")
@@ -454,7 +460,7 @@ def job_states(job_id: str, env: dict | None = None) -> list[JobState]:
                 jid = f"{f['ArrayJobId']}_{f['ArrayTaskId']}"
             states.append(JobState(jid, f.get("JobState", "UNKNOWN"), f.get("ExitCode", ""),
                                    f.get("Reason", ""), f.get("StdOut", ""), f.get("StdErr", "")))
-        return states
+        return sorted(states, key=_task_order)
     if "Invalid job id" not in proc.stderr:
         raise SlurmError(f"scontrol show job {job_id} failed: {proc.stderr.strip()}")
     # Fall back to squeue (jobs still listed with -t all), e.g. when scontrol lost the record.

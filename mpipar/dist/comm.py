@@ -19,6 +19,7 @@ mpi4py is imported lazily, so ``LocalComm`` works without MPI.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import sys
 import time
@@ -177,7 +178,7 @@ POOL = HostBufferPool()
 
 def _host_view(buf: np.ndarray, shape, dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
-    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    n = math.prod(shape) * dtype.itemsize
     return buf[:n].view(dtype).reshape(shape)
 
 
@@ -391,11 +392,24 @@ class Comm:
                 POOL.release(buf)
         self._rec("send", start, mb, chunk, x.nbytes, peer)
 
-    def recv(self, shape, dtype, source, tag, *, mb=-1, chunk=-1, xp=None):
+    def _recv_target(self, shape, dtype, xp, out):
+        """A fresh array to receive into, or the caller's ``out`` after checking it fits."""
+        if out is None:
+            xp = xp if xp is not None else (self.backend.xp if self.backend is not None else np)
+            return xp.empty(shape, dtype=dtype)
+        if tuple(out.shape) != tuple(shape) or out.dtype != np.dtype(dtype):
+            raise ValueError(
+                f"{self.axis}.recv: out has shape {tuple(out.shape)} {out.dtype}, "
+                f"expected {tuple(shape)} {np.dtype(dtype)}"
+            )
+        self._contiguous(out, f"{self.axis}.recv(out=...)")
+        return out
+
+    def recv(self, shape, dtype, source, tag, *, mb=-1, chunk=-1, xp=None, out=None):
+        """Receive into a new array, or into ``out`` (reuse avoids fresh-memory page faults)."""
         peer = self._peer(source, "source")
         self._check_tag(tag)
-        xp = xp if xp is not None else (self.backend.xp if self.backend is not None else np)
-        out = xp.empty(shape, dtype=dtype)
+        out = self._recv_target(shape, dtype, xp, out)
         start = self._begin(out)  # the pool may reuse memory a queued kernel still writes
         stage = self._stage(out)
         buf = POOL.acquire(out.nbytes) if stage else None
@@ -431,12 +445,11 @@ class Comm:
         self._rec("send", start, mb, chunk, x.nbytes, peer)
         return Request(self, req, finish, (mb, chunk, x.nbytes, peer), keep=(x, data))
 
-    def irecv(self, shape, dtype, source, tag, *, mb=-1, chunk=-1, xp=None) -> Request:
-        """Post a receive; ``wait()`` returns the new array."""
+    def irecv(self, shape, dtype, source, tag, *, mb=-1, chunk=-1, xp=None, out=None) -> Request:
+        """Post a receive; ``wait()`` returns the new array (or ``out``, filled)."""
         peer = self._peer(source, "source")
         self._check_tag(tag)
-        xp = xp if xp is not None else (self.backend.xp if self.backend is not None else np)
-        out = xp.empty(shape, dtype=dtype)
+        out = self._recv_target(shape, dtype, xp, out)
         start = self._begin(out)
         stage = self._stage(out)
         buf = POOL.acquire(out.nbytes) if stage else None
@@ -709,13 +722,13 @@ class LocalComm:
     def send(self, x, dest, tag, *, mb=-1, chunk=-1):
         self._no_peer("send")
 
-    def recv(self, shape, dtype, source, tag, *, mb=-1, chunk=-1, xp=None):
+    def recv(self, shape, dtype, source, tag, *, mb=-1, chunk=-1, xp=None, out=None):
         self._no_peer("recv")
 
     def isend(self, x, dest, tag, *, mb=-1, chunk=-1):
         self._no_peer("isend")
 
-    def irecv(self, shape, dtype, source, tag, *, mb=-1, chunk=-1, xp=None):
+    def irecv(self, shape, dtype, source, tag, *, mb=-1, chunk=-1, xp=None, out=None):
         self._no_peer("irecv")
 
     def allreduce(self, x, op="sum", inplace=False):

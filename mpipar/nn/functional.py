@@ -3,13 +3,22 @@
 Pure functions of arrays. The array module comes from the arrays themselves (``array_module``), so
 the same code runs with NumPy and CuPy. Scalars are Python floats so that NumPy 2's promotion
 rules keep float32 arrays float32 (``float32_array * np.float64(x)`` would become float64).
-Element-wise work is done in place where it is safe: the allocations and passes around the
-matrix products are what make hand-written NumPy slow, not the products themselves.
+
+Speed on the CPU (BENCHMARKS.md has the profiles). NumPy runs one pass over memory per operation,
+so a chain of element-wise operations on arrays larger than the cache streams them from main
+memory again and again. The chains here (GELU, LayerNorm, softmax attention) therefore run over
+cache-sized blocks of rows, writing into outputs allocated once per call (and reused across calls
+when no one holds them any more, see ``_empty``). Per row the arithmetic is the same whatever the
+blocking, so results do not depend on the block size. On a GPU (CuPy) each chain runs once over
+the whole array: one kernel per operation is what it wants.
 """
 
 from __future__ import annotations
 
 import math
+import sys
+
+import numpy as np
 
 from ..backend import array_module
 
@@ -17,19 +26,78 @@ GELU_C = math.sqrt(2.0 / math.pi)
 GELU_A = 0.044715
 
 
+# ----- CPU execution: cache-sized blocks, reused buffers -----------------------------------------
+
+BLOCK_ELEMENTS = 1 << 15  # 128 KiB of float32: the few arrays a chain touches stay in L2
+POOL_PER_SHAPE = 64  # at most this many idle-or-busy buffers kept per (shape, dtype)
+_pool: dict = {}
+
+
+def _empty(xp, shape, dtype):
+    """An uninitialised array, on the CPU reused from earlier calls when nothing else refers to
+    it any more (CPython's reference count says so: a saved context, a view or a caller holding
+    it keeps it out of reach). Fresh multi-megabyte arrays cost page faults on every step;
+    reused ones are already mapped. CuPy has its own pool."""
+    if xp is not np:
+        return xp.empty(shape, dtype=dtype)
+    key = (tuple(shape), np.dtype(dtype).str)
+    bufs = _pool.setdefault(key, [])
+    for buf in bufs:
+        if sys.getrefcount(buf) == 3:  # bufs, the loop variable, getrefcount's argument
+            return buf
+    buf = np.empty(shape, dtype=dtype)
+    if len(bufs) < POOL_PER_SHAPE:
+        bufs.append(buf)
+    return buf
+
+
+def clear_pool() -> None:
+    """Forget the reusable buffers (frees them once nothing else holds them)."""
+    _pool.clear()
+
+
+def _run(items, fn) -> None:
+    """fn(item) for every block, in order. (Python threads over the blocks were tried and lost:
+    GIL hand-offs between short NumPy calls, and OpenBLAS workers spinning after each product,
+    cost more than the second core gave; BENCHMARKS.md.)"""
+    for it in items:
+        fn(it)
+
+
+def _row_blocks(xp, n_rows: int, row_len: int) -> list:
+    """Slices of rows, about BLOCK_ELEMENTS each; one slice of everything on a GPU."""
+    if xp is not np:
+        return [slice(0, n_rows)]
+    step = max(1, BLOCK_ELEMENTS // max(1, row_len))
+    return [slice(i, min(i + step, n_rows)) for i in range(0, n_rows, step)]
+
+
+def _rows(a):
+    """``a`` as a 2-D (rows, last axis) array: a view when ``a`` is contiguous."""
+    return a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
+
+
 # ----- linear ---------------------------------------------------------------------------------
 
 def linear_forward(x, w, b=None):
-    """y = x @ w (+ b); x (..., in), w (in, out), b (out,)."""
-    y = x @ w
+    """y = x @ w (+ b); x (..., in), w (in, out), b (out,).
+
+    Leading axes are flattened so that BLAS sees one (tokens, in) @ (in, out) product.
+    """
+    xp = array_module(x)
+    x2 = _rows(x)
+    y = xp.matmul(x2, w, out=_empty(xp, (x2.shape[0], w.shape[-1]), x2.dtype))
     if b is not None:
         y += b
-    return y
+    return y.reshape(*x.shape[:-1], w.shape[-1])
 
 
 def linear_backward_input(dy, w):
     """dx = dy @ w.T"""
-    return dy @ w.T
+    xp = array_module(dy)
+    dy2 = _rows(dy)
+    dx = xp.matmul(dy2, w.T, out=_empty(xp, (dy2.shape[0], w.shape[0]), dy2.dtype))
+    return dx.reshape(*dy.shape[:-1], w.shape[0])
 
 
 def linear_backward_weight(x, dy, dw, db=None):
@@ -46,34 +114,51 @@ def linear_backward_weight(x, dy, dw, db=None):
 def gelu_forward(x):
     """GELU, tanh approximation. Returns (y, t) where t = tanh(...) is kept for the backward."""
     xp = array_module(x)
-    inner = x * x  # x*x*x instead of x**3: integer powers are ~100x slower in NumPy
-    inner *= GELU_A
-    inner += 1.0
-    inner *= x
-    inner *= GELU_C
-    t = xp.tanh(inner, out=inner)
-    y = t + 1.0
-    y *= x
-    y *= 0.5
-    return y, t
+    x2 = _rows(x)
+    y, t = _empty(xp, x2.shape, x2.dtype), _empty(xp, x2.shape, x2.dtype)
+
+    def block(r):
+        xb, tb, yb = x2[r], t[r], y[r]
+        # tanh argument c (x + a x^3) = x (c + c a x^2): x*x*x, not x**3 (integer powers are
+        # ~100x slower in NumPy), and the constants folded so that it costs four passes
+        xp.multiply(xb, xb, out=tb)
+        tb *= GELU_C * GELU_A
+        tb += GELU_C
+        tb *= xb
+        xp.tanh(tb, out=tb)
+        xp.multiply(tb, xb, out=yb)  # 0.5 x (1 + t) = 0.5 (x t + x)
+        yb += xb
+        yb *= 0.5
+
+    _run(_row_blocks(xp, *x2.shape), block)
+    return y.reshape(x.shape), t.reshape(x.shape)
 
 
 def gelu_backward(dy, x, t):
-    """d/dx of 0.5 x (1 + tanh(c (x + a x^3))) = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2)."""
-    # g = 0.5*(1+t) + 0.5*x*(1-t*t)*c*(1+3a x^2), built in two buffers
-    s = x * x
-    s *= 3.0 * GELU_A
-    s += 1.0
-    s *= x
-    s *= 0.5 * GELU_C
-    u = t * t
-    u -= 1.0
-    s *= u  # = -0.5 c x (1+3a x^2)(1 - t^2)
-    g = t + 1.0
-    g *= 0.5
-    g -= s
-    g *= dy
-    return g
+    """d/dx of 0.5 x (1 + tanh(c (x + a x^3))) = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2).
+
+    Per block: s = 0.5 c x (1 + 3 a x^2) (t^2 - 1), then g = (0.5 t + 0.5 - s) * dy.
+    """
+    xp = array_module(x)
+    x2, t2, dy2 = _rows(x), _rows(t), _rows(dy)
+    g = _empty(xp, x2.shape, x2.dtype)
+
+    def block(r):
+        xb, tb, gb = x2[r], t2[r], g[r]
+        s = xb * xb
+        s *= 1.5 * GELU_C * GELU_A
+        s += 0.5 * GELU_C
+        s *= xb
+        xp.multiply(tb, tb, out=gb)
+        gb -= 1.0
+        s *= gb
+        xp.multiply(tb, 0.5, out=gb)
+        gb += 0.5
+        gb -= s
+        gb *= dy2[r]
+
+    _run(_row_blocks(xp, *x2.shape), block)
+    return g.reshape(x.shape)
 
 
 def relu_forward(x):
@@ -90,28 +175,45 @@ def relu_backward(dy, x):
 def layernorm_forward(x, gamma, beta, eps=1e-5):
     """Normalise over the last axis. Returns (y, xhat, rstd)."""
     xp = array_module(x)
-    mu = x.mean(axis=-1, keepdims=True)
-    xc = x - mu
-    var = (xc * xc).mean(axis=-1, keepdims=True)
-    var += eps
-    rstd = xp.sqrt(var, out=var)
-    xp.reciprocal(rstd, out=rstd)
-    xhat = xc
-    xhat *= rstd
-    y = xhat * gamma
-    y += beta
-    return y, xhat, rstd
+    x2 = _rows(x)
+    y, xhat = _empty(xp, x2.shape, x2.dtype), _empty(xp, x2.shape, x2.dtype)
+    rstd = xp.empty((x2.shape[0], 1), dtype=x2.dtype)
+
+    def block(r):
+        xb, hb, yb, rb = x2[r], xhat[r], y[r], rstd[r]
+        xp.subtract(xb, xb.mean(axis=-1, keepdims=True), out=hb)
+        xp.multiply(hb, hb, out=yb)  # y's block as scratch for the squares
+        xp.mean(yb, axis=-1, keepdims=True, out=rb)
+        rb += eps
+        xp.sqrt(rb, out=rb)
+        xp.reciprocal(rb, out=rb)
+        hb *= rb
+        xp.multiply(hb, gamma, out=yb)
+        yb += beta
+
+    _run(_row_blocks(xp, *x2.shape), block)
+    return y.reshape(x.shape), xhat.reshape(x.shape), rstd.reshape(*x.shape[:-1], 1)
 
 
 def layernorm_backward_input(dy, xhat, rstd, gamma):
     """dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma."""
-    g = dy * gamma
-    m1 = g.mean(axis=-1, keepdims=True)
-    m2 = (g * xhat).mean(axis=-1, keepdims=True)
-    g -= m1
-    g -= xhat * m2
-    g *= rstd
-    return g
+    xp = array_module(dy)
+    dy2, h2, r2 = _rows(dy), _rows(xhat), rstd.reshape(-1, 1)
+    g = _empty(xp, dy2.shape, dy2.dtype)
+
+    def block(r):
+        gb, hb = g[r], h2[r]
+        xp.multiply(dy2[r], gamma, out=gb)
+        m1 = gb.mean(axis=-1, keepdims=True)
+        gh = gb * hb
+        m2 = gh.mean(axis=-1, keepdims=True)
+        gb -= m1
+        xp.multiply(hb, m2, out=gh)
+        gb -= gh
+        gb *= r2[r]
+
+    _run(_row_blocks(xp, *dy2.shape), block)
+    return g.reshape(dy.shape)
 
 
 def layernorm_backward_weight(dy, xhat, dgamma, dbeta):
@@ -139,7 +241,9 @@ def softmax_lastaxis_(s):
     xp = array_module(s)
     s -= s.max(axis=-1, keepdims=True)
     xp.exp(s, out=s)
-    s /= s.sum(axis=-1, keepdims=True)
+    r = s.sum(axis=-1, keepdims=True)
+    xp.reciprocal(r, out=r)  # one division per row, then a multiply per element
+    s *= r
     return s
 
 
@@ -148,28 +252,83 @@ def causal_mask(xp, s_q, s_k):
     return xp.triu(xp.ones((s_q, s_k), dtype=bool), k=1 + s_k - s_q)
 
 
-def attention_forward(q, k, v, mask):
-    """Causal attention on (B, H, S, D) tensors. Returns (out, probs)."""
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    s = q @ k.swapaxes(-1, -2)
-    s *= scale
-    s[..., mask] = -1e30 if s.dtype.itemsize >= 8 else -3e38  # large finite: exp gives exact 0
-    p = softmax_lastaxis_(s)
-    return p @ v, p
+def _masked_value(dtype):
+    return -1e30 if dtype.itemsize >= 8 else -3e38  # large finite: exp gives exact 0
 
 
-def attention_backward(dout, q, k, v, p):
-    """Gradients of q, k, v for attention_forward."""
+def _head_blocks(xp, shape, row_len):
+    """Index tuples over the leading (batch..., heads) axes of a (..., S, D) attention tensor:
+    groups of heads of about BLOCK_ELEMENTS scores each on the CPU, everything at once on a GPU.
+    Each tuple selects a (heads, S, ...) block, so strided q/k/v views need no copies."""
+    lead = shape[:-2]
+    if xp is not np or not lead:
+        return [(Ellipsis,)]
+    per = max(1, BLOCK_ELEMENTS // max(1, shape[-2] * row_len))
+    outer = [()]
+    for n in lead[:-1]:
+        outer = [o + (i,) for o in outer for i in range(n)]
+    nh = lead[-1]
+    return [o + (slice(h, min(h + per, nh)),) for o in outer for h in range(0, nh, per)]
+
+
+def attention_forward(q, k, v, mask, out=None):
+    """Causal attention on (B, H, S, D) tensors. Returns (out, probs).
+
+    The 1/sqrt(D) scale goes on q (S*D elements) rather than on the scores (S*S). ``out``, if
+    given, is a (B, H, S, D) view to write the result into (say, a transposed view of the
+    (B, S, H*D) array the next layer takes), which saves a copy.
+    """
+    xp = array_module(q)
     scale = 1.0 / math.sqrt(q.shape[-1])
-    dv = p.swapaxes(-1, -2) @ dout
-    dp = dout @ v.swapaxes(-1, -2)
-    # softmax backward: ds = p * (dp - sum(dp * p))
-    row = (dp * p).sum(axis=-1, keepdims=True)
-    dp -= row
-    dp *= p
-    dp *= scale
-    dq = dp @ k
-    dk = dp.swapaxes(-1, -2) @ q
+    s_k = k.shape[-2]
+    p = _empty(xp, (*q.shape[:-1], s_k), q.dtype)
+    if out is None:
+        out = xp.empty(q.shape, dtype=q.dtype)
+    fill = _masked_value(p.dtype)
+
+    def block(ix):
+        pb = p[ix]
+        xp.matmul(q[ix] * scale, k[ix].swapaxes(-1, -2), out=pb)
+        # copyto with a broadcast mask: ~20x faster in NumPy than pb[..., mask] = value
+        xp.copyto(pb, fill, where=mask)
+        softmax_lastaxis_(pb)
+        xp.matmul(pb, v[ix], out=out[ix])
+
+    _run(_head_blocks(xp, p.shape, s_k), block)
+    return out, p
+
+
+def attention_backward(dout, q, k, v, p, out=None, dq=None, dk=None, dv=None):
+    """Gradients of q, k, v for attention_forward.
+
+    ``out`` (the forward's result, if still at hand) makes the softmax backward's row term
+    sum_j dp_ij p_ij = dout_i . out_i an S*D product instead of an S*S one (FlashAttention's D
+    term). ``dq``, ``dk``, ``dv``, if given, are (B, H, S, D) views the gradients are written into.
+    """
+    xp = array_module(dout)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    dq = xp.empty(q.shape, dtype=q.dtype) if dq is None else dq
+    dk = xp.empty(k.shape, dtype=k.dtype) if dk is None else dk
+    dv = xp.empty(v.shape, dtype=v.dtype) if dv is None else dv
+
+    def block(ix):
+        pb, db = p[ix], dout[ix]
+        xp.matmul(pb.swapaxes(-1, -2), db, out=dv[ix])
+        dp = db @ v[ix].swapaxes(-1, -2)
+        # softmax backward: ds = p * (dp - sum_j(dp * p))
+        if out is not None:
+            row = (db * out[ix]).sum(axis=-1, keepdims=True)
+        else:
+            row = (dp * pb).sum(axis=-1, keepdims=True)
+        dp -= row
+        dp *= pb
+        dqb, dkb = dq[ix], dk[ix]
+        xp.matmul(dp, k[ix], out=dqb)
+        dqb *= scale
+        xp.matmul(dp.swapaxes(-1, -2), q[ix], out=dkb)
+        dkb *= scale
+
+    _run(_head_blocks(xp, p.shape, p.shape[-1]), block)
     return dq, dk, dv
 
 
@@ -203,7 +362,7 @@ def cross_entropy_backward(probs, targets, scale=1.0):
 
 
 def mse_forward(y, target):
-    """Mean squared error over all elements. Returns (loss, diff) with diff kept for the backward."""
+    """Mean squared error over all elements. Returns (loss, diff), diff kept for the backward."""
     diff = y - target
     return float((diff * diff).mean()), diff
 

@@ -342,21 +342,26 @@ class CausalSelfAttention(Layer):
     def forward(self, qkv, mb=0):
         xp = array_module(qkv)
         b, s, _ = qkv.shape
-        # (B, S, 3, nh, hd) -> (3, B, nh, S, hd)
+        # (B, S, 3, nh, hd) -> (3, B, nh, S, hd): views, no copies (BLAS takes the strides)
         t = qkv.reshape(b, s, 3, self.nh, self.hd).transpose(2, 0, 3, 1, 4)
         q, k, v = t[0], t[1], t[2]
-        out, p = F.attention_forward(q, k, v, self._mask(xp, s))
-        self._ctx[mb] = (q, k, v, p)
-        return out.transpose(0, 2, 1, 3).reshape(b, s, self.nh * self.hd)
+        # the result goes straight into the (B, S, nh * hd) layout the projection reads
+        y = F._empty(xp, (b, s, self.nh, self.hd), qkv.dtype)
+        _, p = F.attention_forward(q, k, v, self._mask(xp, s), out=y.transpose(0, 2, 1, 3))
+        y = y.reshape(b, s, self.nh * self.hd)
+        # y is kept by reference for the backward's row term (no extra memory: the projection
+        # keeps it too); like any saved input it must not be changed in place while in flight
+        self._ctx[mb] = (q, k, v, p, y)
+        return y
 
     def backward_input(self, dy, mb=0):
         xp = array_module(dy)
-        q, k, v, p = self._ctx.pop(mb)
+        q, k, v, p, y = self._ctx.pop(mb)
         b, s, _ = dy.shape
         dout = dy.reshape(b, s, self.nh, self.hd).transpose(0, 2, 1, 3)
-        dq, dk, dv = F.attention_backward(dout, q, k, v, p)
-        dqkv = xp.empty((b, s, 3, self.nh, self.hd), dtype=dy.dtype)
-        dqkv[:, :, 0] = dq.transpose(0, 2, 1, 3)
-        dqkv[:, :, 1] = dk.transpose(0, 2, 1, 3)
-        dqkv[:, :, 2] = dv.transpose(0, 2, 1, 3)
+        out = y.reshape(b, s, self.nh, self.hd).transpose(0, 2, 1, 3)
+        # gradients written straight into the fused (B, S, 3, nh, hd) layout of the input
+        dqkv = F._empty(xp, (b, s, 3, self.nh, self.hd), dy.dtype)
+        g = dqkv.transpose(2, 0, 3, 1, 4)
+        F.attention_backward(dout, q, k, v, p, out=out, dq=g[0], dk=g[1], dv=g[2])
         return dqkv.reshape(b, s, 3 * self.nh * self.hd)

@@ -120,6 +120,15 @@ def check_ring(comm, n_elems):
         comm.send(x, right, tag, mb=3, chunk=1)
     want = data(900 + n_elems, comm.world_ranks[left], (n_elems,))
     assert np.array_equal(got, want), f"rank {me} {comm.axis} ring of {n_elems}"
+    # the same ring again, received into a caller's buffer
+    buf = np.empty(n_elems)
+    if r % 2 == 0:
+        comm.send(x, right, tag)
+        got = comm.recv((n_elems,), np.float64, left, tag, out=buf)
+    else:
+        got = comm.irecv((n_elems,), np.float64, left, tag, out=buf).wait()
+        comm.send(x, right, tag)
+    assert got is buf and np.array_equal(buf, want), f"rank {me} {comm.axis} ring into out="
 
 
 def check_nonblocking_ring(comm):

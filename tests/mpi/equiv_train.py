@@ -6,6 +6,7 @@ World rank 0 also trains the one-rank model (on MPI.COMM_SELF) and compares, in 
 gathered gradients of step 0 (relative error <= 1e-10) and the loss of every step (<= 1e-9).
 """
 
+import os
 import sys
 
 import numpy as np
@@ -47,9 +48,12 @@ def make_cfg(data, dp, pp, tp, variant, batch=None):
     return load_config(None, over)
 
 
+DEVICE = os.environ.get("MPIPAR_TEST_DEVICE", "cpu")  # cuda: the same checks on CuPy
+
+
 def run(cfg, world):
     g = cfg.parallel
-    backend = Backend("cpu", "float64")
+    backend = Backend(DEVICE, "float64")
     grid = ProcessGrid(g.dp, g.pp, g.tp, world=world, tracer=None, backend=backend)
     tr = Trainer(cfg, grid, Tracer(enabled=False), backend, cfg.data.path)
     losses = []

@@ -1,0 +1,116 @@
+"""``mpipar bench --quick`` end to end (tables and HDF5 produced; no timing assertions), the GEMM
+peak probe, bad input, and the GPU script's CPU dry run."""
+
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from mpipar.bench import measure_gemm_peak
+from mpipar.bench.gemm import model_gemm_shapes, shape_flops
+from mpipar.bench.steps import shape
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_cli(*args, timeout=120):
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "mpipar.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
+def test_quick_bench_writes_table_and_hdf5(tmp_path):
+    out = tmp_path / "bench.h5"
+    proc = run_cli("bench", "--quick", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "tokens/s" in proc.stdout and "memory per rank" in proc.stdout
+    assert "tiny" in proc.stdout
+    with h5py.File(out) as f:
+        tp = f["throughput"][:]
+        assert len(tp) == 1 and tp["config"][0] == b"tiny" and tp["threads"][0] == 1
+        assert tp["mpipar_tokens_per_s"][0] > 0 and tp["gemm_peak"][0] > 0
+        assert 0 < tp["mfu"][0] < 10  # a fraction of the peak, not a unit slip
+        mem = f["memory"][:]
+        assert mem["analytic_total"][0] > 0 and mem["measured_total"][0] > 0
+        assert len(f["gemm_shapes"]) == 7
+        assert len(f["samples/tiny/threads1/mpipar"]) == 3
+        assert "6*N*T" in f.attrs["flop_formula"]
+
+
+def test_bad_input_says_what_to_change(tmp_path):
+    proc = run_cli("bench", "--quick", "--configs", "huge")
+    assert proc.returncode == 2 and "choose from" in proc.stderr
+    proc = run_cli("bench", "--quick", "--threads", "0")
+    assert proc.returncode == 2 and ">= 1" in proc.stderr
+    proc = run_cli("bench", "--quick", "--out", str(tmp_path / "no" / "such" / "dir.h5"))
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+def test_gemm_peak_and_flop_counts():
+    flops = measure_gemm_peak(np.float32, n=64, seconds=0.01)
+    assert flops > 1e6
+    with pytest.raises(ValueError, match="n >= 1"):
+        measure_gemm_peak(np.float32, n=0)
+    # the products listed for a step add up to the model-FLOP formula (times 3 for backward)
+    sh = shape("small")
+    from mpipar.analysis.flops import flops_per_step
+
+    shapes = model_gemm_shapes(sh.n_layer, sh.n_embd, sh.n_head, sh.vocab_size, sh.batch, sh.seq)
+    total = sum(c * shape_flops(a, b) for _, c, a, b in shapes)
+    assert total == pytest.approx(flops_per_step(sh.flops_config()), rel=1e-12)
+
+
+def test_gpu_script_dry_run(tmp_path):
+    out = tmp_path / "gpu.h5"
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "gpu_bench.py"),
+                           "--dry-run", "--iters", "2", "--warmup", "1", "--no-torch",
+                           "--out", str(out)], capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "torch column skipped" in proc.stdout
+    assert out.exists() and out.with_suffix(".txt").exists()
+    with h5py.File(out) as f:
+        assert np.isnan(f["throughput"]["torch_tokens_per_s"][0])
+
+
+def test_blocked_pooled_kernels_equal_whole_array(monkeypatch):
+    """Cache blocks change no bit (per row the arithmetic is the same); buffers are reused only
+    when free."""
+    from mpipar.nn import functional as F
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(6, 5, 12))
+    g, b = rng.normal(size=12), rng.normal(size=12)
+    dy = rng.normal(size=x.shape)
+    q, k, v, do = (rng.normal(size=(2, 3, 7, 4)) for _ in range(4))
+    mask = F.causal_mask(np, 7, 7)
+
+    def everything():
+        y, t = F.gelu_forward(x)
+        ln = F.layernorm_forward(x, g, b)
+        out, p = F.attention_forward(q, k, v, mask)
+        return [y, t, F.gelu_backward(dy, x, t), *ln,
+                F.layernorm_backward_input(dy, ln[1], ln[2], g), out, p,
+                *F.attention_backward(do, q, k, v, p, out=out)]
+
+    whole = everything()
+    monkeypatch.setattr(F, "BLOCK_ELEMENTS", 16)  # many blocks of a few rows or heads
+    for a, c in zip(whole, everything(), strict=True):
+        assert np.array_equal(a, c)
+    # pooled buffers are handed out again only once nobody holds them
+    y1, t1 = F.gelu_forward(x)
+    y2, t2 = F.gelu_forward(x)
+    arrays = (whole[0], whole[1], y1, t1, y2, t2)
+    assert not any(np.shares_memory(a, c) for i, a in enumerate(arrays) for c in arrays[i + 1:])
+
+    def ptr(a):
+        return a.__array_interface__["data"][0]
+
+    freed = {ptr(y1), ptr(t1)}
+    del y1, t1, arrays
+    y3, t3 = F.gelu_forward(x + 1.0)
+    assert {ptr(y3), ptr(t3)} == freed
