@@ -359,7 +359,8 @@ def run(cfg: Config) -> dict:
         print(f"mpipar: {cfg.model.kind} with {trainer.model.n_params_full:,} parameters on "
               f"dp={p.dp} pp={p.pp} tp={p.tp} ({p.schedule}, {p.microbatches} micro-batches), "
               f"{cfg.train.dtype} on {cfg.train.device}; run dir {out}", flush=True)
-    file_attrs = {"config": cfg.to_dict(), "peak_flops": float("nan")}
+    file_attrs = {"config": cfg.to_dict(),
+                  "peak_flops": _device_peak(cfg, grid, backend) if cfg.run.trace else float("nan")}
     history, val_loss = [], float("nan")
     start = time.perf_counter()
     for i in range(trainer.step, cfg.train.steps):
@@ -389,6 +390,30 @@ def run(cfg: Config) -> dict:
         _write_json(out / "metrics.json", summary)
         _print_summary(summary)
     return summary
+
+
+def _device_peak(cfg, grid, backend) -> float:
+    """The GEMM peak of one device for MFU (see docs/dump_schema.md), measured on world rank 0.
+
+    On a GPU: the rate of a large matrix product there. On the CPU the host is the device: the
+    rate one rank reaches with its BLAS threads, times the cores this host's ranks use (capped at
+    the host's cores): what all of them together could reach.
+    """
+    if grid.rank != 0:
+        return float("nan")
+    from .bench.gemm import measure_gemm_peak
+
+    try:
+        rate = measure_gemm_peak(backend.dtype, n=1024 if backend.is_gpu else 512, seconds=0.2,
+                                 xp=backend.xp)
+    except Exception:  # a missing bench dependency must not stop training
+        return float("nan")
+    if backend.is_gpu:
+        return rate
+    threads = int(os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
+                  or (os.cpu_count() or 1))
+    here = sum(1 for h in grid.hostnames if h == grid.hostname)
+    return rate / threads * min(here * threads, os.cpu_count() or 1)
 
 
 def _prepare_data(cfg, grid):

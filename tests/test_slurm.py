@@ -27,7 +27,7 @@ from mpipar.cli import main as cli_main  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "experiments" / "configs" / "tiny.toml"
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-JOB_TIMEOUT = 120  # seconds; a stuck job fails the test (and is cancelled at tear-down)
+JOB_TIMEOUT = 240  # seconds; a stuck job fails the test (and is cancelled at tear-down)
 
 
 # ---- render: node / task arithmetic and its errors (no cluster) ------------------------------
