@@ -22,7 +22,7 @@ import numpy as np
 from .backend import Backend
 from .config import Config, ConfigError, validate
 from .models import build_model
-from .nn.optim import AdamW, SGD, clip_grads_, lr_at
+from .nn.optim import SGD, AdamW, clip_grads_, lr_at
 from .parallel.data import GradSync
 from .parallel.pipeline.executor import PipelineExecutor, build_chunks
 from .parallel.tensor import TPContext, sync_partial_grads
@@ -103,7 +103,8 @@ class Batches:
             else:
                 self.X, self.Y = synthetic_regression(n, m.sizes[0], m.sizes[-1], cfg.train.seed)
             cut = int(0.9 * n)
-            self.split = {"train": (self.X[:cut], self.Y[:cut]), "val": (self.X[cut:], self.Y[cut:])}
+            self.split = {"train": (self.X[:cut], self.Y[:cut]),
+                          "val": (self.X[cut:], self.Y[cut:])}
 
     def get(self, split, step, batch_size):
         t = self.cfg.train
@@ -297,7 +298,8 @@ class Trainer:
                 "tokens": tokens, "step_time": elapsed}
 
     def evaluate(self) -> float:
-        """Mean validation loss over ``eval_batches`` batches (forward only, through the pipeline)."""
+        """Mean validation loss over ``eval_batches`` batches (forward only, through the
+        pipeline)."""
         cfg = self.cfg
         if self.eval_executor is None:
             from .parallel.pipeline.executor import forward_only_schedule

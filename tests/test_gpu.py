@@ -72,7 +72,6 @@ def test_kernels_on_cupy_equal_numpy():
 
 def test_float32_stays_float32_on_cupy():
     import cupy as cp
-
     from test_models import gpt_cfg
 
     from mpipar.models import build_model

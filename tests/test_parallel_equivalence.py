@@ -61,7 +61,8 @@ PIPEDREAM = [(1, 2, 1, 4), (1, 4, 1, 6), (2, 2, 2, 3), (1, 2, 2, 1)]
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("grid", PIPEDREAM, ids=[f"dp{a}-pp{b}-tp{c}-m{m}" for a, b, c, m in PIPEDREAM])
+@pytest.mark.parametrize("grid", PIPEDREAM,
+                         ids=[f"dp{a}-pp{b}-tp{c}-m{m}" for a, b, c, m in PIPEDREAM])
 def test_pipedream_matches_its_one_rank_replay(tokens, grid):
     dp, pp, tp, m = grid
     res = python_script(dp * pp * tp, "pipedream_equiv.py", tokens, dp, pp, tp, m, timeout=300)

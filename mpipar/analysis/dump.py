@@ -13,24 +13,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-SCHEMA_VERSION = 1
+# The writer's on-disk layout is the contract (mpipar.trace is a leaf: no MPI in it).
+from ..trace import EVENT_DTYPE as DISK_EVENT_DTYPE
+from ..trace import SCHEMA_VERSION  # noqa: F401 (re-exported)
 
 # the fields of /ranks/<r>/events, in schema order
-EVENT_FIELDS = ("kind", "step", "mb", "chunk", "start", "end", "bytes", "peer")
+EVENT_FIELDS = DISK_EVENT_DTYPE.names
 
 # analysis works with `kind` as a str (U24) so code can compare against "F" rather than b"F"
-EVENT_DTYPE = np.dtype(
-    [
-        ("kind", "U24"),
-        ("step", "i4"),
-        ("mb", "i4"),
-        ("chunk", "i4"),
-        ("start", "f8"),
-        ("end", "f8"),
-        ("bytes", "i8"),
-        ("peer", "i4"),
-    ]
-)
+EVENT_DTYPE = np.dtype([(n, "U24" if n == "kind" else DISK_EVENT_DTYPE[n]) for n in EVENT_FIELDS])
 
 # file attributes analysis cannot work without (the schema's others are read when present)
 REQUIRED_ATTRS = ("schema_version", "config", "grid", "world_size")

@@ -105,7 +105,8 @@ class GradSync:
                     p.data = b.flat_data[off:off + p.size].reshape(p.shape)
                     off += p.size
                 p0 = b.params[0]
-                b.shard = FlatShard(f"zero1.chunk{c}.bucket{i}.dp{r}", b.flat_data[r * k:(r + 1) * k],
+                b.shard = FlatShard(f"zero1.chunk{c}.bucket{i}.dp{r}",
+                                    b.flat_data[r * k:(r + 1) * k],
                                     self.backend.xp.zeros(k, dtype=self.backend.dtype),
                                     decays(p0), p0.spec.axis is None, p0.tp_rank)
                 shards.append(b.shard)

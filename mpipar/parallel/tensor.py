@@ -83,7 +83,7 @@ class CopyToTP(_TPOp):
         return x
 
     def backward_input(self, dy, mb=0):
-        # dy is the fresh result of the column-parallel linear's input-gradient GEMM: reduce in place
+        # dy is the fresh result of the column-parallel linear's input GEMM: reduce in place
         return self.tp.comm.allreduce(dy, op="sum", inplace=True) if self.active else dy
 
 
@@ -133,7 +133,7 @@ class VocabParallelCrossEntropy:
         return self.tp.comm.allreduce(x, op=op, inplace=True) if self.tp.size > 1 else x
 
     def forward(self, logits, targets, mb=0, scale=1.0) -> float:
-        """Returns the mean loss over this micro-batch's tokens (unscaled); keeps what backward needs.
+        """The mean loss over this micro-batch's tokens (unscaled); keeps what backward needs.
 
         ``scale`` multiplies the gradient (1 / micro-batches for a batch mean).
         """
