@@ -374,7 +374,8 @@ def run(cfg: Config) -> dict:
         rec["val_loss"] = val
         tracer.add_metrics(**rec)
         history.append(rec)
-        if lead and cfg.run.progress:
+        every = cfg.run.log_interval if not sys.stdout.isatty() else 1
+        if lead and cfg.run.progress and ((i + 1) % max(every, 1) == 0 or last):
             _progress(i, cfg.train.steps, rec, start, sys.stdout)
             if not math.isnan(val):
                 print(f"  val loss {val:.4f}", flush=True)
