@@ -81,3 +81,13 @@ def test_float32_stays_float32_on_cupy():
     for u in model.units:
         h = u.forward(h, 0)
         assert h.dtype == cp.float32
+
+
+@pytest.mark.mpi
+def test_comm_layer_moves_cupy_arrays():
+    """Point-to-point and collectives on CuPy arrays, staged and as detected (2 ranks, one GPU)."""
+    from mpi_util import python_script
+
+    for env in ({"MPIPAR_CUDA_AWARE": "0"}, {}):
+        res = python_script(2, "comm_gpu.py", env=env, timeout=180)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]

@@ -194,3 +194,21 @@ def test_killed_rank_ends_the_job_and_keeps_checkpoint_and_dump(tokens, tmp_path
     run = load(out / "trace.h5")
     assert run.world_size == 4 and not run.complete and len(run.events[0]) > 0
     shutil.rmtree(out, ignore_errors=True)
+
+
+# ----- the dump of a real multi-rank run through the analysis ------------------------------------
+
+def test_analyze_a_real_8_rank_run(saved_run, tmp_path):
+    from mpipar.analysis import summarize
+
+    s = summarize(saved_run / "trace.h5")
+    summary = s["summary"]
+    assert (summary["dp"], summary["pp"], summary["tp"]) == (2, 2, 2)
+    assert summary["steps_measured"] == 5  # step 0 skipped as warm-up
+    assert 0.0 < summary["bubble"] < 1.0 and summary["tokens_per_s"] > 0
+    assert summary["flops_per_s"] > 0 and summary["peak"] > 0  # the run measured its GEMM peak
+    res = subprocess.run([sys.executable, "-m", "mpipar.cli", "analyze", str(saved_run),
+                          "--plots", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "dp1/pp1/tp1" in res.stdout and "bubble" in res.stdout
+    assert list(tmp_path.glob("*.png"))
