@@ -64,6 +64,13 @@ def chunk_bounds(cfg: Config, model, schedule) -> dict:
 def preflight(cfg: Config, world_size: int) -> None:
     """Every check that needs no MPI work, on every rank, before anything starts."""
     validate(cfg, world_size)
+    if cfg.train.device == "cuda":
+        from .backend import cupy_available
+
+        ok, why = cupy_available()
+        if not ok:
+            raise ConfigError(f"train.device = cuda but {why}: install the gpu extra "
+                              f"(pip install -e '.[gpu]') on a GPU node, or use --device cpu")
     try:
         make_schedule(cfg)
     except ValueError as exc:

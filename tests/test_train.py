@@ -212,3 +212,14 @@ def test_analyze_a_real_8_rank_run(saved_run, tmp_path):
     assert res.returncode == 0, res.stderr
     assert "dp1/pp1/tp1" in res.stdout and "bubble" in res.stdout
     assert list(tmp_path.glob("*.png"))
+
+
+def test_cuda_without_a_gpu_is_a_clear_error(tokens, tmp_path):
+    from mpipar.backend import cupy_available
+
+    if cupy_available()[0]:
+        pytest.skip("a GPU is present")
+    res = subprocess.run(train_args(tokens, tmp_path / "g", "--device", "cuda", "--steps", "1"),
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, **ONE_THREAD})
+    assert res.returncode == 2 and "--device cpu" in res.stderr and "Traceback" not in res.stderr
