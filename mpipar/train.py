@@ -177,11 +177,12 @@ class Trainer:
             self.model, self.chunks, self.schedule, grid.pp_rank,
             comm=grid.pp_comm if p.pp > 1 else None, tracer=tracer, recompute=p.recompute,
             backend=backend, on_grads_ready=self._chunk_grads_ready,
-            on_update=self._async_update if self.asynchronous else None)
+            on_update=self._async_update if self.asynchronous else None,
+            on_unit_ready=self._unit_grads_ready if self.sync.overlap else None)
         self.eval_executor = None
         self.batches = Batches(cfg, data_path)
         self.step = 0
-        self._ready = set()
+        self._ready, self._partial_done = set(), set()
 
     def _make_optimizer(self, params):
         t = self.cfg.train
@@ -239,7 +240,7 @@ class Trainer:
         for p in self.params:
             p.zero_grad()
         self.sync.start()
-        self._ready = set()
+        self._ready, self._partial_done = set(), set()
         losses = self.executor.run(xs, ys)
         if not self.asynchronous:
             for c in self.chunks:
@@ -259,6 +260,13 @@ class Trainer:
         with self.tracer.region("OPT", mb=mb, chunk=c):
             self.opt.chunks[c].step(lr)
 
+    def _unit_grads_ready(self, c, unit):
+        """During a chunk's last backward: this unit's gradients are final (dp overlap)."""
+        params = unit.params()
+        sync_partial_grads(params, self.tp)
+        self._partial_done.update(id(p) for p in params)
+        self.sync.unit_ready(c, params)
+
     def _chunk_grads_ready(self, c):
         """A chunk's gradients are final: reduce sequence-parallel partial sums over tp, then
         start the data-parallel reduction of its buckets (in this order: the dp reduction runs
@@ -266,7 +274,8 @@ class Trainer:
         if c in self._ready or self.asynchronous:
             return
         self._ready.add(c)
-        sync_partial_grads(self.chunks[c].params(), self.tp)
+        sync_partial_grads([p for p in self.chunks[c].params() if id(p) not in self._partial_done],
+                           self.tp)
         self.sync.chunk_ready(c)
 
     def update(self) -> tuple[float, float]:

@@ -33,6 +33,7 @@ class Bucket:
             p.grad = view  # gradients accumulate straight into the bucket
             off += p.size
         self.request = None
+        self.launched = False
 
 
 class FlatShard:
@@ -90,6 +91,7 @@ class GradSync:
             self.buckets[c] = out
         self.shards = self._make_shards() if self.zero1 else []
         self._launched = set()
+        self._final = set()
 
     # -- ZeRO-1 state
     def _make_shards(self):
@@ -119,6 +121,20 @@ class GradSync:
     # -- the step
     def start(self) -> None:
         self._launched.clear()
+        self._final = set()
+        for buckets in self.buckets.values():
+            for b in buckets:
+                b.launched = False
+
+    def unit_ready(self, c, params) -> None:
+        """Some of chunk c's parameters are final: start every bucket of c now complete."""
+        if not self.overlap or c in self._launched or c not in self.buckets:
+            return
+        self._final.update(id(p) for p in params)
+        for b in self.buckets[c]:
+            if b.request is None and not b.launched and all(id(p) in self._final
+                                                            for p in b.params):
+                self._launch_bucket(b)
 
     def chunk_ready(self, c) -> None:
         """Called by the executor when chunk c's gradients are final for this step."""
@@ -130,10 +146,13 @@ class GradSync:
             return
         self._launched.add(c)
         for b in self.buckets[c]:
-            if self.zero1:
-                b.request = None  # reduce-scatter is blocking; done in finish()
-            else:
-                b.request = self.comm.iallreduce(b.grad, op="mean")
+            if not b.launched:
+                self._launch_bucket(b)
+
+    def _launch_bucket(self, b):
+        b.launched = True
+        if not self.zero1:  # ZeRO-1's reduce-scatter is blocking: done in finish()
+            b.request = self.comm.iallreduce(b.grad, op="mean")
 
     def finish(self) -> None:
         """Complete every bucket's reduction (launching those not yet started)."""

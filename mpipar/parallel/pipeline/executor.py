@@ -40,18 +40,23 @@ class PipelineExecutor:
     """Runs ``schedule.ranks[pp_rank]`` each step.
 
     ``comm``: the pipeline communicator (``mpipar.dist.comm.Comm``; None when pp = 1).
+    ``on_unit_ready(chunk_index, unit)``: called during a chunk's last weight-gradient pass,
+    right after each unit's gradients become final, so data-parallel buckets can start reducing
+    while the backward of the units before it goes on.
     ``on_grads_ready(chunk_index)``: called when a chunk's gradients are final for the step (its
     last backward-weight), so data-parallel buckets can start reducing while backward goes on.
     """
 
     def __init__(self, model, chunks: dict, schedule, pp_rank, *, comm=None, tracer=None,
-                 recompute=False, backend=None, on_grads_ready=None, on_update=None):
+                 recompute=False, backend=None, on_grads_ready=None, on_update=None,
+                 on_unit_ready=None):
         self.model, self.chunks, self.schedule = model, chunks, schedule
         self.pp, self.pp_rank, self.comm = schedule.pp, pp_rank, comm
         self.n_chunks = schedule.pp * schedule.virtual
         self.actions = schedule.ranks[pp_rank]
         self.tracer, self.recompute, self.backend = tracer, recompute, backend
         self.on_grads_ready, self.on_update = on_grads_ready, on_update
+        self.on_unit_ready = on_unit_ready
         self.asynchronous = bool(getattr(schedule, "asynchronous", False))
         if self.asynchronous and on_update is None:
             raise ScheduleError("an asynchronous (PipeDream) schedule needs an on_update callback")
@@ -184,9 +189,12 @@ class PipelineExecutor:
                     with self._region("R", mb, c):
                         chunk.forward(saved_inputs.pop((mb, c)), mb)
                 with self._region(op if op == "B" else "B", mb, c):
-                    dx = chunk.backward_input(dy, mb)
-                    if op == "BW":
-                        chunk.backward_weight(mb)
+                    if op == "BW" and self._last_weight_pass(w_done, c, m):
+                        dx = self._backward_unit_by_unit(chunk, dy, mb)
+                    else:
+                        dx = chunk.backward_input(dy, mb)
+                        if op == "BW":
+                            chunk.backward_weight(mb)
                 if current is not None:
                     for p, w in zip(params, current):
                         p.data = w
@@ -196,7 +204,12 @@ class PipelineExecutor:
                     grads_out[(mb, c)] = dx
             elif op == "W":
                 with self._region("W", mb, c):
-                    chunk.backward_weight(mb)
+                    if self._last_weight_pass(w_done, c, m):
+                        for unit in reversed(chunk.layers):
+                            unit.backward_weight(mb)
+                            self.on_unit_ready(c, unit)
+                    else:
+                        chunk.backward_weight(mb)
                 self._weight_done(w_done, c, m)
             elif op == "SEND_F":
                 y = acts_out.pop((mb, c))
@@ -225,6 +238,19 @@ class PipelineExecutor:
             raise ScheduleError(f"rank {self.pp_rank}: schedule left data unused at the end of "
                                 f"the step: {leftovers}")
         return losses
+
+    def _last_weight_pass(self, w_done, c, m) -> bool:
+        return (self.on_unit_ready is not None and not self.asynchronous
+                and w_done[c] == m - 1)
+
+    def _backward_unit_by_unit(self, chunk, dy, mb):
+        """The full backward of a chunk one unit at a time (the same arithmetic as
+        backward_input then backward_weight), reporting each unit as its gradients are final."""
+        for unit in reversed(chunk.layers):
+            dy = unit.backward_input(dy, mb)
+            unit.backward_weight(mb)
+            self.on_unit_ready(chunk.index, unit)
+        return dy
 
     def _weight_done(self, w_done, c, m):
         w_done[c] += 1
