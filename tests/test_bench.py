@@ -114,3 +114,52 @@ def test_blocked_pooled_kernels_equal_whole_array(monkeypatch):
     del y1, t1, arrays
     y3, t3 = F.gelu_forward(x + 1.0)
     assert {ptr(y3), ptr(t3)} == freed
+
+
+def _attention_reference(q, k, v, do):
+    """Plain float64 causal attention and its gradients: full S x S, no tiles, no tricks."""
+    s, d = q.shape[-2], q.shape[-1]
+    sc = q @ k.swapaxes(-1, -2) / np.sqrt(d)
+    sc[..., np.triu(np.ones((s, s), bool), 1)] = -np.inf
+    p = np.exp(sc - sc.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    dp = do @ v.swapaxes(-1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    return [p @ v, p, ds @ k / np.sqrt(d), ds.swapaxes(-1, -2) @ q / np.sqrt(d),
+            p.swapaxes(-1, -2) @ do]
+
+
+@pytest.mark.parametrize("s", [33, 100, 128])  # one partial tile, a ragged last tile, exact tiles
+def test_causal_tiles_skip_the_upper_triangle_exactly(s, monkeypatch):
+    """With the causal mask the CPU computes only each query tile's visible keys (and the backward
+    only the queries that see each key tile); the results, probs included (zeros above the
+    diagonal), equal the plain full-matrix computation, and do not depend on the cache blocks."""
+    from mpipar.nn import functional as F
+
+    rng = np.random.default_rng(5)
+    b, h, d = 2, 3, 8
+    qkv = rng.normal(size=(b, s, 3, h, d))
+    t = qkv.transpose(2, 0, 3, 1, 4)  # strided views, as the layer passes them
+    q, k, v = t[0], t[1], t[2]
+    do = rng.normal(size=(b, h, s, d))
+    mask = F.causal_mask(np, s, s)
+    assert len(F._causal_tiles(np, mask, s, s)[0]) == -(-s // F.QUERY_TILE)
+
+    def run():
+        out, p = F.attention_forward(q, k, v, mask)
+        out, p = out.copy(), p.copy()
+        return [out, p, *F.attention_backward(do, q, k, v, p, out=out, mask=mask)]
+
+    got = run()
+    for a, r in zip(got, _attention_reference(q, k, v, do), strict=True):
+        assert np.abs(a - r).max() <= 1e-13 * np.abs(r).max()
+    assert np.all(np.triu(got[1], 1) == 0.0)
+    # without the mask the backward takes the full products: same numbers up to rounding
+    untiled = F.attention_backward(do, q, k, v, got[1], out=got[0])
+    for a, r in zip(got[2:], untiled, strict=True):
+        assert np.abs(a - r).max() <= 1e-13 * np.abs(r).max()
+    monkeypatch.setattr(F, "BLOCK_ELEMENTS", 16)  # one head per block
+    for a, c in zip(got, run(), strict=True):
+        assert np.array_equal(a, c)
+    # any other mask gets the full products (tiles are only for the standard causal one)
+    assert F._causal_tiles(np, ~mask, s, s)[0] == [(0, s, s)]

@@ -192,7 +192,9 @@ class Bias(Layer):
         self.own_params = [self.b]
 
     def forward(self, x, mb=0):
-        return x + self.b.data
+        # into a reused buffer (the block's output, a few MB: a fresh one costs page faults)
+        xp = array_module(x)
+        return xp.add(x, self.b.data, out=F._empty(xp, x.shape, x.dtype))
 
     def backward_input(self, dy, mb=0):
         self._ctx[mb] = dy
@@ -363,5 +365,6 @@ class CausalSelfAttention(Layer):
         # gradients written straight into the fused (B, S, 3, nh, hd) layout of the input
         dqkv = F._empty(xp, (b, s, 3, self.nh, self.hd), dy.dtype)
         g = dqkv.transpose(2, 0, 3, 1, 4)
-        F.attention_backward(dout, q, k, v, p, out=out, dq=g[0], dk=g[1], dv=g[2])
+        F.attention_backward(dout, q, k, v, p, out=out, dq=g[0], dk=g[1], dv=g[2],
+                             mask=self._mask(xp, s))
         return dqkv.reshape(b, s, 3 * self.nh * self.hd)

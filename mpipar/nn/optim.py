@@ -19,6 +19,9 @@ from collections import Counter
 
 from mpipar.backend import array_module
 
+# elements per cache block of the AdamW update on the CPU (5 arrays x 4 bytes x 64K = 1.3 MB)
+OPT_BLOCK_ELEMENTS = 1 << 16
+
 
 def decays(p) -> bool:
     """Weight decay applies to matrices (full_shape ndim >= 2), never to biases or LayerNorm."""
@@ -195,26 +198,38 @@ class AdamW(Optimizer):
         xp = array_module(p.data)
         b1, b2 = self.betas
         t = self.step_count
-        m, v, g = state["exp_avg"], state["exp_avg_sq"], p.grad
-        tmp = self._scratch.like(p.data, 0)
-        if self.weight_decay and decays(p):
-            p.data *= 1.0 - lr * self.weight_decay
-        # m += (1 - b1) * (g - m)  ==  b1 m + (1 - b1) g
-        xp.subtract(g, m, out=tmp)
-        tmp *= 1.0 - b1
-        m += tmp
-        # v = b2 v + (1 - b2) g^2
-        v *= b2
-        xp.multiply(g, g, out=tmp)
-        tmp *= 1.0 - b2
-        v += tmp
-        # tmp = sqrt(v / (1 - b2^t)) + eps, then the step lr / (1 - b1^t) * m / tmp
-        xp.sqrt(v, out=tmp)
-        tmp *= 1.0 / math.sqrt(1.0 - b2**t)
-        tmp += self.eps
-        xp.divide(m, tmp, out=tmp)
-        tmp *= lr / (1.0 - b1**t)
-        p.data -= tmp
+        decay = 1.0 - lr * self.weight_decay if self.weight_decay and decays(p) else None
+        c2 = 1.0 / math.sqrt(1.0 - b2**t)
+        eps_c, step_c = self.eps / c2, lr / (1.0 - b1**t) / c2
+        # flat views (parameters and their state are contiguous); the 13 passes of one update
+        # run block by block so that the five arrays' blocks stay in cache between passes
+        # instead of streaming 80 MB from memory per pass (large config: 45 -> 36 ms)
+        w, g, m, v = (a.reshape(-1) for a in (p.data, p.grad, state["exp_avg"],
+                                               state["exp_avg_sq"]))
+        tmp = self._scratch.like(w, 0)
+        n = w.size
+        step = n if xp.__name__ != "numpy" else max(1, OPT_BLOCK_ELEMENTS)
+        for i in range(0, n, step):
+            j = min(n, i + step)
+            wb, gb, mb, vb, tb = w[i:j], g[i:j], m[i:j], v[i:j], tmp[i:j]
+            if decay is not None:
+                wb *= decay
+            # m += (1 - b1) * (g - m)  ==  b1 m + (1 - b1) g
+            xp.subtract(gb, mb, out=tb)
+            tb *= 1.0 - b1
+            mb += tb
+            # v = b2 v + (1 - b2) g^2
+            vb *= b2
+            xp.multiply(gb, gb, out=tb)
+            tb *= 1.0 - b2
+            vb += tb
+            # lr / (1 - b1^t) * m / (sqrt(v) c2 + eps) with c2 = 1 / sqrt(1 - b2^t), as
+            # (lr / (1 - b1^t) / c2) * m / (sqrt(v) + eps / c2): one pass fewer
+            xp.sqrt(vb, out=tb)
+            tb += eps_c
+            xp.divide(mb, tb, out=tb)
+            tb *= step_c
+            wb -= tb
 
 
 # ---------------------------------------------------------------------------------------------
