@@ -113,29 +113,23 @@ def save_checkpoint(trainer, directory) -> Path | None:
 
 
 def _write(directory: Path, trainer, tensors: dict) -> Path:
-    import h5py
+    from .trace import atomic_h5
 
     cfg = trainer.cfg
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"step_{trainer.step:06d}.h5"
-    tmp = directory / f".{path.name}.tmp{os.getpid()}"
-    try:
-        with h5py.File(tmp, "w") as f:
-            for name, a in sorted(tensors.items()):
-                f.create_dataset(name, data=a)
-            f.attrs["format_version"] = FORMAT_VERSION
-            f.attrs["step"] = trainer.step
-            f.attrs["optimizer"] = cfg.train.optimizer
-            f.attrs["optimizer_step"] = trainer.opt.step_count
-            f.attrs["config"] = cfg.to_json()
-            f.attrs["grid"] = json.dumps({"dp": cfg.parallel.dp, "pp": cfg.parallel.pp,
-                                          "tp": cfg.parallel.tp})
-            f.attrs["dtype"] = cfg.train.dtype
-            f.attrs["complete"] = True
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_h5(path) as f:
+        for name, a in sorted(tensors.items()):
+            f.create_dataset(name, data=a)
+        f.attrs["format_version"] = FORMAT_VERSION
+        f.attrs["step"] = trainer.step
+        f.attrs["optimizer"] = cfg.train.optimizer
+        f.attrs["optimizer_step"] = trainer.opt.step_count
+        f.attrs["config"] = cfg.to_json()
+        f.attrs["grid"] = json.dumps({"dp": cfg.parallel.dp, "pp": cfg.parallel.pp,
+                                      "tp": cfg.parallel.tp})
+        f.attrs["dtype"] = cfg.train.dtype
+        f.attrs["complete"] = True
     latest_tmp = directory / f".latest.tmp{os.getpid()}"
     latest_tmp.write_text(path.name + "\n")
     os.replace(latest_tmp, directory / "latest")

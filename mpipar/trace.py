@@ -15,6 +15,7 @@ import json
 import os
 import tempfile
 import time
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -201,36 +202,45 @@ def write_dump(
     attributes of ``/ranks/r``; ``file_attrs`` become the file's attributes (``schema_version``
     is always set here). A failure at any point leaves the previous file, if any, untouched.
     """
-    import h5py
 
     if len(rank_attrs) != len(per_rank_events):
         raise ValueError(
             f"{len(per_rank_events)} ranks of events but {len(rank_attrs)} rank attribute dicts"
         )
+    with atomic_h5(path) as f:
+        f.attrs["schema_version"] = SCHEMA_VERSION
+        for key, value in file_attrs.items():
+            if key != "schema_version":
+                f.attrs[key] = _attr_value(value)
+        ranks = f.create_group("ranks")
+        for r, (ev, attrs) in enumerate(zip(per_rank_events, rank_attrs, strict=True)):
+            ev = np.asarray(ev)
+            if ev.dtype != EVENT_DTYPE:
+                raise ValueError(f"rank {r}: events have dtype {ev.dtype}, not EVENT_DTYPE")
+            g = ranks.create_group(str(r))
+            g.create_dataset("events", data=ev)
+            for key, value in attrs.items():
+                g.attrs[key] = _attr_value(value)
+        if metrics is not None:
+            m = np.asarray(metrics)
+            if m.dtype != METRICS_DTYPE:
+                raise ValueError(f"metrics have dtype {m.dtype}, not METRICS_DTYPE")
+            f.create_dataset("metrics", data=m)
+
+
+@contextmanager
+def atomic_h5(path):
+    """An h5py File open for writing at a temporary name beside ``path``, renamed over ``path``
+    only when the block ends normally: a crash or an error never leaves a half-written file."""
+    import h5py
+
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
     os.close(fd)
     try:
         with h5py.File(tmp, "w") as f:
-            f.attrs["schema_version"] = SCHEMA_VERSION
-            for key, value in file_attrs.items():
-                if key != "schema_version":
-                    f.attrs[key] = _attr_value(value)
-            ranks = f.create_group("ranks")
-            for r, (ev, attrs) in enumerate(zip(per_rank_events, rank_attrs, strict=True)):
-                ev = np.asarray(ev)
-                if ev.dtype != EVENT_DTYPE:
-                    raise ValueError(f"rank {r}: events have dtype {ev.dtype}, not EVENT_DTYPE")
-                g = ranks.create_group(str(r))
-                g.create_dataset("events", data=ev)
-                for key, value in attrs.items():
-                    g.attrs[key] = _attr_value(value)
-            if metrics is not None:
-                m = np.asarray(metrics)
-                if m.dtype != METRICS_DTYPE:
-                    raise ValueError(f"metrics have dtype {m.dtype}, not METRICS_DTYPE")
-                f.create_dataset("metrics", data=m)
+            yield f
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
 import re
 import socket
-import tempfile
 import time
 
 import numpy as np
@@ -231,24 +229,14 @@ def format_tables(result) -> str:
 def write_result(path, result) -> None:
     """HDF5: /p2p and /allreduce (RESULT_DTYPE tables), /<name>_raw_s and /<name>_comm_s (samples
     [size, iteration]); attributes describe the run. Written atomically (temp file, rename)."""
-    import h5py
+    from mpipar.trace import atomic_h5
 
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    os.close(fd)
-    try:
-        with h5py.File(tmp, "w") as f:
-            f.attrs["kind"] = "commbench"
-            for key, value in result["attrs"].items():
-                f.attrs[key] = json.dumps(value) if isinstance(value, (list, dict)) else value
-            for name in ("p2p", "allreduce"):
-                f.create_dataset(name, data=result[name])
-                raw, comm = result[f"{name}_samples"]
-                f.create_dataset(f"{name}_raw_s", data=raw)
-                f.create_dataset(f"{name}_comm_s", data=comm)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_h5(path) as f:
+        f.attrs["kind"] = "commbench"
+        for key, value in result["attrs"].items():
+            f.attrs[key] = json.dumps(value) if isinstance(value, (list, dict)) else value
+        for name in ("p2p", "allreduce"):
+            f.create_dataset(name, data=result[name])
+            raw, comm = result[f"{name}_samples"]
+            f.create_dataset(f"{name}_raw_s", data=raw)
+            f.create_dataset(f"{name}_comm_s", data=comm)
