@@ -1,10 +1,13 @@
-"""One BLAS thread pool per rank, sized before NumPy is imported.
+"""Each rank's share of the node's cores, set before NumPy is imported.
 
-Eight ranks on two cores, each with a BLAS pool as large as the machine, spend their time
+Eight ranks on two cores, each with thread pools as large as the machine, spend their time
 fighting over the cores. Unless the user set the variables, each rank gets
-max(1, cores // ranks on this node) threads. The launchers tell us the node-local rank count:
-MPICH/Hydra (MPI_LOCALNRANKS), Open MPI (OMPI_COMM_WORLD_LOCAL_SIZE), Slurm (SLURM_NTASKS_PER_NODE
-or SLURM_CPUS_PER_TASK, which already is the per-task share).
+max(1, cores // ranks on this node) threads: the BLAS variables are set to that share, and
+mpipar's kernels (``mpipar.nn.cpu``) read it from them and run on that many threads of their own,
+holding BLAS at one thread per kernel thread (MPIPAR_KERNEL_THREADS overrides the count).
+The launchers tell us the node-local rank count: MPICH/Hydra (MPI_LOCALNRANKS), Open MPI
+(OMPI_COMM_WORLD_LOCAL_SIZE), Slurm (SLURM_NTASKS_PER_NODE or SLURM_CPUS_PER_TASK, which already
+is the per-task share).
 """
 
 from __future__ import annotations

@@ -36,9 +36,9 @@ def measured_bytes(step, model, opt, xp=None) -> dict:
         step()
         held = xp.get_default_memory_pool().total_bytes()
         return {"resident": resident, "step_peak": max(0, held - resident), "total": held}
-    from mpipar.nn import functional as F
+    from mpipar.nn import cpu
 
-    F.clear_pool()  # pooled buffers made before the window would be invisible to tracemalloc
+    cpu.clear_pool()  # pooled buffers made before the window would be invisible to tracemalloc
     tracemalloc.start()
     tracemalloc.reset_peak()
     try:

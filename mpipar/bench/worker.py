@@ -48,6 +48,7 @@ def measure(threads, configs, iters, warmup, quick, use_torch=True, device="cpu"
         import cupy as xp
 
     from mpipar.analysis.flops import flops_per_step
+    from mpipar.nn import cpu
 
     from . import torch_ref
     from .gemm import gemm_rate_at_shapes, measure_gemm_peak, model_gemm_shapes
@@ -70,12 +71,17 @@ def measure(threads, configs, iters, warmup, quick, use_torch=True, device="cpu"
     n_peak, sec = (256, 0.05) if quick else (1024, 0.5)
     if device == "cuda" and not quick:
         n_peak = 8192
-    out["gemm_peak"] = measure_gemm_peak(np.float32, n=n_peak, seconds=sec, xp=xp)
+    # mpipar runs its kernels on `threads` threads of its own with BLAS on one each
+    # (mpipar.nn.cpu); the GEMM peak is BLAS's own, on all `threads`
+    cpu.set_kernel_threads(threads)
+    with cpu.blas_threads(threads):
+        out["gemm_peak"] = measure_gemm_peak(np.float32, n=n_peak, seconds=sec, xp=xp)
     for name in configs:
         sh = shape(name)
-        rows, shape_rate = gemm_rate_at_shapes(
-            model_gemm_shapes(sh.n_layer, sh.n_embd, sh.n_head, sh.vocab_size, sh.batch, sh.seq),
-            seconds=0.02 if quick else 0.1, xp=xp)
+        with cpu.blas_threads(threads):
+            rows, shape_rate = gemm_rate_at_shapes(
+                model_gemm_shapes(sh.n_layer, sh.n_embd, sh.n_head, sh.vocab_size, sh.batch,
+                                  sh.seq), seconds=0.02 if quick else 0.1, xp=xp)
         fns = {}
         if device == "cuda":
             xp.get_default_memory_pool().free_all_blocks()

@@ -16,60 +16,14 @@ the whole array: one kernel per operation is what it wants.
 from __future__ import annotations
 
 import math
-import sys
 
 import numpy as np
 
 from ..backend import array_module
+from . import cpu
 
 GELU_C = math.sqrt(2.0 / math.pi)
 GELU_A = 0.044715
-
-
-# ----- CPU execution: cache-sized blocks, reused buffers -----------------------------------------
-
-BLOCK_ELEMENTS = 1 << 15  # 128 KiB of float32: the few arrays a chain touches stay in L2
-POOL_PER_SHAPE = 64  # at most this many idle-or-busy buffers kept per (shape, dtype)
-_pool: dict = {}
-
-
-def _empty(xp, shape, dtype):
-    """An uninitialised array, on the CPU reused from earlier calls when nothing else refers to
-    it any more (CPython's reference count says so: a saved context, a view or a caller holding
-    it keeps it out of reach). Fresh multi-megabyte arrays cost page faults on every step;
-    reused ones are already mapped. CuPy has its own pool."""
-    if xp is not np:
-        return xp.empty(shape, dtype=dtype)
-    key = (tuple(shape), np.dtype(dtype).str)
-    bufs = _pool.setdefault(key, [])
-    for buf in bufs:
-        if sys.getrefcount(buf) == 3:  # bufs, the loop variable, getrefcount's argument
-            return buf
-    buf = np.empty(shape, dtype=dtype)
-    if len(bufs) < POOL_PER_SHAPE:
-        bufs.append(buf)
-    return buf
-
-
-def clear_pool() -> None:
-    """Forget the reusable buffers (frees them once nothing else holds them)."""
-    _pool.clear()
-
-
-def _run(items, fn) -> None:
-    """fn(item) for every block, in order. (Python threads over the blocks were tried and lost:
-    GIL hand-offs between short NumPy calls, and OpenBLAS workers spinning after each product,
-    cost more than the second core gave; BENCHMARKS.md.)"""
-    for it in items:
-        fn(it)
-
-
-def _row_blocks(xp, n_rows: int, row_len: int) -> list:
-    """Slices of rows, about BLOCK_ELEMENTS each; one slice of everything on a GPU."""
-    if xp is not np:
-        return [slice(0, n_rows)]
-    step = max(1, BLOCK_ELEMENTS // max(1, row_len))
-    return [slice(i, min(i + step, n_rows)) for i in range(0, n_rows, step)]
 
 
 def _rows(a):
@@ -82,13 +36,12 @@ def _rows(a):
 def linear_forward(x, w, b=None):
     """y = x @ w (+ b); x (..., in), w (in, out), b (out,).
 
-    Leading axes are flattened so that BLAS sees one (tokens, in) @ (in, out) product.
+    Leading axes are flattened so that BLAS sees one (tokens, in) @ (in, out) product (on the
+    CPU one per kernel thread, see ``cpu.matmul``).
     """
     xp = array_module(x)
     x2 = _rows(x)
-    y = xp.matmul(x2, w, out=_empty(xp, (x2.shape[0], w.shape[-1]), x2.dtype))
-    if b is not None:
-        y += b
+    y = cpu.matmul(xp, x2, w, cpu.empty(xp, (x2.shape[0], w.shape[-1]), x2.dtype), bias=b)
     return y.reshape(*x.shape[:-1], w.shape[-1])
 
 
@@ -96,17 +49,42 @@ def linear_backward_input(dy, w):
     """dx = dy @ w.T"""
     xp = array_module(dy)
     dy2 = _rows(dy)
-    dx = xp.matmul(dy2, w.T, out=_empty(xp, (dy2.shape[0], w.shape[0]), dy2.dtype))
+    dx = cpu.matmul(xp, dy2, w.T, cpu.empty(xp, (dy2.shape[0], w.shape[0]), dy2.dtype))
     return dx.reshape(*dy.shape[:-1], w.shape[0])
 
 
 def linear_backward_weight(x, dy, dw, db=None):
     """dw += x.T @ dy, db += sum(dy) over all leading axes (accumulating, for micro-batches)."""
+    xp = array_module(dw)
     x2 = x.reshape(-1, x.shape[-1])
     dy2 = dy.reshape(-1, dy.shape[-1])
-    dw += x2.T @ dy2
+    cpu.matmul(xp, x2.T, dy2, dw, accumulate=True)
     if db is not None:
-        db += dy2.sum(axis=0)
+        column_sums(dy2, db)
+
+
+def column_sums(a, out, b=None, out_ab=None):
+    """out += sum over the rows of ``a``, and, given ``b`` and ``out_ab``, out_ab += sum over
+    the rows of ``a * b`` (a LayerNorm's two weight gradients); 2-D arrays (rows, n).
+
+    One thread: a vector-matrix product (ones @ a, 4x faster than ``sum(axis=0)``) and an
+    ``einsum`` that never forms a * b. These are a fraction of a millisecond, less than what
+    handing them to the kernel threads costs (BENCHMARKS.md)."""
+    xp = array_module(a)
+    out += xp.ones(a.shape[0], dtype=a.dtype) @ a
+    if b is not None:
+        out_ab += xp.einsum("ij,ij->j", a, b)
+
+
+def add(a, b, out):
+    """out = a + b (``b`` may broadcast over the rows of ``a``, or be ``out`` itself for a
+    residual's in-place sum), the rows shared among the kernel threads."""
+    xp = array_module(a)
+    a2, b2, o2 = _rows(a), (_rows(b) if b.shape == a.shape else b), _rows(out)
+    full = b2.ndim == 2 and b2.shape == a2.shape
+    cpu.run_blocks(cpu.row_blocks(xp, *a2.shape),
+                   lambda r: xp.add(a2[r], b2[r] if full else b2, out=o2[r]))
+    return out
 
 
 # ----- activations ----------------------------------------------------------------------------
@@ -115,7 +93,7 @@ def gelu_forward(x):
     """GELU, tanh approximation. Returns (y, t) where t = tanh(...) is kept for the backward."""
     xp = array_module(x)
     x2 = _rows(x)
-    y, t = _empty(xp, x2.shape, x2.dtype), _empty(xp, x2.shape, x2.dtype)
+    y, t = cpu.empty(xp, x2.shape, x2.dtype), cpu.empty(xp, x2.shape, x2.dtype)
 
     def block(r):
         xb, tb, yb = x2[r], t[r], y[r]
@@ -130,7 +108,7 @@ def gelu_forward(x):
         yb += xb
         yb *= 0.5
 
-    _run(_row_blocks(xp, *x2.shape), block)
+    cpu.run_blocks(cpu.row_blocks(xp, *x2.shape), block)
     return y.reshape(x.shape), t.reshape(x.shape)
 
 
@@ -141,7 +119,7 @@ def gelu_backward(dy, x, t):
     """
     xp = array_module(x)
     x2, t2, dy2 = _rows(x), _rows(t), _rows(dy)
-    g = _empty(xp, x2.shape, x2.dtype)
+    g = cpu.empty(xp, x2.shape, x2.dtype)
 
     def block(r):
         xb, tb, gb = x2[r], t2[r], g[r]
@@ -157,7 +135,7 @@ def gelu_backward(dy, x, t):
         gb -= s
         gb *= dy2[r]
 
-    _run(_row_blocks(xp, *x2.shape), block)
+    cpu.run_blocks(cpu.row_blocks(xp, *x2.shape), block)
     return g.reshape(x.shape)
 
 
@@ -172,26 +150,42 @@ def relu_backward(dy, x):
 
 # ----- layer norm -----------------------------------------------------------------------------
 
+def row_dot(a, b):
+    """Sum over the last axis of a * b (``b`` may be one vector for every row), without the
+    product array. NumPy 2's ``vecdot`` is one pass, 3-4x faster than ``sum(axis=-1)`` on rows
+    of a few hundred (which pays a loop call per row) and, unlike a BLAS matrix-vector product,
+    gives each row the same bits whatever rows it comes with (so blocks and threads change
+    nothing)."""
+    xp = array_module(a)
+    if xp is np and hasattr(np, "vecdot"):
+        return np.vecdot(a, b)
+    return (a * b).sum(axis=-1)
+
+
 def layernorm_forward(x, gamma, beta, eps=1e-5):
     """Normalise over the last axis. Returns (y, xhat, rstd)."""
     xp = array_module(x)
     x2 = _rows(x)
-    y, xhat = _empty(xp, x2.shape, x2.dtype), _empty(xp, x2.shape, x2.dtype)
+    d = x2.shape[-1]
+    y, xhat = cpu.empty(xp, x2.shape, x2.dtype), cpu.empty(xp, x2.shape, x2.dtype)
     rstd = xp.empty((x2.shape[0], 1), dtype=x2.dtype)
+    ones = xp.ones(d, dtype=x2.dtype)
 
     def block(r):
         xb, hb, yb, rb = x2[r], xhat[r], y[r], rstd[r]
-        xp.subtract(xb, xb.mean(axis=-1, keepdims=True), out=hb)
-        xp.multiply(hb, hb, out=yb)  # y's block as scratch for the squares
-        xp.mean(yb, axis=-1, keepdims=True, out=rb)
-        rb += eps
-        xp.sqrt(rb, out=rb)
-        xp.reciprocal(rb, out=rb)
+        mean = row_dot(xb, ones)
+        mean *= 1.0 / d
+        xp.subtract(xb, mean[:, None], out=hb)
+        var = row_dot(hb, hb)  # two passes (centre, then square): no cancellation
+        var *= 1.0 / d
+        var += eps
+        xp.sqrt(var, out=var)
+        xp.reciprocal(var, out=rb[:, 0])
         hb *= rb
         xp.multiply(hb, gamma, out=yb)
         yb += beta
 
-    _run(_row_blocks(xp, *x2.shape), block)
+    cpu.run_blocks(cpu.row_blocks(xp, *x2.shape), block)
     return y.reshape(x.shape), xhat.reshape(x.shape), rstd.reshape(*x.shape[:-1], 1)
 
 
@@ -199,27 +193,31 @@ def layernorm_backward_input(dy, xhat, rstd, gamma):
     """dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma."""
     xp = array_module(dy)
     dy2, h2, r2 = _rows(dy), _rows(xhat), rstd.reshape(-1, 1)
-    g = _empty(xp, dy2.shape, dy2.dtype)
+    d = dy2.shape[-1]
+    g = cpu.empty(xp, dy2.shape, dy2.dtype)
+    ones = xp.ones(d, dtype=dy2.dtype)
 
     def block(r):
         gb, hb = g[r], h2[r]
         xp.multiply(dy2[r], gamma, out=gb)
-        m1 = gb.mean(axis=-1, keepdims=True)
-        gh = gb * hb
-        m2 = gh.mean(axis=-1, keepdims=True)
-        gb -= m1
-        xp.multiply(hb, m2, out=gh)
+        m1 = row_dot(gb, ones)
+        m1 *= 1.0 / d
+        m2 = row_dot(gb, hb)
+        m2 *= 1.0 / d
+        gh = cpu.empty(xp, gb.shape, gb.dtype)
+        xp.multiply(hb, m2[:, None], out=gh)
         gb -= gh
+        gb -= m1[:, None]
         gb *= r2[r]
 
-    _run(_row_blocks(xp, *dy2.shape), block)
+    cpu.run_blocks(cpu.row_blocks(xp, *dy2.shape), block)
     return g.reshape(dy.shape)
 
 
 def layernorm_backward_weight(dy, xhat, dgamma, dbeta):
     h = dy.shape[-1]
-    dgamma += (dy * xhat).reshape(-1, h).sum(axis=0)
-    dbeta += dy.reshape(-1, h).sum(axis=0)
+    dy2, h2 = dy.reshape(-1, h), xhat.reshape(-1, h)
+    column_sums(dy2, dbeta, h2, dgamma)
 
 
 # ----- embedding ------------------------------------------------------------------------------
@@ -229,9 +227,28 @@ def embedding_forward(ids, table):
 
 
 def embedding_backward_weight(ids, dy, dtable):
-    """dtable[ids] += dy, with repeated ids summed."""
+    """dtable[ids] += dy, with repeated ids summed.
+
+    On the CPU the rows of dy are sorted by id (a stable sort: each id's rows keep their order,
+    so the sums do not depend on the threads) and each id's run summed with ``add.reduceat``,
+    columns shared among the kernel threads: 4x faster than ``add.at``, which takes one
+    row at a time on one thread."""
     xp = array_module(dtable)
-    xp.add.at(dtable, ids.reshape(-1), dy.reshape(-1, dy.shape[-1]))
+    ids, dy2 = ids.reshape(-1), dy.reshape(-1, dy.shape[-1])
+    if xp is not np or ids.size == 0:
+        xp.add.at(dtable, ids, dy2)
+        return
+    order = np.argsort(ids, kind="stable")
+    sorted_ids = ids[order]
+    starts = np.flatnonzero(np.concatenate(([True], sorted_ids[1:] != sorted_ids[:-1])))
+    rows = sorted_ids[starts]  # each id once
+    grouped = dy2[order]
+
+    def share(c):
+        dtable[rows, c] += np.add.reduceat(grouped[:, c], starts, axis=0)
+
+    parts = cpu.kernel_threads() if dy2.size >= cpu.PARALLEL_MIN_ELEMENTS else 1
+    cpu.run_blocks(cpu.split(dy2.shape[1], parts), share)
 
 
 # ----- attention ------------------------------------------------------------------------------
@@ -241,9 +258,9 @@ def softmax_lastaxis_(s):
     xp = array_module(s)
     s -= s.max(axis=-1, keepdims=True)
     xp.exp(s, out=s)
-    r = s.sum(axis=-1, keepdims=True)
+    r = row_dot(s, xp.ones(s.shape[-1], dtype=s.dtype))
     xp.reciprocal(r, out=r)  # one division per row, then a multiply per element
-    s *= r
+    s *= r[..., None]
     return s
 
 
@@ -256,44 +273,30 @@ def _masked_value(dtype):
     return -1e30 if dtype.itemsize >= 8 else -3e38  # large finite: exp gives exact 0
 
 
-QUERY_TILE = 32  # query rows per causal tile (fixed, so results do not depend on BLOCK_ELEMENTS)
+QUERY_TILE = 64  # query rows per causal tile (fixed, so results do not depend on the blocks)
 
 
 def _causal_tiles(xp, mask, s_q, s_k):
     """How to skip the masked upper triangle: (query tiles, key tiles).
 
-    Query tile (q0, q1, ke): rows q0:q1 see keys 0:ke only (their scores beyond ke are masked, so
-    their probabilities are exactly 0 and are written as 0 without computing them). Key tile
-    (k0, k1, qs): keys k0:k1 are seen by queries qs: only. With tiles of 32 rows this computes
-    (1 + 1/n_tiles) / 2 of the S x S scores: 62 % at S = 128, 56 % at S = 256. At two BLAS
-    threads it also helps as much again: OpenBLAS runs products with M N K <= 2^18 (a 32 x 128 x 32
-    tile) on the calling thread, and threading the full 128 x 128 x 32 ones cost more in hand-offs
-    than it gained. The tile size is fixed, not derived from BLOCK_ELEMENTS, so the rounding does
-    not depend on the cache blocks. Only for the standard causal mask (any other mask, and the
-    GPU, get one tile: the full product)."""
+    Query tile (q0, q1, m0, ke): rows q0:q1 see keys 0:ke only (their scores beyond ke are masked,
+    so their probabilities are exactly 0 and are written as 0 without computing them), and the
+    mask has no True before column m0 (only the tile's diagonal block needs masking). Key tile
+    (k0, k1, qs): keys k0:k1 are seen by queries qs: only. With n tiles this computes
+    (1 + 1/n) / 2 of the S x S scores: 75 % at S = 128, 62 % at S = 256. Smaller tiles skip more
+    but lose it again in calls and in short products: at two threads, forward + backward of one
+    layer took 9.5 / 8.7 / 9.1 ms with tiles of 32 / 64 / 128 at S = 128 (batch 16, 8 heads of
+    32), 23.1 / 21.7 / 22.6 ms at S = 256 and 44.8 / 42.7 / 42.8 ms at S = 512 (heads of 64).
+    Only for the standard causal mask (any other mask, and the GPU, get one tile: the full
+    product)."""
     off = s_k - s_q
-    if (xp is not np or mask.ndim != 2 or tuple(mask.shape) != (s_q, s_k) or off < 0
-            or s_q <= QUERY_TILE or not np.array_equal(mask, causal_mask(np, s_q, s_k))):
-        return [(0, s_q, s_k)], [(0, s_k, 0)]
     t = QUERY_TILE
-    qt = [(q0, min(q0 + t, s_q), min(q0 + t, s_q) + off) for q0 in range(0, s_q, t)]
+    if (xp is not np or mask.ndim != 2 or tuple(mask.shape) != (s_q, s_k) or off < 0
+            or s_q <= t or not np.array_equal(mask, causal_mask(np, s_q, s_k))):
+        return [(0, s_q, 0, s_k)], [(0, s_k, 0)]
+    qt = [(q0, min(q0 + t, s_q), q0 + off, min(q0 + t, s_q) + off) for q0 in range(0, s_q, t)]
     kt = [(k0, min(k0 + t, s_k), max(0, k0 - off)) for k0 in range(0, s_k, t)]
     return qt, kt
-
-
-def _head_blocks(xp, lead, per_head):
-    """Index tuples over the leading (batch..., heads) axes ``lead`` of an attention tensor:
-    groups of heads of about BLOCK_ELEMENTS elements (``per_head`` each) on the CPU, everything
-    at once on a GPU. Each tuple selects a (heads, S, ...) block, so strided q/k/v views need no
-    copies."""
-    if xp is not np or not lead:
-        return [(Ellipsis,)]
-    per = max(1, BLOCK_ELEMENTS // max(1, per_head))
-    outer = [()]
-    for n in lead[:-1]:
-        outer = [o + (i,) for o in outer for i in range(n)]
-    nh = lead[-1]
-    return [o + (slice(h, min(h + per, nh)),) for o in outer for h in range(0, nh, per)]
 
 
 def attention_forward(q, k, v, mask, out=None):
@@ -308,7 +311,7 @@ def attention_forward(q, k, v, mask, out=None):
     xp = array_module(q)
     scale = 1.0 / math.sqrt(q.shape[-1])
     s_q, s_k = q.shape[-2], k.shape[-2]
-    p = _empty(xp, (*q.shape[:-1], s_k), q.dtype)
+    p = cpu.empty(xp, (*q.shape[:-1], s_k), q.dtype)
     if out is None:
         out = xp.empty(q.shape, dtype=q.dtype)
     fill = _masked_value(p.dtype)
@@ -316,17 +319,17 @@ def attention_forward(q, k, v, mask, out=None):
 
     def block(ix):
         qb, kb, vb, pb, ob = q[ix] * scale, k[ix], v[ix], p[ix], out[ix]
-        for q0, q1, ke in qtiles:
+        for q0, q1, m0, ke in qtiles:
             pt = pb[..., q0:q1, :ke]
             xp.matmul(qb[..., q0:q1, :], kb[..., :ke, :].swapaxes(-1, -2), out=pt)
             # copyto with a broadcast mask: ~20x faster in NumPy than pt[..., mask] = value
-            xp.copyto(pt, fill, where=mask[q0:q1, :ke])
+            xp.copyto(pt[..., m0:], fill, where=mask[q0:q1, m0:ke])
             softmax_lastaxis_(pt)
             xp.matmul(pt, vb[..., :ke, :], out=ob[..., q0:q1, :])
             if ke < s_k:
                 pb[..., q0:q1, ke:].fill(0.0)
 
-    _run(_head_blocks(xp, q.shape[:-2], (qtiles[0][1] - qtiles[0][0]) * s_k), block)
+    cpu.run_blocks(cpu.head_blocks(xp, q.shape[:-2], (qtiles[0][1] - qtiles[0][0]) * s_k), block)
     return out, p
 
 
@@ -346,7 +349,7 @@ def attention_backward(dout, q, k, v, p, out=None, dq=None, dk=None, dv=None, ma
     dk = xp.empty(k.shape, dtype=k.dtype) if dk is None else dk
     dv = xp.empty(v.shape, dtype=v.dtype) if dv is None else dv
     if mask is None:
-        qtiles, ktiles = [(0, s_q, s_k)], [(0, s_k, 0)]
+        qtiles, ktiles = [(0, s_q, 0, s_k)], [(0, s_k, 0)]
     else:
         qtiles, ktiles = _causal_tiles(xp, mask, s_q, s_k)
 
@@ -357,16 +360,16 @@ def attention_backward(dout, q, k, v, p, out=None, dq=None, dk=None, dv=None, ma
         pb, db, vb = p[ix], dout[ix], v[ix]
         qb, kb = q[ix] * scale, k[ix] * scale
         dqb, dkb, dvb = dq[ix], dk[ix], dv[ix]
-        ds = _empty(xp, pb.shape, pb.dtype)
-        rows = None if out is None else (db * out[ix]).sum(axis=-1, keepdims=True)
+        ds = cpu.empty(xp, pb.shape, pb.dtype)
+        rows = None if out is None else row_dot(db, out[ix])[..., None]
         # per query tile: dp = dout v^T, ds = p * (dp - sum_j(dp * p)), dq = ds k
-        for q0, q1, ke in qtiles:
+        for q0, q1, _, ke in qtiles:
             pt, dt = pb[..., q0:q1, :ke], ds[..., q0:q1, :ke]
             xp.matmul(db[..., q0:q1, :], vb[..., :ke, :].swapaxes(-1, -2), out=dt)
             if rows is not None:
                 dt -= rows[..., q0:q1, :]
             else:
-                dt -= (dt * pt).sum(axis=-1, keepdims=True)
+                dt -= row_dot(dt, pt)[..., None]
             dt *= pt
             xp.matmul(dt, kb[..., :ke, :], out=dqb[..., q0:q1, :])
             if ke < s_k:
@@ -376,7 +379,7 @@ def attention_backward(dout, q, k, v, p, out=None, dq=None, dk=None, dv=None, ma
             xp.matmul(pb[..., qs:, k0:k1].swapaxes(-1, -2), db[..., qs:, :], out=dvb[..., k0:k1, :])
             xp.matmul(ds[..., qs:, k0:k1].swapaxes(-1, -2), qb[..., qs:, :], out=dkb[..., k0:k1, :])
 
-    _run(_head_blocks(xp, p.shape[:-2], (qtiles[0][1] - qtiles[0][0]) * s_k), block)
+    cpu.run_blocks(cpu.head_blocks(xp, p.shape[:-2], (qtiles[0][1] - qtiles[0][0]) * s_k), block)
     return dq, dk, dv
 
 

@@ -10,6 +10,7 @@ micro-batch a buffer of its own (the pipeline executor receives into fresh array
 from __future__ import annotations
 
 from ..backend import array_module
+from . import cpu
 from . import functional as F
 from .params import REPLICATED, Parameter, ShardSpec
 
@@ -112,13 +113,11 @@ class Residual(Layer):
 
     def forward(self, x, mb=0):
         y = self.inner.forward(x, mb)
-        y += x
-        return y
+        return F.add(y, x, out=y)
 
     def backward_input(self, dy, mb=0):
         dx = self.inner.backward_input(dy, mb)
-        dx += dy
-        return dx
+        return F.add(dx, dy, out=dx)
 
     def backward_weight(self, mb=0):
         self.inner.backward_weight(mb)
@@ -194,7 +193,7 @@ class Bias(Layer):
     def forward(self, x, mb=0):
         # into a reused buffer (the block's output, a few MB: a fresh one costs page faults)
         xp = array_module(x)
-        return xp.add(x, self.b.data, out=F._empty(xp, x.shape, x.dtype))
+        return F.add(x, self.b.data, out=cpu.empty(xp, x.shape, x.dtype))
 
     def backward_input(self, dy, mb=0):
         self._ctx[mb] = dy
@@ -202,7 +201,7 @@ class Bias(Layer):
 
     def backward_weight(self, mb=0):
         dy = self._ctx.pop(mb)
-        self.b.grad += dy.reshape(-1, dy.shape[-1]).sum(axis=0)
+        F.column_sums(dy.reshape(-1, dy.shape[-1]), self.b.grad)
 
 
 class LayerNorm(Layer):
@@ -313,7 +312,11 @@ class PositionEmbedding(Layer):
 
     def forward(self, x, mb=0):
         lo, hi = self._span(x.shape[1])
-        return x + self.pos.data[lo:hi]
+        xp = array_module(x)
+        y = cpu.empty(xp, x.shape, x.dtype)
+        for i in range(x.shape[0]):  # per sequence: the positions add to every row
+            F.add(x[i], self.pos.data[lo:hi], out=y[i])
+        return y
 
     def backward_input(self, dy, mb=0):
         self._ctx[mb] = dy
@@ -348,7 +351,7 @@ class CausalSelfAttention(Layer):
         t = qkv.reshape(b, s, 3, self.nh, self.hd).transpose(2, 0, 3, 1, 4)
         q, k, v = t[0], t[1], t[2]
         # the result goes straight into the (B, S, nh * hd) layout the projection reads
-        y = F._empty(xp, (b, s, self.nh, self.hd), qkv.dtype)
+        y = cpu.empty(xp, (b, s, self.nh, self.hd), qkv.dtype)
         _, p = F.attention_forward(q, k, v, self._mask(xp, s), out=y.transpose(0, 2, 1, 3))
         y = y.reshape(b, s, self.nh * self.hd)
         # y is kept by reference for the backward's row term (no extra memory: the projection
@@ -363,7 +366,7 @@ class CausalSelfAttention(Layer):
         dout = dy.reshape(b, s, self.nh, self.hd).transpose(0, 2, 1, 3)
         out = y.reshape(b, s, self.nh, self.hd).transpose(0, 2, 1, 3)
         # gradients written straight into the fused (B, S, 3, nh, hd) layout of the input
-        dqkv = F._empty(xp, (b, s, 3, self.nh, self.hd), dy.dtype)
+        dqkv = cpu.empty(xp, (b, s, 3, self.nh, self.hd), dy.dtype)
         g = dqkv.transpose(2, 0, 3, 1, 4)
         F.attention_backward(dout, q, k, v, p, out=out, dq=g[0], dk=g[1], dv=g[2],
                              mask=self._mask(xp, s))

@@ -1,0 +1,230 @@
+"""How the kernels run on the CPU: cache-sized blocks, mpipar's own threads, reused buffers.
+
+Nothing here changes a result: it decides only which thread computes which rows, and into which
+memory. On a GPU (CuPy) every helper degenerates to "one block of everything, on the calling
+thread": one kernel per operation is what a GPU wants, and CuPy has its own memory pool.
+
+Threads. NumPy runs each operation on one core, and OpenBLAS threads only the large products.
+So mpipar owns the threads of a rank (``kernel_threads``, by default its share of the cores) and
+keeps BLAS on one thread per caller: element-wise chains, attention and the optimiser run their
+blocks on the threads side by side, and the large products are split into one product per
+thread (rows of the output; ``matmul``), which gives the same bits as one product (each output
+element is the same dot product) at the speed of OpenBLAS's own threading. Two pools on the same
+cores would fight: OpenBLAS's idle workers spin for a while after every product, on the cores
+the kernel threads need, and a product started from each kernel thread would start BLAS threads
+of its own. BENCHMARKS.md has the measurements. NumPy releases the GIL inside every operation;
+blocks of ``BLOCK_ELEMENTS`` keep each operation long enough (tens of microseconds) that the
+hand-offs of the GIL cost little.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import numpy as np
+
+BLOCK_ELEMENTS = 1 << 18  # 1 MiB of float32 per array and block
+PARALLEL_MIN_ELEMENTS = 1 << 20  # below this an element-wise chain runs on the calling thread
+PARALLEL_MIN_MNK = 1 << 21  # products below this many multiply-adds are not split
+POOL_PER_SHAPE = 64  # at most this many idle-or-busy buffers kept per (shape, dtype)
+
+_pool: dict = {}
+_pool_lock = threading.Lock()
+_threads: int | None = None
+_executor: ThreadPoolExecutor | None = None
+_blas_limit = None  # threadpoolctl's handle while mpipar holds BLAS at one thread
+
+
+def _threads_from_environment() -> int:
+    for var in ("MPIPAR_KERNEL_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        v = os.environ.get(var, "").strip()
+        if v.isdigit() and int(v) > 0:
+            return int(v)
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def kernel_threads() -> int:
+    """The threads a rank's kernels run on: MPIPAR_KERNEL_THREADS, else OMP_NUM_THREADS or
+    OPENBLAS_NUM_THREADS (``mpipar.threads`` sets them to the rank's share of the node's cores
+    before NumPy loads), else every core this process may run on. Decided on first use; with
+    more than one, NumPy's BLAS is held at one thread from then on (``set_kernel_threads``)."""
+    if _threads is None:
+        set_kernel_threads(_threads_from_environment())
+    return _threads
+
+
+def set_kernel_threads(n: int) -> None:
+    """Run the kernels on ``n`` threads from now on. With n > 1 NumPy's BLAS is held at one
+    thread (threadpoolctl) so that the two pools do not share the cores; with n = 1 it gets
+    back the threads it had, and products are BLAS's to thread again."""
+    global _threads, _executor, _blas_limit
+    n = int(n)
+    if n < 1:
+        raise ValueError(f"kernel threads must be >= 1, got {n} (MPIPAR_KERNEL_THREADS?)")
+    if _executor is not None:
+        _executor.shutdown(wait=True)
+        _executor = None
+    if _blas_limit is not None:
+        _blas_limit.restore_original_limits()
+        _blas_limit = None
+    _threads = n
+    if n > 1:
+        from threadpoolctl import threadpool_limits
+
+        _blas_limit = threadpool_limits(1, user_api="blas")
+
+
+@contextmanager
+def blas_threads(n: int):
+    """NumPy's BLAS on ``n`` threads inside the block (to measure BLAS itself, say), then back
+    to what mpipar holds it at."""
+    from threadpoolctl import threadpool_limits
+
+    kernel_threads()  # settle mpipar's own limit first, so that leaving restores it
+    with threadpool_limits(n, user_api="blas"):
+        yield
+
+
+def _drain(fn, blocks) -> None:
+    for block in blocks:  # a shared iterator: next() on it is atomic under the GIL
+        fn(block)
+
+
+def run_blocks(items, fn) -> None:
+    """fn(item) for every block, on up to ``kernel_threads()`` threads (the caller among them),
+    each taking the next block as it finishes one, so that a thread that started late or was
+    descheduled takes fewer. Blocks write disjoint parts of the outputs, so the result does not
+    depend on which thread ran which; an exception in any block is raised here, after every
+    thread has stopped."""
+    items = list(items)
+    n = min(kernel_threads(), len(items))
+    if n <= 1:
+        for it in items:
+            fn(it)
+        return
+    _thread_pool()
+    blocks = iter(items)
+    futures = [_thread_pool().submit(_drain, fn, blocks) for _ in range(n - 1)]
+    try:
+        _drain(fn, blocks)
+    finally:
+        for f in futures:
+            if not f.cancel():  # not started (the threads were busy): nothing left to do
+                f.result()
+
+
+def _thread_pool() -> ThreadPoolExecutor:
+    global _executor
+    if _executor is None:
+        _executor = ThreadPoolExecutor(kernel_threads() - 1, thread_name_prefix="mpipar-kernel")
+    return _executor
+
+
+def split(n: int, parts: int) -> list:
+    """``parts`` contiguous slices of range(n), as equal as integers allow (none empty)."""
+    parts = max(1, min(parts, n))
+    bounds = [n * i // parts for i in range(parts + 1)]
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+def row_blocks(xp, n_rows: int, row_len: int, block: int | None = None) -> list:
+    """Slices of rows of about ``block`` (default BLOCK_ELEMENTS) elements each; when the array
+    is big enough to share, as many as a multiple of the kernel threads, so that each thread
+    gets the same work. One slice of everything on a GPU."""
+    if xp is not np:
+        return [slice(0, n_rows)]
+    total = n_rows * max(1, row_len)
+    nb = -(-total // max(1, block or BLOCK_ELEMENTS))
+    t = kernel_threads()
+    if t > 1 and total >= PARALLEL_MIN_ELEMENTS:
+        nb = -(-nb // t) * t
+    return split(n_rows, nb)
+
+
+def head_blocks(xp, lead, per_head) -> list:
+    """Index tuples over the leading (batch..., heads) axes ``lead`` of an attention tensor, each
+    selecting a block of about BLOCK_ELEMENTS elements (``per_head`` each): several whole batch
+    elements when their heads fit (fewer, longer NumPy calls: the Python between calls holds the
+    GIL), else groups of one element's heads; as many blocks as a multiple of the kernel threads
+    where the sizes allow. Everything at once on a GPU. Blocks are views (slices), so strided
+    q/k/v need no copies."""
+    if xp is not np or not lead:
+        return [(Ellipsis,)]
+    per = max(1, BLOCK_ELEMENTS // max(1, per_head))  # heads per block
+    nh = lead[-1]
+    t = kernel_threads()
+    share = t > 1 and math.prod(lead) * per_head >= PARALLEL_MIN_ELEMENTS
+    if len(lead) == 2 and per >= 2 * nh:
+        nb = lead[0]
+        blocks = -(-nb // (per // nh))
+        if share:
+            blocks = -(-blocks // t) * t
+        return [(b, slice(None)) for b in split(nb, blocks)]
+    outer = [()]
+    for n in lead[:-1]:
+        outer = [o + (i,) for o in outer for i in range(n)]
+    groups = -(-nh // per)  # per batch element
+    if share:
+        while (len(outer) * groups) % t and groups < nh:
+            groups += 1
+    return [o + (s,) for o in outer for s in split(nh, groups)]
+
+
+def matmul(xp, a, b, out, bias=None, accumulate=False):
+    """``out = a @ b (+ bias)``, or ``out += a @ b`` with ``accumulate``, for 2-D arrays. On
+    the CPU the rows of ``out`` are split across the kernel threads: one single-threaded BLAS
+    product per share, the bias added (or the sum accumulated) while the share is in cache.
+    Each output element is the same dot product whatever the split, so the bits do not depend
+    on the threads. ``a`` and ``out`` may be strided views (``x.T`` for a weight gradient)."""
+    m = a.shape[0]
+    t = kernel_threads() if xp is np else 1
+    if t <= 1 or m < 2 * t or m * a.shape[1] * b.shape[1] < PARALLEL_MIN_MNK:
+        shares = [slice(0, m)]
+    else:
+        shares = split(m, t)
+    scratch = empty(xp, out.shape, out.dtype) if accumulate else None
+
+    def share(r):
+        if accumulate:
+            xp.matmul(a[r], b, out=scratch[r])
+            out[r] += scratch[r]
+        else:
+            xp.matmul(a[r], b, out=out[r])
+        if bias is not None:
+            out[r] += bias
+
+    run_blocks(shares, share)
+    return out
+
+
+def empty(xp, shape, dtype):
+    """An uninitialised array, on the CPU reused from earlier calls when nothing else refers to
+    it any more (CPython's reference count says so: a saved context, a view or a caller holding
+    it keeps it out of reach). Fresh multi-megabyte arrays cost page faults on every step;
+    reused ones are already mapped. The lock keeps two kernel threads from being handed the
+    same buffer. CuPy has its own pool."""
+    if xp is not np:
+        return xp.empty(shape, dtype=dtype)
+    key = (tuple(shape), np.dtype(dtype).str)
+    with _pool_lock:
+        bufs = _pool.setdefault(key, [])
+        for buf in bufs:
+            if sys.getrefcount(buf) == 3:  # bufs, the loop variable, getrefcount's argument
+                return buf
+        buf = np.empty(shape, dtype=dtype)
+        if len(bufs) < POOL_PER_SHAPE:
+            bufs.append(buf)
+        return buf
+
+
+def clear_pool() -> None:
+    """Forget the reusable buffers (frees them once nothing else holds them)."""
+    with _pool_lock:
+        _pool.clear()
