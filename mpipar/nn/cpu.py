@@ -6,15 +6,20 @@ thread": one kernel per operation is what a GPU wants, and CuPy has its own memo
 
 Threads. NumPy runs each operation on one core, and OpenBLAS threads only the large products.
 So mpipar owns the threads of a rank (``kernel_threads``, by default its share of the cores) and
-keeps BLAS on one thread per caller: element-wise chains, attention and the optimiser run their
-blocks on the threads side by side, and the large products are split into one product per
-thread (rows of the output; ``matmul``), which gives the same bits as one product (each output
-element is the same dot product) at the speed of OpenBLAS's own threading. Two pools on the same
-cores would fight: OpenBLAS's idle workers spin for a while after every product, on the cores
-the kernel threads need, and a product started from each kernel thread would start BLAS threads
-of its own. BENCHMARKS.md has the measurements. NumPy releases the GIL inside every operation;
-blocks of ``BLOCK_ELEMENTS`` keep each operation long enough (tens of microseconds) that the
-hand-offs of the GIL cost little.
+holds BLAS at one thread: element-wise chains, attention and the optimiser run their blocks on
+the threads side by side, and the large products are split into one single-threaded product per
+thread (rows of the output; ``matmul``), as fast as OpenBLAS's own threading (183-197 GF/s on two
+cores against its 189-206 at the small config's shapes). Each output element is the same dot product
+whatever the split, and every element-wise block does the same arithmetic per row, so results do
+not depend on the number of threads (tests/test_cpu_threads.py checks the bits). Two pools on
+the same cores fought: OpenBLAS's idle workers spin for a while after every product, on the
+cores the kernel threads need (OPENBLAS_THREAD_TIMEOUT shortens that, but only if set before
+NumPy loads), and a product started from each kernel thread started BLAS threads of its own.
+
+NumPy releases the GIL inside each operation, but a hand-off to another thread costs 15-50 us
+here (a futex wake, then the GIL), so work goes to the threads in blocks of ``BLOCK_ELEMENTS``
+and only for arrays of at least ``PARALLEL_MIN_ELEMENTS``; smaller ones were faster on the
+calling thread alone. BENCHMARKS.md has the measurements.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import math
 import os
 import sys
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
@@ -76,8 +82,13 @@ def set_kernel_threads(n: int) -> None:
         _blas_limit = None
     _threads = n
     if n > 1:
-        from threadpoolctl import threadpool_limits
-
+        try:
+            from threadpoolctl import threadpool_limits
+        except ImportError:  # a dependency of mpipar; without it BLAS keeps its own threads
+            warnings.warn("threadpoolctl is not installed: BLAS keeps its threads beside "
+                          f"mpipar's {n} kernel threads (slower; pip install threadpoolctl)",
+                          RuntimeWarning, stacklevel=2)
+            return
         _blas_limit = threadpool_limits(1, user_api="blas")
 
 
