@@ -197,9 +197,15 @@ def matmul(xp, a, b, out, bias=None, accumulate=False):
     m = a.shape[0]
     t = kernel_threads() if xp is np else 1
     if t <= 1 or m < 2 * t or m * a.shape[1] * b.shape[1] < PARALLEL_MIN_MNK:
-        shares = [slice(0, m)]
-    else:
-        shares = split(m, t)
+        # one product on the calling thread, without the closures (tiny models call this a lot)
+        if accumulate:
+            out += xp.matmul(a, b, out=empty(xp, out.shape, out.dtype))
+        else:
+            xp.matmul(a, b, out=out)
+        if bias is not None:
+            out += bias
+        return out
+    shares = split(m, t)
     scratch = empty(xp, out.shape, out.dtype) if accumulate else None
 
     def share(r):

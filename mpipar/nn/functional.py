@@ -80,6 +80,8 @@ def add(a, b, out):
     """out = a + b (``b`` may broadcast over the rows of ``a``, or be ``out`` itself for a
     residual's in-place sum), the rows shared among the kernel threads."""
     xp = array_module(a)
+    if xp is not np or a.size < cpu.PARALLEL_MIN_ELEMENTS:
+        return xp.add(a, b, out=out)
     a2, b2, o2 = _rows(a), (_rows(b) if b.shape == a.shape else b), _rows(out)
     full = b2.ndim == 2 and b2.shape == a2.shape
     cpu.run_blocks(cpu.row_blocks(xp, *a2.shape),

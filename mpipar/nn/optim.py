@@ -15,6 +15,7 @@ micro-batches (the loss already scaled) before ``step``; the optimisers only rea
 from __future__ import annotations
 
 import math
+import threading
 from collections import Counter
 
 from mpipar.backend import array_module
@@ -197,6 +198,7 @@ class AdamW(Optimizer):
         self.betas = (b1, b2)
         self.eps = _positive_float(eps, "eps")
         self.weight_decay = _positive_float(weight_decay, "weight_decay", allow_zero=True)
+        self._local = threading.local()  # per kernel thread scratch (``_thread_scratch``)
         super().__init__(params, lr)
 
     def step(self, lr: float | None = None) -> None:
@@ -208,6 +210,12 @@ class AdamW(Optimizer):
 
     def _update(self, p, state, lr: float) -> None:
         cpu.run_blocks(self._blocks(p, state, lr), _run)
+
+    def _thread_scratch(self, like):
+        """A scratch array like ``like``, this thread's own (blocks run on kernel threads)."""
+        if not hasattr(self._local, "scratch"):
+            self._local.scratch = _Scratch()
+        return self._local.scratch.like(like)
 
     def _blocks(self, p, state, lr: float) -> list:
         """[(update of one block, its slice)] for parameter ``p``."""
@@ -226,7 +234,7 @@ class AdamW(Optimizer):
 
         def block(r):
             wb, gb, mb, vb = w[r], g[r], m[r], v[r]
-            tb = cpu.empty(xp, wb.shape, wb.dtype)
+            tb = self._thread_scratch(wb)
             if decay is not None:
                 wb *= decay
             # m += (1 - b1) * (g - m)  ==  b1 m + (1 - b1) g
