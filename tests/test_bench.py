@@ -152,6 +152,8 @@ def test_causal_tiles_skip_the_upper_triangle_exactly(s, monkeypatch):
         out, p = out.copy(), p.copy()
         return [out, p, *F.attention_backward(do, q, k, v, p, out=out, mask=mask)]
 
+    p0 = F.attention_forward(q, k, v, mask)[1].copy()
+    F.attention_backward(do + 1.0, q, k, v, p0 + 1.0)  # leaves numbers in the pooled scratch
     got = run()
     for a, r in zip(got, _attention_reference(q, k, v, do), strict=True):
         assert np.abs(a - r).max() <= 1e-13 * np.abs(r).max()
@@ -165,3 +167,30 @@ def test_causal_tiles_skip_the_upper_triangle_exactly(s, monkeypatch):
         assert np.array_equal(a, c)
     # any other mask gets the full products (tiles are only for the standard causal one)
     assert F._causal_tiles(np, ~mask, s, s)[0] == [(0, s, 0, s)]
+
+
+def test_causal_tiles_with_more_keys_than_queries():
+    """Queries at the end of a longer key sequence (offset not a multiple of the tile): the
+    tiled forward and backward equal the full masked computation."""
+    from mpipar.nn import functional as F
+
+    rng = np.random.default_rng(6)
+    sq, sk, d = 100, 130, 8
+    q, do = rng.normal(size=(2, 3, sq, d)), rng.normal(size=(2, 3, sq, d))
+    k, v = rng.normal(size=(2, 3, sk, d)), rng.normal(size=(2, 3, sk, d))
+    mask = F.causal_mask(np, sq, sk)
+    assert len(F._causal_tiles(np, mask, sq, sk)[0]) > 1
+    sc = q @ k.swapaxes(-1, -2) / np.sqrt(d)
+    sc[..., mask] = -np.inf
+    p = np.exp(sc - sc.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    dp = do @ v.swapaxes(-1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    ref = [p @ v, p, ds @ k / np.sqrt(d), ds.swapaxes(-1, -2) @ q / np.sqrt(d),
+           p.swapaxes(-1, -2) @ do]
+    out, probs = F.attention_forward(q, k, v, mask)
+    # without the mask the backward writes all of its pooled scratch; the tiled one reuses it
+    F.attention_backward(do + 1.0, q, k, v, probs + 1.0)
+    got = [out, probs, *F.attention_backward(do, q, k, v, probs, out=out, mask=mask)]
+    for a, r in zip(got, ref, strict=True):
+        assert np.abs(a - r).max() <= 1e-13 * np.abs(r).max()

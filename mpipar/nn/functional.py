@@ -374,7 +374,8 @@ def attention_backward(dout, q, k, v, p, out=None, dq=None, dk=None, dv=None, ma
                 dt -= row_dot(dt, pt)[..., None]
             dt *= pt
             xp.matmul(dt, kb[..., :ke, :], out=dqb[..., q0:q1, :])
-            if ke < s_k:
+            if ke < s_k and (s_k - s_q) % QUERY_TILE:
+                # read by the key tiles below only when keys and queries are not aligned
                 ds[..., q0:q1, ke:].fill(0.0)
         # per key tile: dv = p^T dout, dk = ds^T q over the queries that see those keys
         for k0, k1, qs in ktiles:
