@@ -74,14 +74,23 @@ def measure(threads, configs, iters, warmup, quick, use_torch=True, device="cpu"
     # mpipar runs its kernels on `threads` threads of its own with BLAS on one each
     # (mpipar.nn.cpu); the GEMM peak is BLAS's own, on all `threads`
     cpu.set_kernel_threads(threads)
-    with cpu.blas_threads(threads):
-        out["gemm_peak"] = measure_gemm_peak(np.float32, n=n_peak, seconds=sec, xp=xp)
-    for name in configs:
-        sh = shape(name)
+
+    def peak():
         with cpu.blas_threads(threads):
-            rows, shape_rate = gemm_rate_at_shapes(
+            return measure_gemm_peak(np.float32, n=n_peak, seconds=sec, xp=xp)
+
+    def at_shapes(sh):
+        with cpu.blas_threads(threads):
+            return gemm_rate_at_shapes(
                 model_gemm_shapes(sh.n_layer, sh.n_embd, sh.n_head, sh.vocab_size, sh.batch,
                                   sh.seq), seconds=0.02 if quick else 0.1, xp=xp)
+
+    # The machine may be shared: a busy moment can only lower a rate, so each ceiling is the
+    # higher of two measurements, one before and one after the steps it is compared with.
+    out["gemm_peak"] = peak()
+    for name in configs:
+        sh = shape(name)
+        rows, shape_rate = at_shapes(sh)
         fns = {}
         if device == "cuda":
             xp.get_default_memory_pool().free_all_blocks()
@@ -91,6 +100,9 @@ def measure(threads, configs, iters, warmup, quick, use_torch=True, device="cpu"
             fns["torch"] = torch_ref.torch_step(sh, device=device)[0]
         times = interleaved(fns, iters, warmup)
         flops = flops_per_step(sh.flops_config())
+        rows2, shape_rate2 = at_shapes(sh)
+        if shape_rate2 > shape_rate:
+            rows, shape_rate = rows2, shape_rate2
         res = {"tokens": sh.tokens, "flops_per_step": flops, "gemm_shape_rate": shape_rate,
                "gemm_shapes": [list(r) for r in rows], "samples": times,
                "n_params": model.n_params_full}
@@ -100,6 +112,7 @@ def measure(threads, configs, iters, warmup, quick, use_torch=True, device="cpu"
         res["memory_analytic"] = analytic_bytes(sh, model.n_params_full)
         res["memory_measured"] = measured_bytes(m_step, model, opt, xp)
         out["configs"][name] = res
+    out["gemm_peak"] = max(out["gemm_peak"], peak())
     out["ru_maxrss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return out
 
