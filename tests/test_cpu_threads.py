@@ -1,6 +1,7 @@
 """mpipar's own CPU threads (mpipar.nn.cpu): they change which thread computes what, never the
 result. Thresholds are lowered so that small float64 arrays are split into many blocks."""
 
+import sys
 import threading
 import time
 
@@ -156,3 +157,20 @@ def test_split_product_handles_strided_views(threads):
     cpu.matmul(np, a.T, b, out[::2], accumulate=True)
     assert np.allclose(out, ref, rtol=1e-13, atol=1e-13)
     assert np.array_equal(out[1::2], ref[1::2])  # rows in between untouched
+
+
+def test_without_threadpoolctl_the_kernels_still_run(monkeypatch, threads):
+    """A machine without threadpoolctl (say, a GPU node's preinstalled Python): a warning,
+    BLAS left as it is, the same results."""
+    threads(1)
+    ref = kernels(np.random.default_rng(2))
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "threadpoolctl", None)  # import now raises ImportError
+        with pytest.warns(RuntimeWarning, match="threadpoolctl is not installed"):
+            threads(2)
+        with cpu.blas_threads(2):
+            pass
+        got = kernels(np.random.default_rng(2))
+        threads(1)
+    for a, c in zip(ref, got, strict=True):
+        assert np.array_equal(a, c)

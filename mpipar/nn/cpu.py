@@ -96,9 +96,12 @@ def set_kernel_threads(n: int) -> None:
 def blas_threads(n: int):
     """NumPy's BLAS on ``n`` threads inside the block (to measure BLAS itself, say), then back
     to what mpipar holds it at."""
-    from threadpoolctl import threadpool_limits
-
     kernel_threads()  # settle mpipar's own limit first, so that leaving restores it
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # then mpipar never changed BLAS's threads either (set_kernel_threads)
+        yield
+        return
     with threadpool_limits(n, user_api="blas"):
         yield
 
