@@ -1,6 +1,7 @@
 """mpipar's own CPU threads (mpipar.nn.cpu): they change which thread computes what, never the
 result. Thresholds are lowered so that small float64 arrays are split into many blocks."""
 
+import os
 import sys
 import threading
 import time
@@ -174,3 +175,41 @@ def test_without_threadpoolctl_the_kernels_still_run(monkeypatch, threads):
         threads(1)
     for a, c in zip(ref, got, strict=True):
         assert np.array_equal(a, c)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_runs_threaded_kernels(threads):
+    """After fork the child has none of the parent's kernel threads: it starts its own (and
+    never waits on the parent's, which would hang)."""
+    threads(2)
+    x = np.random.default_rng(0).normal(size=(64, 50))
+    ref = F.gelu_forward(x)[0].copy()  # the parent's pool is running now
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: compute and report, whatever happens
+        ok = b"0"
+        try:
+            seen = set()
+
+            def slow(_):
+                seen.add(threading.get_ident())
+                time.sleep(0.02)
+
+            cpu.run_blocks(range(10), slow)
+            same = np.array_equal(F.gelu_forward(x)[0], ref)
+            ok = b"1" if same and len(seen) == 2 else b"0"
+        finally:
+            os.write(w, ok)
+            os._exit(0)
+    os.close(w)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung on the parent's kernel threads")
+    assert os.read(r, 1) == b"1"

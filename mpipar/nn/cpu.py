@@ -46,6 +46,18 @@ _executor: ThreadPoolExecutor | None = None
 _blas_limit = None  # threadpoolctl's handle while mpipar holds BLAS at one thread
 
 
+def _forget_threads_after_fork() -> None:
+    """A forked child has none of its parent's threads: start a pool of its own on demand
+    (submitting to the parent's would wait forever)."""
+    global _executor, _pool_lock
+    _executor = None
+    _pool_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_threads_after_fork)
+
+
 def _threads_from_environment() -> int:
     for var in ("MPIPAR_KERNEL_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         v = os.environ.get(var, "").strip()
