@@ -46,9 +46,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    from .threads import set_blas_threads
+    from .threads import kernel_threads_setting, set_blas_threads
 
     set_blas_threads()  # before anything imports NumPy
+    try:
+        kernel_threads_setting()
+    except ValueError as e:  # every rank says it and stops, before any MPI traffic
+        print(f"mpipar: error: {e}", file=sys.stderr)
+        return 2
     # Load only the module of the chosen command (fast start, no MPI import for analysis).
     chosen = argv[0] if argv and argv[0] in COMMANDS else None
     parser = build_parser(only=chosen)

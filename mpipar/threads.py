@@ -37,3 +37,14 @@ def set_blas_threads() -> int | None:
     for v in VARS:
         os.environ.setdefault(v, str(n))
     return n
+
+
+def kernel_threads_setting() -> int | None:
+    """MPIPAR_KERNEL_THREADS as a count, None when unset; a clear error when it is not one."""
+    v = os.environ.get("MPIPAR_KERNEL_THREADS", "").strip()
+    if not v:
+        return None
+    if not (v.isdigit() and int(v) > 0):
+        raise ValueError(f"MPIPAR_KERNEL_THREADS={v!r}: give a whole number of threads >= 1 "
+                         "(or unset it to use this rank's share of the cores)")
+    return int(v)

@@ -5,6 +5,7 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -213,3 +214,16 @@ def test_a_forked_child_runs_threaded_kernels(threads):
         os.waitpid(pid, 0)
         pytest.fail("the forked child hung on the parent's kernel threads")
     assert os.read(r, 1) == b"1"
+
+
+@pytest.mark.parametrize("value", ["0", "abc", "-2", "1.5"])
+def test_a_bad_thread_count_is_refused_with_what_to_change(value, monkeypatch, capsys):
+    from mpipar.cli import main
+
+    monkeypatch.setenv("MPIPAR_KERNEL_THREADS", value)
+    config = Path(__file__).resolve().parents[1] / "experiments/configs/tiny.toml"
+    assert main(["train", "--config", str(config), "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"MPIPAR_KERNEL_THREADS={value!r}" in err and "whole number" in err
+    with pytest.raises(ValueError, match="MPIPAR_KERNEL_THREADS"):
+        cpu._threads_from_environment()

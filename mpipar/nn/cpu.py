@@ -34,6 +34,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from ..threads import kernel_threads_setting
+
 BLOCK_ELEMENTS = 1 << 18  # 1 MiB of float32 per array and block
 PARALLEL_MIN_ELEMENTS = 1 << 20  # below this an element-wise chain runs on the calling thread
 PARALLEL_MIN_MNK = 1 << 21  # products below this many multiply-adds are not split
@@ -59,7 +61,10 @@ if hasattr(os, "register_at_fork"):
 
 
 def _threads_from_environment() -> int:
-    for var in ("MPIPAR_KERNEL_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    mine = kernel_threads_setting()
+    if mine is not None:
+        return mine
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         v = os.environ.get(var, "").strip()
         if v.isdigit() and int(v) > 0:
             return int(v)
