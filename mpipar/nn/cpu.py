@@ -8,8 +8,11 @@ Threads. NumPy runs each operation on one core, and OpenBLAS threads only the la
 So mpipar owns the threads of a rank (``kernel_threads``, by default its share of the cores) and
 holds BLAS at one thread: element-wise chains, attention and the optimiser run their blocks on
 the threads side by side, and the large products are split into one single-threaded product per
-thread (rows of the output; ``matmul``), as fast as OpenBLAS's own threading (183-197 GF/s on two
-cores against its 189-206 at the small config's shapes). Each output element is the same dot product
+thread (rows of the output; ``matmul``), within a few percent of OpenBLAS's own threading at the
+model's products (`experiments/cpu_threads.py`: 166-196 against 164-206 GF/s on two cores at
+the small config's shapes, 171-199 against 179-201 at the large one's; the head's 256 x 256
+products of the small config were the exception, 110-150 against 170-200, erratic from run to
+run). Each output element is the same dot product
 whatever the split, and every element-wise block does the same arithmetic per row, so results do
 not depend on the number of threads (tests/test_cpu_threads.py checks the bits). Two pools on
 the same cores fought: OpenBLAS's idle workers spin for a while after every product, on the

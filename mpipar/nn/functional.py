@@ -287,7 +287,7 @@ def _causal_tiles(xp, mask, s_q, s_k):
     (k0, k1, qs): keys k0:k1 are seen by queries qs: only. With n tiles this computes
     (1 + 1/n) / 2 of the S x S scores: 75 % at S = 128, 62 % at S = 256. Smaller tiles skip more
     but lose it again in calls and in short products: at two threads, forward + backward of one
-    layer took 9.5 / 8.7 / 9.1 ms with tiles of 32 / 64 / 128 at S = 128 (batch 16, 8 heads of
+    layer took 9.8 / 8.7 / 9.1 ms with tiles of 32 / 64 / 128 at S = 128 (batch 16, 8 heads of
     32), 23.1 / 21.7 / 22.6 ms at S = 256 and 44.8 / 42.7 / 42.8 ms at S = 512 (heads of 64).
     Only for the standard causal mask (any other mask, and the GPU, get one tile: the full
     product)."""
