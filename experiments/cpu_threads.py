@@ -26,7 +26,7 @@ def _blas_weight_grad(x, dy, dw, tmp):
     dw += tmp
 
 
-def product_rates(sh, threads, reps=10):
+def product_rates(sh, threads, reps=10, runs=3, pause=0.3):
     import numpy as np
 
     from mpipar.nn import cpu
@@ -54,12 +54,12 @@ def product_rates(sh, threads, reps=10):
                                  (_blas_weight_grad, (x, dy, dw, tmp)))}
         for kind, sides in kinds.items():
             best = [1e9, 1e9]
-            for _ in range(3):
+            for _ in range(runs):
                 for i, (fn, args) in enumerate(sides):
                     # mpipar: its kernel threads, BLAS on one; then plain NumPy on BLAS's own.
                     # In runs, after a pause: OpenBLAS's idle workers spin for ~0.1 s after
                     # each product, and would take the core from mpipar's next one.
-                    time.sleep(0.3)
+                    time.sleep(pause)
                     with cpu.blas_threads(1 if i == 0 else threads):
                         for _ in range(reps):
                             t0 = time.perf_counter()
@@ -132,6 +132,8 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default="small")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=7)
+    ap.add_argument("--quick", action="store_true",
+                    help="no pauses, few repeats: a smoke test (what tests run), not a measurement")
     a = ap.parse_args(argv)
     if a.threads < 2:
         ap.error("--threads must be >= 2 (the comparison is against one thread)")
@@ -142,9 +144,10 @@ def main(argv=None) -> int:
 
     sh = shape(a.config)
     print(f"products of the {a.config} config, float32, {a.threads} threads, GF/s "
-          "(best of 3 runs of 10 each)")
+          "(best of 3 runs of 10 each)" if not a.quick else "(--quick: not a measurement)")
     print(f"{'layer':>9} {'product':>12} {'mpipar split':>13} {'OpenBLAS threads':>17}")
-    for name, kind, mine, blas in product_rates(sh, a.threads):
+    opts = dict(reps=2, runs=1, pause=0.0) if a.quick else {}
+    for name, kind, mine, blas in product_rates(sh, a.threads, **opts):
         print(f"{name:>9} {kind:>12} {mine:13.0f} {blas:17.0f}")
     prof = step_profile(sh, a.threads, a.steps)
     print(f"\none {a.config} training step (forward, backward, AdamW), median of {a.steps}, ms")

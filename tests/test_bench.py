@@ -4,6 +4,7 @@ peak probe, bad input, and the GPU script's CPU dry run."""
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -194,3 +195,11 @@ def test_causal_tiles_with_more_keys_than_queries():
     got = [out, probs, *F.attention_backward(do, q, k, v, probs, out=out, mask=mask)]
     for a, r in zip(got, ref, strict=True):
         assert np.abs(a - r).max() <= 1e-13 * np.abs(r).max()
+
+
+def test_cpu_threads_experiment_runs(tmp_path):
+    script = Path(__file__).resolve().parents[1] / "experiments/cpu_threads.py"
+    res = subprocess.run([sys.executable, str(script), "--config", "tiny", "--steps", "1",
+                          "--quick"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "mpipar split" in res.stdout and "speedup" in res.stdout
