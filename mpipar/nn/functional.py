@@ -7,10 +7,11 @@ rules keep float32 arrays float32 (``float32_array * np.float64(x)`` would becom
 Speed on the CPU (BENCHMARKS.md has the profiles). NumPy runs one pass over memory per operation,
 so a chain of element-wise operations on arrays larger than the cache streams them from main
 memory again and again. The chains here (GELU, LayerNorm, softmax attention) therefore run over
-cache-sized blocks of rows, writing into outputs allocated once per call (and reused across calls
-when no one holds them any more, see ``_empty``). Per row the arithmetic is the same whatever the
-blocking, so results do not depend on the block size. On a GPU (CuPy) each chain runs once over
-the whole array: one kernel per operation is what it wants.
+blocks of rows (or heads), on the rank's kernel threads when the arrays are large, writing into
+outputs reused across calls when no one holds them any more (``mpipar.nn.cpu``, which also splits
+the products). Per row the arithmetic is the same whatever the blocking and the threads, so
+results do not depend on either. On a GPU (CuPy) each chain runs once over the whole array: one
+kernel per operation is what it wants.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def column_sums(a, out, b=None, out_ab=None):
     """out += sum over the rows of ``a``, and, given ``b`` and ``out_ab``, out_ab += sum over
     the rows of ``a * b`` (a LayerNorm's two weight gradients); 2-D arrays (rows, n).
 
-    One thread: a vector-matrix product (ones @ a, 4x faster than ``sum(axis=0)``) and an
+    One thread: a vector-matrix product (ones @ a, 2-4x faster than ``sum(axis=0)``) and an
     ``einsum`` that never forms a * b. These are a fraction of a millisecond, less than what
     handing them to the kernel threads costs (BENCHMARKS.md)."""
     xp = array_module(a)
@@ -154,7 +155,7 @@ def relu_backward(dy, x):
 
 def row_dot(a, b):
     """Sum over the last axis of a * b (``b`` may be one vector for every row), without the
-    product array. NumPy 2's ``vecdot`` is one pass, 3-4x faster than ``sum(axis=-1)`` on rows
+    product array. NumPy 2's ``vecdot`` is one pass, 3x faster than ``sum(axis=-1)`` on rows
     of a few hundred (which pays a loop call per row) and, unlike a BLAS matrix-vector product,
     gives each row the same bits whatever rows it comes with (so blocks and threads change
     nothing)."""
