@@ -54,7 +54,7 @@ def section(name):
 def environment():
     import cupy as cp
 
-    from mpipar.dist.comm import cuda_aware
+    from mpipar.mpi.comm import cuda_aware
 
     dev = cp.cuda.Device()
     props = cp.cuda.runtime.getDeviceProperties(dev.id)

@@ -125,10 +125,10 @@ def main(argv=None) -> int:
 
     from mpipar.backend import Backend
     from mpipar.config import load_config
-    from mpipar.dist import failfast
-    from mpipar.dist.dump import dump_trace
-    from mpipar.dist.grid import ProcessGrid
-    from mpipar.dist.world import world_size_and_rank
+    from mpipar.mpi import failfast
+    from mpipar.mpi.dump import dump_trace
+    from mpipar.mpi.grid import ProcessGrid
+    from mpipar.mpi.world import world_size_and_rank
     from mpipar.trace import Tracer
     from mpipar.train import Trainer, _prepare_data, preflight
 

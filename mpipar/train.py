@@ -347,10 +347,10 @@ def _progress(i, n, rec, start, stream):
 
 def run(cfg: Config) -> dict:
     """Train as the config says, on whatever MPI world this process belongs to."""
-    from .dist import failfast
-    from .dist.dump import dump_trace
-    from .dist.grid import ProcessGrid, bind_gpu
-    from .dist.world import world_size_and_rank
+    from .mpi import failfast
+    from .mpi.dump import dump_trace
+    from .mpi.grid import ProcessGrid, bind_gpu
+    from .mpi.world import world_size_and_rank
 
     world_size, world_rank = world_size_and_rank()
     preflight(cfg, world_size)  # every rank checks; all fail alike, before any MPI traffic

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from mpi_util import python_script, run_mpi
 
-from mpipar.dist import comm as comm_mod
-from mpipar.dist.comm import (
+from mpipar.mpi import comm as comm_mod
+from mpipar.mpi.comm import (
     MAX_CHUNKS,
     MAX_MB,
     TAG_LIMIT,
@@ -32,7 +32,7 @@ def test_tags_distinct_and_below_limit():
 def test_local_comm_needs_no_mpi():
     code = (
         "import sys, numpy as np\n"
-        "from mpipar.dist.comm import LocalComm\n"
+        "from mpipar.mpi.comm import LocalComm\n"
         "from mpipar.trace import Tracer\n"
         "t = Tracer(); c = LocalComm('tp', tracer=t)\n"
         "x = np.random.default_rng(0).standard_normal((4, 6))\n"
@@ -113,7 +113,7 @@ def test_every_op_on_every_axis(n, grid, stage):
 
 @pytest.mark.mpi
 def test_cuda_awareness_detected_without_crashing():
-    code = "from mpipar.dist.comm import cuda_aware; print('aware', cuda_aware())"
+    code = "from mpipar.mpi.comm import cuda_aware; print('aware', cuda_aware())"
     p = run_mpi(1, [sys.executable, "-c", code], timeout=60, check=True)
     assert "aware " in p.stdout  # True or False, whichever this MPI library reports
 
@@ -123,7 +123,7 @@ def test_cuda_awareness_detected_without_crashing():
 def test_commbench_cli(tmp_path, n):
     import h5py
 
-    from mpipar.dist.commbench import RESULT_DTYPE, parse_sizes
+    from mpipar.mpi.commbench import RESULT_DTYPE, parse_sizes
 
     assert parse_sizes("8,1K, 64M,2KiB") == [8, 1024, 64 << 20, 2048]
     with pytest.raises(ValueError, match="bad message size"):

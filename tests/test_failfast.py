@@ -24,7 +24,7 @@ def test_nonzero_exit_aborts_job():
 
 
 def test_guard_passes_success_and_zero_exit():
-    from mpipar.dist import failfast
+    from mpipar.mpi import failfast
 
     with failfast.guard():
         x = 1

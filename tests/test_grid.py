@@ -5,7 +5,7 @@ import itertools
 import pytest
 from mpi_util import python_script
 
-from mpipar.dist.grid import (
+from mpipar.mpi.grid import (
     AXES,
     GridError,
     axis_groups,

@@ -9,7 +9,7 @@ HELP = "benchmark p2p and all-reduce through mpipar's Comm beside raw mpi4py (ru
 
 
 def add_arguments(parser) -> None:
-    from mpipar.dist.commbench import DEFAULT_SIZES
+    from mpipar.mpi.commbench import DEFAULT_SIZES
 
     parser.add_argument(
         "--sizes", default=DEFAULT_SIZES,
@@ -28,8 +28,8 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     import sys
 
-    from mpipar.dist import failfast
-    from mpipar.dist.commbench import format_tables, parse_sizes, run_benchmark, write_result
+    from mpipar.mpi import failfast
+    from mpipar.mpi.commbench import format_tables, parse_sizes, run_benchmark, write_result
 
     # validate everything before MPI starts
     try:

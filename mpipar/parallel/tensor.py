@@ -13,7 +13,7 @@ parallelism (Korthikanti et al., 2022) the regions between blocks hold a slice o
 ``g`` a reduce-scatter (:class:`ReduceScatterSeq`, all-gather backward); the bytes moved are the
 same as the all-reduces they replace, and LayerNorm work and activations are split by tp.
 
-These layers hold no MPI: they call a communicator object (``mpipar.dist.comm.Comm``) given to
+These layers hold no MPI: they call a communicator object (``mpipar.mpi.comm.Comm``) given to
 them. With tp = 1 they are identities and never touch it, so the one-rank model is the same code.
 """
 
@@ -31,7 +31,7 @@ SEQ_AXIS = 1  # activations are (batch, sequence, hidden)
 class TPContext:
     """What a model needs to know about tensor parallelism on this rank."""
 
-    comm: object = None  # mpipar.dist.comm.Comm along the tp axis (None when size is 1)
+    comm: object = None  # mpipar.mpi.comm.Comm along the tp axis (None when size is 1)
     size: int = 1
     rank: int = 0
     sequence_parallel: bool = False

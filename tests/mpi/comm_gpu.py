@@ -9,10 +9,10 @@ import cupy as cp
 import numpy as np
 
 from mpipar.backend import Backend
-from mpipar.dist import comm as comm_mod
-from mpipar.dist import failfast
-from mpipar.dist.comm import make_tag
-from mpipar.dist.grid import ProcessGrid, bind_gpu
+from mpipar.mpi import comm as comm_mod
+from mpipar.mpi import failfast
+from mpipar.mpi.comm import make_tag
+from mpipar.mpi.grid import ProcessGrid, bind_gpu
 from mpipar.trace import Tracer
 
 failfast.install()

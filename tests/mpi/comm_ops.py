@@ -14,10 +14,10 @@ import numpy as np
 if len(sys.argv) > 4 and sys.argv[4] == "stage":
     os.environ["MPIPAR_FORCE_STAGING"] = "1"
 
-from mpipar.dist import comm as comm_mod  # noqa: E402
-from mpipar.dist import failfast  # noqa: E402
-from mpipar.dist.comm import MessageSizeError, make_tag  # noqa: E402
-from mpipar.dist.grid import ProcessGrid  # noqa: E402
+from mpipar.mpi import comm as comm_mod  # noqa: E402
+from mpipar.mpi import failfast  # noqa: E402
+from mpipar.mpi.comm import MessageSizeError, make_tag  # noqa: E402
+from mpipar.mpi.grid import ProcessGrid  # noqa: E402
 from mpipar.trace import Tracer  # noqa: E402
 
 failfast.install()

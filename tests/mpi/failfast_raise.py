@@ -12,8 +12,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from mpipar.dist import failfast
-from mpipar.dist.comm import Comm
+from mpipar.mpi import failfast
+from mpipar.mpi.comm import Comm
 
 mode = sys.argv[1]
 world = Comm(MPI.COMM_WORLD, "world")

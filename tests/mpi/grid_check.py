@@ -11,8 +11,8 @@ import itertools
 import numpy as np
 from mpi4py import MPI
 
-from mpipar.dist import failfast
-from mpipar.dist.grid import ProcessGrid, axis_groups, grid_layout
+from mpipar.mpi import failfast
+from mpipar.mpi.grid import ProcessGrid, axis_groups, grid_layout
 
 failfast.install()
 

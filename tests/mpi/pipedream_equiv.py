@@ -15,8 +15,8 @@ from mpi4py import MPI
 from mpipar.backend import Backend
 from mpipar.checkpoint import gather_full
 from mpipar.config import load_config
-from mpipar.dist.grid import ProcessGrid
 from mpipar.models import build_model
+from mpipar.mpi.grid import ProcessGrid
 from mpipar.nn.optim import AdamW, lr_at
 from mpipar.parallel.pipeline.generators import build_schedule, weight_versions
 from mpipar.trace import Tracer

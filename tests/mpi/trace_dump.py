@@ -10,9 +10,9 @@ import sys
 import h5py
 import numpy as np
 
-from mpipar.dist import failfast
-from mpipar.dist.dump import dump_trace
-from mpipar.dist.grid import ProcessGrid, grid_layout
+from mpipar.mpi import failfast
+from mpipar.mpi.dump import dump_trace
+from mpipar.mpi.grid import ProcessGrid, grid_layout
 from mpipar.trace import EVENT_DTYPE, METRICS_DTYPE, Tracer
 
 failfast.install()

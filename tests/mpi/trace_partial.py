@@ -9,9 +9,9 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from mpipar.dist import failfast
-from mpipar.dist.dump import dump_trace
-from mpipar.dist.grid import ProcessGrid
+from mpipar.mpi import failfast
+from mpipar.mpi.dump import dump_trace
+from mpipar.mpi.grid import ProcessGrid
 from mpipar.trace import Tracer
 
 failfast.install()

@@ -39,7 +39,7 @@ class Chunk(Sequential):
 class PipelineExecutor:
     """Runs ``schedule.ranks[pp_rank]`` each step.
 
-    ``comm``: the pipeline communicator (``mpipar.dist.comm.Comm``; None when pp = 1).
+    ``comm``: the pipeline communicator (``mpipar.mpi.comm.Comm``; None when pp = 1).
     ``on_unit_ready(chunk_index, unit)``: called during a chunk's last weight-gradient pass,
     right after each unit's gradients become final, so data-parallel buckets can start reducing
     while the backward of the units before it goes on.
@@ -79,7 +79,7 @@ class PipelineExecutor:
 
     @staticmethod
     def _tag(kind, mb, chunk):
-        from ...dist.comm import make_tag
+        from ...mpi.comm import make_tag
 
         return make_tag(kind, mb, chunk)
 

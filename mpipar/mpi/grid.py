@@ -115,7 +115,7 @@ class ProcessGrid:
     def __init__(self, dp, pp, tp, *, order=DEFAULT_ORDER, world=None, tracer=None, backend=None):
         from mpi4py import MPI
 
-        from mpipar.dist.comm import Comm
+        from mpipar.mpi.comm import Comm
 
         world = MPI.COMM_WORLD if world is None else world
         check_grid(dp, pp, tp, world.Get_size())

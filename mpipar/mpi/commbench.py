@@ -133,7 +133,7 @@ def run_benchmark(sizes, iters=20, warmup=2, device="cpu", staging=None, tracer=
     """
     from mpi4py import MPI
 
-    from mpipar.dist.comm import Comm, cuda_aware
+    from mpipar.mpi.comm import Comm, cuda_aware
     from mpipar.trace import Tracer
 
     if iters < 1 or warmup < 0:
@@ -148,7 +148,7 @@ def run_benchmark(sizes, iters=20, warmup=2, device="cpu", staging=None, tracer=
     if device == "cuda":
         import cupy
 
-        from mpipar.dist.grid import bind_gpu
+        from mpipar.mpi.grid import bind_gpu
 
         bind_gpu()
         xp = cupy

@@ -100,7 +100,7 @@ def dump_trace(
     Comm. ``file_attrs`` (e.g. ``config``, ``complete``) override the standard file attributes;
     ``rank_attrs`` add to this rank's ``/ranks/<r>`` attributes. The gather itself is not traced.
     """
-    from mpipar.dist.comm import Comm
+    from mpipar.mpi.comm import Comm
 
     grid = grid_or_comm if hasattr(grid_or_comm, "world_comm") else None
     world = grid.world_comm if grid is not None else grid_or_comm
