@@ -3,7 +3,7 @@
 usage: mpiexec -n N python experiments/memory_driver.py --config FILE --out RUN_DIR
        [--steps S] [--set section.key=value ...]
 
-It builds ``mpipar.train.Trainer`` like ``mpipar train`` does and wraps the forward / backward
+It builds ``mpipar.training.Trainer`` like ``mpipar train`` does and wraps the forward / backward
 methods of this rank's pipeline chunks so that after every call it samples:
 
 - the (micro-batch, chunk) pairs whose activations are held: saved layer contexts
@@ -130,20 +130,20 @@ def main(argv=None) -> int:
     from mpipar.mpi.grid import ProcessGrid
     from mpipar.mpi.world import world_size_and_rank
     from mpipar.trace import Tracer
-    from mpipar.train import Trainer, _prepare_data, preflight
+    from mpipar.training import Trainer, preflight, prepare_data
 
     over = dict(item.split("=", 1) for item in args.set)
     over.update({"train.steps": str(args.steps), "train.eval_interval": "0"})
     cfg = load_config(args.config, over)
     world_size, rank = world_size_and_rank()
-    preflight(cfg, world_size)
+    schedule = preflight(cfg, world_size)
     failfast.install()
     tracemalloc.start()  # before the model: the total includes parameters and optimizer state
     backend = Backend(cfg.train.device, cfg.train.dtype)
     tracer = Tracer(enabled=True, backend=backend, rank=rank)
     p = cfg.parallel
     grid = ProcessGrid(p.dp, p.pp, p.tp, order=p.order, tracer=tracer, backend=backend)
-    trainer = Trainer(cfg, grid, tracer, backend, _prepare_data(cfg, grid))
+    trainer = Trainer(cfg, grid, tracer, backend, prepare_data(cfg, grid), schedule=schedule)
     probe = Probe(trainer.chunks, p.recompute)
     grid.world_comm.barrier()
     tracer.reset_clock()

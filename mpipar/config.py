@@ -15,6 +15,8 @@ from pathlib import Path
 
 import tomllib
 
+from .layout import DEFAULT_ORDER, GridError, check_axes, check_grid, parse_order
+
 
 class ConfigError(ValueError):
     """A setting is missing, unknown or inconsistent; the message says which and what to do."""
@@ -63,7 +65,7 @@ class ParallelConfig:
     dp: int = 1
     pp: int = 1
     tp: int = 1
-    order: str = "tp-dp-pp"  # rank order, fastest-varying axis first
+    order: str = DEFAULT_ORDER  # rank order, fastest-varying axis first
     schedule: str = "1f1b"  # naive | gpipe | 1f1b | interleaved | zb-h1 | pipedream
     microbatches: int = 1
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved)
@@ -206,11 +208,45 @@ def load_config(path=None, overrides: dict | None = None) -> Config:
     return cfg
 
 
+MODEL_KINDS = ("gpt", "mlp")
+
+
 def validate(cfg: Config, world_size: int | None = None) -> None:
-    """Every consistency check that needs no MPI. ``world_size``: also check the grid fits it."""
-    m, t, p = cfg.model, cfg.train, cfg.parallel
-    if m.kind not in ("gpt", "mlp"):
+    """Every check of types, ranges and the settings' consistency with each other; no model and
+    no MPI (the model-shape checks are ``mpipar.training.preflight``'s). ``world_size``: also
+    check the grid fits it."""
+    _validate_model(cfg.model, cfg.parallel)
+    _validate_train(cfg.train)
+    _validate_parallel(cfg.parallel, cfg.train, world_size)
+
+
+def _grid_rule(check, *args) -> None:
+    """Run a rule of ``mpipar.layout`` (shared with the MPI grid) as a config check."""
+    try:
+        check(*args)
+    except GridError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _validate_model(m: ModelConfig, p: ParallelConfig) -> None:
+    if m.kind not in MODEL_KINDS:
         raise ConfigError(f"model.kind = {m.kind!r}: use 'gpt' or 'mlp'")
+    if m.kind == "gpt":
+        if m.vocab_size < 2:
+            raise ConfigError("model.vocab_size must be at least 2")
+        if m.tie_embeddings and p.pp > 1:
+            raise ConfigError("model.tie_embeddings needs the embedding and the LM head on one "
+                              "pipeline stage: set tie_embeddings = false or pp = 1")
+        return
+    if len(m.sizes) < 2:
+        raise ConfigError("model.sizes must list at least an input and an output size")
+    if m.activation not in ("relu", "gelu"):
+        raise ConfigError(f"model.activation = {m.activation!r}: use relu or gelu")
+    if m.task not in ("classification", "regression"):
+        raise ConfigError(f"model.task = {m.task!r}: use classification or regression")
+
+
+def _validate_train(t: TrainConfig) -> None:
     if t.dtype not in ("float32", "float64"):
         raise ConfigError(f"train.dtype = {t.dtype!r}: use float32 or float64")
     if t.device not in ("cpu", "cuda"):
@@ -220,54 +256,22 @@ def validate(cfg: Config, world_size: int | None = None) -> None:
     for name in ("steps", "batch_size", "seq_len"):
         if getattr(t, name) < 1:
             raise ConfigError(f"train.{name} must be at least 1, got {getattr(t, name)}")
-    for name in ("dp", "pp", "tp", "microbatches", "virtual_stages"):
+
+
+def _validate_parallel(p: ParallelConfig, t: TrainConfig, world_size: int | None) -> None:
+    _grid_rule(check_axes, p.dp, p.pp, p.tp)
+    for name in ("microbatches", "virtual_stages"):
         if getattr(p, name) < 1:
             raise ConfigError(f"parallel.{name} must be at least 1, got {getattr(p, name)}")
-    if sorted(p.order.split("-")) != ["dp", "pp", "tp"]:
-        raise ConfigError(f"parallel.order = {p.order!r}: a permutation of tp, dp, pp such as "
-                          f"'tp-dp-pp' (fastest-varying first)")
+    _grid_rule(parse_order, p.order)
     if t.batch_size % (p.dp * p.microbatches):
         raise ConfigError(
             f"train.batch_size = {t.batch_size} must divide into dp = {p.dp} replicas times "
             f"microbatches = {p.microbatches}: use a batch size that is a multiple of "
             f"{p.dp * p.microbatches}")
-    if m.kind == "gpt":
-        from .models import check_gpt_shapes
-
-        try:
-            check_gpt_shapes(m, p.tp, p.sequence_parallel, t.seq_len)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        if m.vocab_size < 2:
-            raise ConfigError("model.vocab_size must be at least 2")
-        n_units = m.n_layer + 2
-        if m.tie_embeddings and p.pp > 1:
-            raise ConfigError("model.tie_embeddings needs the embedding and the LM head on one "
-                              "pipeline stage: set tie_embeddings = false or pp = 1")
-    else:
-        if len(m.sizes) < 2:
-            raise ConfigError("model.sizes must list at least an input and an output size")
-        if m.activation not in ("relu", "gelu"):
-            raise ConfigError(f"model.activation = {m.activation!r}: use relu or gelu")
-        if m.task not in ("classification", "regression"):
-            raise ConfigError(f"model.task = {m.task!r}: use classification or regression")
-        n_units = len(m.sizes) - 1
-        from .models import check_mlp_shapes
-
-        try:
-            check_mlp_shapes(m, p.tp)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-    stages = p.pp * p.virtual_stages
-    if stages > n_units:
-        raise ConfigError(f"pp * virtual_stages = {p.pp} * {p.virtual_stages} = {stages} "
-                          f"pipeline chunks but the model has only {n_units} units to cut "
-                          f"between: lower pp / virtual_stages or add layers")
     if p.schedule_file and not Path(p.schedule_file).is_file():
         raise ConfigError(f"parallel.schedule_file {p.schedule_file} not found")
     if p.zero1 and p.schedule == "pipedream":
         raise ConfigError("ZeRO-1 with asynchronous PipeDream is not supported: drop zero1")
-    if world_size is not None and world_size != cfg.world_size:
-        raise ConfigError(
-            f"dp*pp*tp = {p.dp}*{p.pp}*{p.tp} = {cfg.world_size} but {world_size} MPI ranks "
-            f"were started: run with mpiexec -n {cfg.world_size} or change --dp/--pp/--tp")
+    if world_size is not None:
+        _grid_rule(check_grid, p.dp, p.pp, p.tp, world_size)

@@ -144,6 +144,14 @@ def build_gpt(mcfg, backend, seed=0, tp: TPContext | None = None) -> Model:
     return model
 
 
+def unit_count(mcfg) -> int:
+    """How many pipeline units ``build_model`` makes for this config, without building it: GPT:
+    the embedding, ``n_layer`` blocks, the head (``build_gpt``); MLP: one per linear."""
+    if mcfg.kind == "gpt":
+        return mcfg.n_layer + 2
+    return len(mcfg.sizes) - 1
+
+
 # ----- MLP ------------------------------------------------------------------------------------
 
 class MSELoss:

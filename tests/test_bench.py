@@ -10,9 +10,9 @@ import h5py
 import numpy as np
 import pytest
 
-from mpipar.bench import measure_gemm_peak
 from mpipar.bench.gemm import model_gemm_shapes, shape_flops
 from mpipar.bench.steps import shape
+from mpipar.perf import measure_gemm_peak
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -16,6 +16,7 @@ from mpi_util import ONE_THREAD, REPO, run_mpi
 
 from mpipar.config import ConfigError, load_config
 from mpipar.dataset import prepare_synthetic
+from mpipar.training import check_model, preflight
 
 SMALL = ["--set", "model.n_layer=4", "--set", "model.n_embd=16", "--set", "model.n_head=4",
          "--set", "model.block_size=16", "--seq-len", "16", "--batch-size", "8",
@@ -54,10 +55,32 @@ def rel(a, b):
     ({"model.tie_embeddings": "true", "parallel.pp": "2"}, "tie_embeddings"),
     ({"parallel.tp": "3"}, "not divisible by tp = 3"),
     ({"parallel.order": "tp-pp"}, "permutation"),
+    ({"model.kind": "mlp", "model.sizes": "[8, 6, 4]", "parallel.tp": "4"},
+     r"model.sizes\[1\] = 6 is split over tp = 4"),
+    ({"model.kind": "mlp", "model.sizes": "[8, 8, 4]", "parallel.pp": "3"}, "only 2 units"),
 ])
 def test_config_errors_name_the_field(over, words):
+    """Settings alone fail in load_config; against the model's shapes, in preflight's
+    check_model; either way before any MPI work, with a ConfigError naming the field."""
     with pytest.raises(ConfigError, match=words.replace("(", r"\(")):
-        load_config(None, over)
+        check_model(load_config(None, over))
+
+
+def test_preflight_builds_the_checked_schedule_once(tmp_path, monkeypatch):
+    from mpipar.parallel.pipeline import generators
+
+    calls = []
+    real = generators.build_schedule
+    monkeypatch.setattr(generators, "build_schedule",
+                        lambda *a, **k: calls.append(a) or real(*a, **k))
+    cfg = load_config(None, {"parallel.pp": "2", "parallel.microbatches": "4",
+                             "run.out": str(tmp_path / "r")})
+    s = preflight(cfg, 2)
+    assert (s.pp, s.microbatches) == (2, 4) and len(calls) == 1
+    with pytest.raises(ConfigError, match="mpiexec -n 2"):
+        preflight(cfg, 4)
+    with pytest.raises(ConfigError, match="zigzag"):
+        preflight(load_config(None, {"parallel.schedule": "zigzag", "run.trace": "false"}), 1)
 
 
 def test_unknown_schedule_and_wrong_world_size_fail_cleanly(tokens, tmp_path):
@@ -223,3 +246,66 @@ def test_cuda_without_a_gpu_is_a_clear_error(tokens, tmp_path):
                          capture_output=True, text=True, timeout=60,
                          env={**os.environ, **ONE_THREAD})
     assert res.returncode == 2 and "--device cpu" in res.stderr and "Traceback" not in res.stderr
+
+
+# ----- the pieces of a step, without MPI ---------------------------------------------------------
+
+def test_gradients_ready_launch_every_bucket_once():
+    """The executor's callbacks go straight to GradSync; whichever reports a chunk (a unit, the
+    chunk, or finish), each dp bucket is reduced exactly once per step."""
+    from mpipar.backend import Backend
+    from mpipar.config import ModelConfig
+    from mpipar.models import build_model
+    from mpipar.mpi.comm import LocalComm
+    from mpipar.parallel.data import GradSync
+    from mpipar.parallel.tensor import TPContext
+
+    class TwoRanks(LocalComm):  # a dp axis of 2 whose reductions are identities, counted
+        size = 2
+
+        def __init__(self):
+            super().__init__("dp")
+            self.launched = []
+
+        def iallreduce(self, x, op="sum"):
+            self.launched.append(id(x))
+            return super().iallreduce(x, op)
+
+    model = build_model(ModelConfig(kind="mlp", sizes=[4, 6, 6, 3]), Backend("cpu", "float64"))
+    units = model.units
+    comm = TwoRanks()
+    sync = GradSync({0: model.params(units[:2]), 1: model.params(units[2:])}, comm,
+                    Backend("cpu", "float64"), TPContext(), bucket_mb=1e-4)
+    buckets = [id(b.grad) for bs in sync.buckets.values() for b in bs]
+    assert len(buckets) > 2 and sync.overlap
+    for report in ([], [("unit", 1, units[2]), ("chunk", 1), ("chunk", 1)],
+                   [("unit", 0, units[1]), ("chunk", 0), ("unit", 1, units[2])]):
+        comm.launched.clear()
+        sync.start()
+        for r in report:
+            sync.unit_ready(*r[1:]) if r[0] == "unit" else sync.chunk_ready(r[1])
+        sync.finish()
+        assert sorted(comm.launched) == sorted(buckets), report
+
+
+def test_step_lr_keeps_a_warmup_that_fits_a_short_run():
+    from mpipar.nn.optim import lr_at
+    from mpipar.training import step_lr
+
+    cfg = load_config(None, {"train.steps": "3", "train.warmup_steps": "10", "train.lr": "0.3",
+                             "train.min_lr": "0.0"})
+    assert [step_lr(cfg, s) for s in range(3)] == [lr_at(s, 0.3, 2, 3, 0.0) for s in range(3)]
+    assert step_lr(cfg, 1) == pytest.approx(0.3)  # the last warm-up step reaches the peak
+
+
+def test_device_peak_scales_the_host_by_its_ranks(monkeypatch):
+    from mpipar import perf
+    from mpipar.backend import Backend
+
+    monkeypatch.setattr(perf, "measure_gemm_peak", lambda *a, **k: 1e9)
+    monkeypatch.setattr(perf.os, "cpu_count", lambda: 8)
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")
+    cpu = Backend("cpu", "float32")
+    assert perf.device_peak(cpu, ranks_on_host=1) == pytest.approx(1e9)
+    assert perf.device_peak(cpu, ranks_on_host=3) == pytest.approx(3e9)
+    assert perf.device_peak(cpu, ranks_on_host=16) == pytest.approx(4e9)  # capped at the cores

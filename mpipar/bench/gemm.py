@@ -1,6 +1,7 @@
 """GEMM throughput of the array library: the ceiling for any model built on its matmuls.
 
-``measure_gemm_peak`` times a square product (the library's best case); ``model_gemm_shapes``
+``mpipar.perf.measure_gemm_peak`` times a square product (the library's best case; it lives in
+the core, which records it, and never imports this tool); ``model_gemm_shapes``
 lists the products one GPT training step makes, so ``gemm_rate_at_shapes`` gives the rate the
 library reaches at exactly those sizes (small or skinny products run below the square peak).
 FLOPs of an (m, k) @ (k, n) product: 2 m k n (one multiply and one add per term).
@@ -8,44 +9,9 @@ FLOPs of an (m, k) @ (k, n) product: 2 m k n (one multiply and one add per term)
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
-
-def _sync(xp):
-    if xp.__name__ == "cupy":
-        xp.cuda.get_current_stream().synchronize()
-
-
-def time_matmul(xp, a, b, seconds=0.2, min_reps=3, out=None):
-    """Median seconds of ``a @ b`` (batched if 3-D), repeated for about ``seconds``."""
-    out = xp.matmul(a, b) if out is None else out
-    _sync(xp)
-    times, t_end = [], time.perf_counter() + seconds
-    while len(times) < min_reps or time.perf_counter() < t_end:
-        t = time.perf_counter()
-        xp.matmul(a, b, out=out)
-        _sync(xp)
-        times.append(time.perf_counter() - t)
-        if len(times) >= 10_000:
-            break
-    return float(np.median(times))
-
-
-def measure_gemm_peak(dtype=np.float32, n: int = 1024, seconds: float = 0.5, xp=None) -> float:
-    """Achieved FLOP/s of an n x n x n product in ``dtype`` (median of repeats over ``seconds``).
-
-    Uses whatever BLAS threads the process has; the caller chooses them (threadpoolctl or the
-    *_NUM_THREADS variables before NumPy loads). ``xp`` defaults to NumPy; pass cupy for a GPU.
-    """
-    xp = np if xp is None else xp
-    if n < 1 or seconds <= 0:
-        raise ValueError(f"measure_gemm_peak needs n >= 1 and seconds > 0, got {n}, {seconds}")
-    rng = np.random.default_rng(0)
-    a = xp.asarray(rng.standard_normal((n, n)), dtype=dtype)
-    b = xp.asarray(rng.standard_normal((n, n)), dtype=dtype)
-    return 2.0 * n * n * n / time_matmul(xp, a, b, seconds)
+from mpipar.perf import time_matmul
 
 
 def model_gemm_shapes(n_layer, n_embd, n_head, vocab, batch, seq):

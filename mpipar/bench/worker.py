@@ -49,9 +49,10 @@ def measure(threads, configs, iters, warmup, quick, use_torch=True, device="cpu"
 
     from mpipar.analysis.flops import flops_per_step
     from mpipar.nn import cpu
+    from mpipar.perf import measure_gemm_peak
 
     from . import torch_ref
-    from .gemm import gemm_rate_at_shapes, measure_gemm_peak, model_gemm_shapes
+    from .gemm import gemm_rate_at_shapes, model_gemm_shapes
     from .memory import analytic_bytes, measured_bytes
     from .steps import mpipar_step, shape
 

@@ -57,7 +57,7 @@ def run(args) -> int:
 
     try:
         cfg = load_config(args.config, overrides_from(args))
-        from mpipar.train import run as train_run
+        from mpipar.training import run as train_run
 
         train_run(cfg)
     except (ConfigError, DataError, CheckpointError, FileNotFoundError) as exc:

@@ -10,53 +10,23 @@ only exchange one activation per micro-batch. With dp=2, pp=2, tp=2 and the defa
     dp rank:    0 0 1 1 0 0 1 1
     pp rank:    0 0 0 0 1 1 1 1
 
-The layout itself (``grid_layout``, ``axis_groups``) is pure arithmetic so it can be tested for
-every grid without MPI; ``ProcessGrid`` then splits the world communicator accordingly.
+The layout itself (``grid_layout``, ``axis_groups``, and the rules they share with the config in
+``mpipar.layout``) is pure arithmetic so it can be tested for every grid without MPI;
+``ProcessGrid`` then splits the world communicator accordingly.
 """
 
 from __future__ import annotations
 
 import socket
 
-AXES = ("dp", "pp", "tp")
-DEFAULT_ORDER = "tp-dp-pp"
-
-
-class GridError(ValueError):
-    """A grid that cannot be laid out on the ranks mpiexec started."""
-
-
-def _check_axes(dp, pp, tp) -> None:
-    for name, n in (("dp", dp), ("pp", pp), ("tp", tp)):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise GridError(
-                f"--{name} must be an integer >= 1, got {n!r}; use 1 to leave that axis unsplit"
-            )
-
-
-def check_grid(dp, pp, tp, world_size) -> None:
-    """Raise ``GridError`` naming the number to change. No MPI: call it before any MPI work."""
-    _check_axes(dp, pp, tp)
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise GridError(f"world size must be an integer >= 1, got {world_size!r}")
-    product = dp * pp * tp
-    if product != world_size:
-        raise GridError(
-            f"dp*pp*tp = {dp}*{pp}*{tp} = {product} but mpiexec started {world_size} ranks: "
-            f"change --dp/--pp/--tp so their product is {world_size}, "
-            f"or run mpiexec -n {product}"
-        )
-
-
-def parse_order(order: str) -> tuple[str, str, str]:
-    """``"tp-dp-pp"`` -> ("tp", "dp", "pp"), fastest-varying axis first; any permutation."""
-    parts = tuple(p.strip() for p in str(order).split("-"))
-    if sorted(parts) != sorted(AXES):
-        raise GridError(
-            f"rank order {order!r} must name each of tp, dp, pp once, fastest-varying first "
-            f"(e.g. {DEFAULT_ORDER!r})"
-        )
-    return parts  # type: ignore[return-value]
+from mpipar.layout import (  # noqa: F401  (GridError, check_grid: this module's API too)
+    AXES,
+    DEFAULT_ORDER,
+    GridError,
+    check_axes,
+    check_grid,
+    parse_order,
+)
 
 
 def _strides(sizes: dict, order: str) -> dict:
@@ -69,7 +39,7 @@ def _strides(sizes: dict, order: str) -> dict:
 
 def grid_layout(dp, pp, tp, order=DEFAULT_ORDER) -> list[tuple[int, int, int]]:
     """The coordinate table: entry r is world rank r's (dp_rank, pp_rank, tp_rank)."""
-    _check_axes(dp, pp, tp)
+    check_axes(dp, pp, tp)
     sizes = {"dp": dp, "pp": pp, "tp": tp}
     strides = _strides(sizes, order)
     return [

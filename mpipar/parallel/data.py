@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from ..nn.optim import counts_in_norm, decays
 from ..nn.params import REPLICATED, ShardSpec
+from .tensor import sync_partial_grads
 
 
 class Bucket:
@@ -59,15 +60,20 @@ class FlatShard:
 
 
 class GradSync:
-    """Gradient synchronisation over the data-parallel communicator ``comm``.
+    """Gradient synchronisation of one step: sequence-parallel partial sums over tp, then the
+    data-parallel reduction over ``comm`` (a communicator of size 1 when dp = 1).
 
-    ``chunk_params``: {chunk index: [Parameter, ...] in forward order}.
+    ``chunk_params``: {chunk index: [Parameter, ...] in forward order}; ``tp``: the
+    ``TPContext`` whose partial gradients are summed before a bucket leaves. The executor's
+    callbacks are this object's methods: ``unit_ready`` (on_unit_ready) and ``chunk_ready``
+    (on_grads_ready); ``finish`` reports whatever chunk the executor did not.
     """
 
-    def __init__(self, chunk_params: dict, comm, backend, bucket_mb=4.0, overlap=True,
+    def __init__(self, chunk_params: dict, comm, backend, tp, bucket_mb=4.0, overlap=True,
                  zero1=False):
-        self.comm, self.backend = comm, backend
-        self.dp = 1 if comm is None else comm.size
+        self.comm, self.backend, self.tp = comm, backend, tp
+        self.chunk_params = chunk_params
+        self.dp = comm.size
         self.overlap, self.zero1 = overlap and self.dp > 1, zero1 and self.dp > 1
         xp, dtype = backend.xp, backend.dtype
         limit = max(1, int(bucket_mb * 2**20 / dtype().itemsize))
@@ -90,7 +96,9 @@ class GradSync:
                     out.append(Bucket(cur, xp, dtype, self.dp if self.zero1 else 1))
             self.buckets[c] = out
         self.shards = self._make_shards() if self.zero1 else []
-        self._launched = set()
+        # the step's bookkeeping, in one place: chunks whose gradients are final, and the
+        # parameters already final (tp partial sums done) before their chunk is
+        self._done = set()
         self._final = set()
 
     # -- ZeRO-1 state
@@ -120,31 +128,49 @@ class GradSync:
 
     # -- the step
     def start(self) -> None:
-        self._launched.clear()
+        self._done = set()
         self._final = set()
         for buckets in self.buckets.values():
             for b in buckets:
                 b.launched = False
 
-    def unit_ready(self, c, params) -> None:
-        """Some of chunk c's parameters are final: start every bucket of c now complete."""
-        if not self.overlap or c in self._launched or c not in self.buckets:
+    def unit_ready(self, c, unit) -> None:
+        """The executor's ``on_unit_ready``: during chunk c's last backward, ``unit``'s gradients
+        are final. Sum its partial gradients over tp, then start every bucket of c now complete
+        (only registered when buckets overlap the backward)."""
+        if c in self._done:
             return
+        params = unit.params()
+        sync_partial_grads(params, self.tp)
         self._final.update(id(p) for p in params)
+        if not self.overlap:
+            return
         for b in self.buckets[c]:
-            if b.request is None and not b.launched and all(id(p) in self._final
-                                                            for p in b.params):
+            if not b.launched and all(id(p) in self._final for p in b.params):
                 self._launch_bucket(b)
 
     def chunk_ready(self, c) -> None:
-        """Called by the executor when chunk c's gradients are final for this step."""
-        if self.overlap and c in self.buckets:
+        """The executor's ``on_grads_ready``: chunk c's gradients are final for this step. Sum
+        the partial gradients over tp not yet summed, then start c's buckets (in this order: the
+        dp reduction runs in the background on the same buffers)."""
+        if c in self._done:
+            return
+        self._done.add(c)
+        sync_partial_grads([p for p in self.chunk_params[c] if id(p) not in self._final],
+                           self.tp)
+        if self.overlap:
             self._launch(c)
 
+    def reduce_now(self, c) -> None:
+        """Asynchronous PipeDream: chunk c's gradient of one micro-batch, summed over tp and
+        averaged over dp at once (blocking), for the update that follows."""
+        params = self.chunk_params[c]
+        sync_partial_grads(params, self.tp)
+        if self.dp > 1:
+            for p in params:
+                self.comm.allreduce(p.grad, op="mean", inplace=True)
+
     def _launch(self, c):
-        if c in self._launched:
-            return
-        self._launched.add(c)
         for b in self.buckets[c]:
             if not b.launched:
                 self._launch_bucket(b)
@@ -155,7 +181,10 @@ class GradSync:
             b.request = self.comm.iallreduce(b.grad, op="mean")
 
     def finish(self) -> None:
-        """Complete every bucket's reduction (launching those not yet started)."""
+        """Report the chunks the executor did not, then complete every bucket's reduction
+        (launching those not yet started)."""
+        for c in self.buckets:
+            self.chunk_ready(c)
         if self.dp == 1:
             return
         for c in self.buckets:

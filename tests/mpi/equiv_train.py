@@ -17,7 +17,7 @@ from mpipar.checkpoint import gather_full
 from mpipar.config import load_config
 from mpipar.mpi.grid import ProcessGrid
 from mpipar.trace import Tracer
-from mpipar.train import Trainer
+from mpipar.training import Trainer
 
 STEPS = 3
 

@@ -17,10 +17,10 @@ from mpipar.checkpoint import gather_full
 from mpipar.config import load_config
 from mpipar.models import build_model
 from mpipar.mpi.grid import ProcessGrid
-from mpipar.nn.optim import AdamW, lr_at
+from mpipar.nn.optim import AdamW
 from mpipar.parallel.pipeline.generators import build_schedule, weight_versions
 from mpipar.trace import Tracer
-from mpipar.train import Batches, Trainer, chunk_bounds
+from mpipar.training import Batches, Trainer, chunk_bounds, step_lr
 
 STEPS = 3
 
@@ -52,7 +52,7 @@ def replay(cfg):
         # micro-batch mb of every dp replica, side by side: their mean gradient is what dp averages
         rows = t.batch_size // p.dp // p.microbatches
         hist = {c: [[q.data.copy() for q in ps]] for c, ps in chunk_params.items()}
-        lr = lr_at(step, t.lr, 0, t.steps, t.min_lr)
+        lr = step_lr(cfg, step)
         total = 0.0
         for mb in range(p.microbatches):
             idx = np.concatenate([np.arange(rows) + d * rows * p.microbatches + mb * rows

@@ -17,7 +17,7 @@ from mpipar.backend import Backend
 from mpipar.config import load_config
 from mpipar.mpi.grid import ProcessGrid
 from mpipar.trace import Tracer
-from mpipar.train import Trainer
+from mpipar.training import Trainer
 
 data, tp, L, sp = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
 b, s, h = 4, 8, 16

@@ -1,0 +1,71 @@
+"""Deterministic global batches for (seed, step), and this rank's share of them.
+
+Every rank draws the same global batch, keeps its data-parallel replica's rows and cuts them into
+micro-batches, so any grid sees exactly the rows the one-rank model sees.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import Config, ConfigError
+
+
+class Batches:
+    """Deterministic global batches for (seed, step), whatever the grid."""
+
+    def __init__(self, cfg: Config, path=None):
+        self.cfg = cfg
+        m = cfg.model
+        if m.kind == "gpt":
+            from ..dataset import TokenDataset
+
+            self.ds = TokenDataset(path)
+            if self.ds.vocab_size > m.vocab_size:
+                raise ConfigError(f"data file {path} has vocabulary {self.ds.vocab_size} but "
+                                  f"model.vocab_size = {m.vocab_size}: raise vocab_size")
+        else:
+            from ..dataset import synthetic_classification, synthetic_regression
+
+            n = 4096
+            if m.task == "classification":
+                self.X, self.Y = synthetic_classification(n, m.sizes[0], m.sizes[-1],
+                                                          cfg.train.seed)
+            else:
+                self.X, self.Y = synthetic_regression(n, m.sizes[0], m.sizes[-1], cfg.train.seed)
+            cut = int(0.9 * n)
+            self.split = {"train": (self.X[:cut], self.Y[:cut]),
+                          "val": (self.X[cut:], self.Y[cut:])}
+
+    def get(self, split, step, batch_size):
+        t = self.cfg.train
+        if self.cfg.model.kind == "gpt":
+            return self.ds.get_batch(split, step, batch_size, t.seq_len, t.seed)
+        X, Y = self.split[split]
+        rng = np.random.default_rng([t.seed, step, 0 if split == "train" else 1])
+        rows = rng.integers(0, len(X), size=batch_size)
+        return X[rows], Y[rows]
+
+
+def split_rows(a, parts, index=None):
+    """``a`` cut into ``parts`` equal row blocks: all of them, or only block ``index``."""
+    k = a.shape[0] // parts
+    if index is not None:
+        return a[index * k:(index + 1) * k]
+    return [a[i * k:(i + 1) * k] for i in range(parts)]
+
+
+def local_microbatches(cfg: Config, backend, dp_rank: int, x, y):
+    """This data-parallel replica's rows of a global batch, on the device, as micro-batches."""
+    p = cfg.parallel
+    x, y = split_rows(x, p.dp, dp_rank), split_rows(y, p.dp, dp_rank)
+    xp, dtype = backend.xp, backend.dtype
+    if cfg.model.kind == "mlp":
+        x = xp.asarray(x, dtype=dtype)
+        if cfg.model.task == "regression":
+            y = xp.asarray(y, dtype=dtype)
+    else:
+        x = xp.asarray(x)
+    y = xp.asarray(y)
+    m = p.microbatches
+    return split_rows(x, m), split_rows(y, m)

@@ -1,0 +1,171 @@
+"""The run: config -> grid -> trainer, then the steps with evaluation, checkpoints, dump flushes,
+progress and the summary.
+
+The same loop runs one rank (``python``, ``mpiexec -n 1``) and any dp x pp x tp grid. Every rank
+records its events; the dump is flushed now and then and written at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+from ..backend import Backend
+from ..config import Config
+from ..trace import Tracer
+from .preflight import preflight
+from .trainer import Trainer
+
+
+def run(cfg: Config) -> dict:
+    """Train as the config says, on whatever MPI world this process belongs to."""
+    from ..checkpoint import maybe_resume, save_checkpoint
+    from ..mpi import failfast
+    from ..mpi.dump import dump_trace
+    from ..mpi.grid import ProcessGrid, bind_gpu
+    from ..mpi.world import world_size_and_rank
+
+    world_size, world_rank = world_size_and_rank()
+    # every rank checks; all fail alike, before any MPI traffic
+    schedule = preflight(cfg, world_size)
+    failfast.install()
+    if cfg.train.device == "cuda":
+        bind_gpu()
+    backend = Backend(cfg.train.device, cfg.train.dtype)
+    tracer = Tracer(enabled=cfg.run.trace, backend=backend, rank=world_rank)
+    p = cfg.parallel
+    grid = ProcessGrid(p.dp, p.pp, p.tp, order=p.order, tracer=tracer, backend=backend)
+    out = cfg.out_dir
+    data_path = prepare_data(cfg, grid) if cfg.model.kind == "gpt" else None
+    trainer = Trainer(cfg, grid, tracer, backend, data_path, schedule=schedule)
+    maybe_resume(trainer)
+    grid.world_comm.barrier()
+    tracer.reset_clock()
+    lead = grid.rank == 0
+    if lead:
+        out.mkdir(parents=True, exist_ok=True)
+        print(f"mpipar: {cfg.model.kind} with {trainer.model.n_params_full:,} parameters on "
+              f"dp={p.dp} pp={p.pp} tp={p.tp} ({p.schedule}, {p.microbatches} micro-batches), "
+              f"{cfg.train.dtype} on {cfg.train.device}; run dir {out}", flush=True)
+    file_attrs = {"config": cfg.to_dict(),
+                  "peak_flops": _device_peak(grid, backend) if cfg.run.trace else float("nan")}
+
+    def flush(complete=False):
+        dump_trace(tracer, grid, out / "trace.h5", dict(file_attrs, complete=True)
+                   if complete else file_attrs)
+
+    history, val_loss = _steps(cfg, trainer, lead, flush,
+                               lambda: save_checkpoint(trainer, out / "checkpoints"))
+    if cfg.run.checkpoint_final or cfg.run.checkpoint_interval:
+        save_checkpoint(trainer, out / "checkpoints")
+    summary = _summary(cfg, trainer, history, val_loss)
+    if cfg.run.trace:
+        flush(complete=True)
+    if lead:
+        _write_json(out / "metrics.json", summary)
+        _print_summary(summary)
+    return summary
+
+
+def _steps(cfg: Config, trainer: Trainer, lead: bool, flush, checkpoint):
+    """The training steps left, with evaluation, progress, checkpoints and dump flushes.
+    Returns (history of step records, last validation loss)."""
+    history, val_loss = [], float("nan")
+    start = time.perf_counter()
+    n = cfg.train.steps
+    for i in range(trainer.step, n):
+        rec = trainer.train_step()
+        val = float("nan")
+        last = i + 1 == n
+        if cfg.train.eval_interval and ((i + 1) % cfg.train.eval_interval == 0 or last):
+            val = val_loss = trainer.evaluate()
+        rec["val_loss"] = val
+        trainer.tracer.add_metrics(**rec)
+        history.append(rec)
+        every = cfg.run.log_interval if not sys.stdout.isatty() else 1
+        if lead and cfg.run.progress and ((i + 1) % max(every, 1) == 0 or last):
+            _progress(i, n, rec, start, sys.stdout)
+            if not math.isnan(val):
+                print(f"  val loss {val:.4f}", flush=True)
+        ci = cfg.run.checkpoint_interval
+        if ci and (i + 1) % ci == 0 and not last:
+            checkpoint()
+        if cfg.run.trace and cfg.run.flush_interval and (i + 1) % cfg.run.flush_interval == 0:
+            flush()
+    return history, val_loss
+
+
+def _progress(i, n, rec, start, stream):
+    width = 24
+    done = int(width * (i + 1) / n)
+    tok_s = rec["tokens"] / max(rec["step_time"], 1e-9)
+    line = (f"\r[{'#' * done}{'.' * (width - done)}] step {i + 1}/{n} loss {rec['loss']:.4f} "
+            f"{tok_s:,.0f} tok/s {time.perf_counter() - start:.0f}s")
+    stream.write(line if stream.isatty() else line[1:] + "\n")
+    stream.flush()
+
+
+def _device_peak(grid, backend) -> float:
+    """The GEMM peak of one device (``mpipar.perf.device_peak``), measured on world rank 0."""
+    if grid.rank != 0:
+        return float("nan")
+    from ..perf import device_peak
+
+    return device_peak(backend, ranks_on_host=sum(1 for h in grid.hostnames
+                                                  if h == grid.hostname))
+
+
+def prepare_data(cfg: Config, grid):
+    """The token file of a GPT run: ``data.path``, or the default corpus, prepared once by
+    world rank 0 while the others wait."""
+    from ..dataset import ensure_corpus
+
+    path = cfg.data.path or None
+    if grid.rank == 0 and path is None:
+        ensure_corpus(None, max_bytes=cfg.data.max_bytes)
+    grid.world_comm.barrier()
+    if path is None:
+        from ..dataset import default_corpus_path
+
+        path = default_corpus_path()
+    return path
+
+
+def _summary(cfg, trainer, history, val_loss):
+    measured = history[1:] if len(history) > 1 else history
+    tok_s = (sum(r["tokens"] for r in measured) / max(sum(r["step_time"] for r in measured), 1e-9)
+             if measured else float("nan"))
+    s = {
+        "final_loss": history[-1]["loss"] if history else float("nan"),
+        "losses": [r["loss"] for r in history],
+        "val_loss": val_loss,
+        "tokens_per_s": tok_s,
+        "steps": trainer.step,
+        "params": trainer.model.n_params_full,
+        "grid": {"dp": cfg.parallel.dp, "pp": cfg.parallel.pp, "tp": cfg.parallel.tp},
+        "schedule": cfg.parallel.schedule,
+        "microbatches": cfg.parallel.microbatches,
+    }
+    if cfg.model.kind == "gpt":
+        s["unigram_val_loss"] = trainer.batches.ds.unigram_val_loss
+    return s
+
+
+def _print_summary(s):
+    line = (f"done: {s['steps']} steps, final train loss {s['final_loss']:.4f}, "
+            f"val loss {s['val_loss']:.4f}")
+    if "unigram_val_loss" in s:
+        line += f" (unigram baseline {s['unigram_val_loss']:.4f})"
+    line += f", {s['tokens_per_s']:,.0f} tokens/s"
+    print(line, flush=True)
+
+
+# integrator: one atomic writer
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2, default=float) + "\n")
+    os.replace(tmp, path)

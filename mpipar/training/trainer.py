@@ -1,0 +1,212 @@
+"""One training step on this rank: forward / backward through the pipeline executor, gradient
+synchronisation (tp partial sums, dp buckets), clipping by the global norm, the optimizer step.
+
+The executor reports gradients straight to ``GradSync`` (its ``unit_ready`` / ``chunk_ready``);
+the trainer wires them up and steps. Asynchronous PipeDream updates each chunk once per
+micro-batch instead, from the executor's UPDATE actions.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from ..backend import Backend
+from ..config import Config
+from ..models import build_model
+from ..nn.optim import SGD, AdamW, clip_grads_, grad_norm_sq_local, lr_at
+from ..parallel.data import GradSync
+from ..parallel.pipeline.executor import PipelineExecutor, build_chunks, forward_only_schedule
+from ..parallel.tensor import TPContext
+from ..trace import Tracer
+from .batches import Batches, local_microbatches
+
+
+def step_lr(cfg: Config, step: int) -> float:
+    """The learning rate of 0-based step ``step`` of the run ``cfg`` describes."""
+    t = cfg.train
+    # a short run (--steps 3 on a config made for 200) keeps a warm-up that fits it
+    return lr_at(step, t.lr, min(t.warmup_steps, t.steps - 1), t.steps, t.min_lr)
+
+
+def chunk_bounds(cfg: Config, model, schedule) -> dict:
+    """{chunk: (first unit, end unit)} of the pipeline cut ``parallel.partition`` asks for."""
+    from ..parallel.pipeline.partition import chunk_layers
+
+    p = cfg.parallel
+    kw = {"method": p.partition}
+    if p.partition in ("params", "cost"):
+        kw["weights"] = [sum(q.size * q.tp_size if q.spec.axis is not None else q.size
+                             for q in u.params()) + 1 for u in model.units]
+    if p.partition == "explicit":
+        kw["boundaries"] = list(p.boundaries)
+    return chunk_layers(len(model.units), schedule.pp, schedule.virtual, **kw)
+
+
+def make_optimizer(cfg: Config, params):
+    t = cfg.train
+    if t.optimizer == "adamw":
+        return AdamW(params, t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
+                     weight_decay=t.weight_decay)
+    return SGD(params, t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+
+
+class ChunkOptimizers:
+    """One optimizer per pipeline chunk (asynchronous PipeDream), seen as one for checkpoints."""
+
+    def __init__(self, chunks: dict):
+        self.chunks = chunks
+        self.BUFFERS = next(iter(chunks.values())).BUFFERS
+
+    @property
+    def step_count(self):
+        return next(iter(self.chunks.values())).step_count
+
+    def state_dict(self):
+        out = {}
+        for o in self.chunks.values():
+            out.update(o.state_dict())
+        return out
+
+    def load_state_dict(self, state):
+        for o in self.chunks.values():
+            o.load_state_dict({p.name: state[p.name] for p in o.params})
+
+
+class Trainer:
+    """This rank's model shard, executor, gradient sync and optimizer.
+
+    ``schedule``: the one ``preflight`` built and checked (built here when not given, for
+    callers that skip preflight).
+    """
+
+    def __init__(self, cfg: Config, grid, tracer: Tracer, backend: Backend, data_path=None,
+                 schedule=None):
+        self.cfg, self.grid, self.tracer, self.backend = cfg, grid, tracer, backend
+        p = cfg.parallel
+        self.tp = TPContext.from_comm(grid.tp_comm, p.sequence_parallel)
+        self.model = build_model(cfg.model, backend, seed=cfg.train.seed, tp=self.tp)
+        if schedule is None:
+            from .preflight import make_schedule
+
+            schedule = make_schedule(cfg)
+        self.schedule = schedule
+        self.bounds = chunk_bounds(cfg, self.model, self.schedule)
+        self.chunks = build_chunks(self.model, self.bounds, grid.pp_rank, p.pp)
+        self.params = self.model.params(self.chunks.values())
+        # tied embeddings: the head shares the table; params() de-duplicates by identity
+        chunk_params = {c: ch.params() for c, ch in self.chunks.items()}
+        self.sync = GradSync(chunk_params, grid.dp_comm, backend, self.tp, bucket_mb=p.bucket_mb,
+                             overlap=p.overlap_grad_sync, zero1=p.zero1)
+        self.asynchronous = bool(self.schedule.asynchronous)
+        if self.asynchronous:
+            # PipeDream: each chunk steps on its own, once per micro-batch
+            self.opt = ChunkOptimizers({c: make_optimizer(cfg, ps)
+                                        for c, ps in chunk_params.items()})
+        else:
+            self.opt = make_optimizer(cfg, self.sync.optimizer_params(self.params))
+        # gradients ready: the executor calls GradSync directly (PipeDream reduces per update)
+        self.executor = PipelineExecutor(
+            self.model, self.chunks, self.schedule, grid.pp_rank, comm=grid.pp_comm,
+            tracer=tracer, recompute=p.recompute, backend=backend,
+            on_grads_ready=None if self.asynchronous else self.sync.chunk_ready,
+            on_update=self._async_update if self.asynchronous else None,
+            on_unit_ready=self.sync.unit_ready if self.sync.overlap else None)
+        self.eval_executor = None
+        self.batches = Batches(cfg, data_path)
+        self.step = 0
+
+    # -- pieces of a step
+    def _local_microbatches(self, x, y):
+        return local_microbatches(self.cfg, self.backend, self.grid.dp_rank, x, y)
+
+    def _replica_sum(self, value: float) -> float:
+        """Sum a number over the tp and pp ranks of one data-parallel replica."""
+        for comm in (self.grid.tp_comm, self.grid.pp_comm):
+            if comm.size > 1:
+                value = comm.allreduce_scalar(value, op="sum")
+        return value
+
+    def grad_norm(self) -> float:
+        sq = grad_norm_sq_local(self.sync.norm_params(self.params))
+        if self.sync.zero1:
+            sq = self.grid.dp_comm.allreduce_scalar(sq, op="sum")
+        return math.sqrt(self._replica_sum(sq))
+
+    def global_loss(self, losses: dict) -> float:
+        """The batch-mean loss, known on every rank (reported by the last stage's tp rank 0)."""
+        g = self.grid
+        mine = 0.0
+        if g.is_last_stage and g.tp_rank == 0:
+            mine = sum(losses.values()) / self.cfg.parallel.microbatches / g.dp_size
+        return g.world_comm.allreduce_scalar(mine, op="sum")
+
+    def forward_backward(self) -> dict:
+        """Gradients of this step's batch, fully synchronised (tp partial sums and dp)."""
+        cfg = self.cfg
+        self.tracer.step = self.step
+        x, y = self.batches.get("train", self.step, cfg.train.batch_size)
+        xs, ys = self._local_microbatches(x, y)
+        for p in self.params:
+            p.zero_grad()
+        self.sync.start()
+        losses = self.executor.run(xs, ys)
+        if not self.asynchronous:
+            self.sync.finish()
+        return losses
+
+    def _async_update(self, mb, c):
+        """PipeDream: apply micro-batch mb's gradient to chunk c now (synchronised over tp, dp)."""
+        self.sync.reduce_now(c)
+        with self.tracer.region("OPT", mb=mb, chunk=c):
+            self.opt.chunks[c].step(step_lr(self.cfg, self.step))
+
+    def update(self) -> tuple[float, float]:
+        """Clip by the global norm and step the optimizer. Returns (grad norm, lr)."""
+        t = self.cfg.train
+        with self.tracer.region("OPT"):
+            norm = self.grad_norm()
+            if t.grad_clip > 0:
+                clip_grads_(self.sync.norm_params(self.params) if self.sync.zero1
+                            else self.params, t.grad_clip, norm)
+            lr = step_lr(self.cfg, self.step)
+            self.opt.step(lr)
+            self.sync.after_step()
+        return norm, lr
+
+    def train_step(self) -> dict:
+        cfg, tr = self.cfg, self.tracer
+        tr.step = self.step
+        t0 = tr.now()
+        start = time.perf_counter()
+        losses = self.forward_backward()
+        if self.asynchronous:  # the executor already applied every micro-batch's update
+            norm, lr = float("nan"), step_lr(cfg, self.step)
+        else:
+            norm, lr = self.update()
+        loss = self.global_loss(losses)
+        self.backend.synchronize()
+        tr.record("STEP", t0, tr.now())
+        elapsed = time.perf_counter() - start
+        tokens = cfg.train.batch_size * (cfg.train.seq_len if cfg.model.kind == "gpt" else 1)
+        self.step += 1
+        return {"step": self.step - 1, "loss": loss, "lr": lr, "grad_norm": norm,
+                "tokens": tokens, "step_time": elapsed}
+
+    def evaluate(self) -> float:
+        """Mean validation loss over ``eval_batches`` batches (forward only, through the
+        pipeline)."""
+        cfg = self.cfg
+        if self.eval_executor is None:
+            s = forward_only_schedule(cfg.parallel.pp, cfg.parallel.microbatches,
+                                      self.schedule.virtual)
+            self.eval_executor = PipelineExecutor(
+                self.model, self.chunks, s, self.grid.pp_rank, comm=self.grid.pp_comm,
+                tracer=None, backend=self.backend)
+        total = 0.0
+        for i in range(cfg.train.eval_batches):
+            x, y = self.batches.get("val", i, cfg.train.batch_size)
+            xs, ys = self._local_microbatches(x, y)
+            losses = self.eval_executor.run(xs, ys, forward_only=True)
+            total += self.global_loss(losses)
+        return total / cfg.train.eval_batches
