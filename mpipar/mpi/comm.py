@@ -64,8 +64,6 @@ class Comm(PointToPoint):
     """One traced communicator of 2 or more ranks (a grid axis). See the module docstring."""
 
     def __init__(self, mpi_comm, axis, tracer=None, backend=None, world_ranks=None, staging=None):
-        global MPI
-        MPI = M = load_mpi()
         self.mpi = mpi_comm
         self.axis = str(axis)
         self.tracer = tracer if tracer is not None else OFF
@@ -77,6 +75,8 @@ class Comm(PointToPoint):
                 f"{self.axis}: Comm needs a group of 2 or more ranks, got {self.size}; "
                 f"a one-rank group is a LocalComm"
             )
+        global MPI
+        MPI = M = load_mpi()
         if world_ranks is None:
             world_ranks = M.Group.Translate_ranks(
                 mpi_comm.Get_group(), list(range(self.size)), M.COMM_WORLD.Get_group()

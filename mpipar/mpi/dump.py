@@ -99,7 +99,8 @@ def dump_trace(
 
     ``grid_or_comm``: a ProcessGrid (coordinates and the grid attribute come from it) or a world
     Comm (a LocalComm in a one-rank run). ``file_attrs`` (e.g. ``config``, ``complete``) override
-    the standard file attributes; ``rank_attrs`` add to this rank's ``/ranks/<r>`` attributes. The gather itself is not traced.
+    the standard file attributes; ``rank_attrs`` add to this rank's ``/ranks/<r>`` attributes.
+    The gather itself is not traced.
     """
     grid = grid_or_comm if hasattr(grid_or_comm, "world_comm") else None
     comm = grid.world_comm if grid is not None else grid_or_comm  # a Comm, or a LocalComm
