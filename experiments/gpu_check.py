@@ -54,7 +54,8 @@ def section(name):
 def environment():
     import cupy as cp
 
-    from mpipar.mpi.comm import cuda_aware
+    from mpipar.mpi.staging import cuda_aware
+    from mpipar.mpi.world import library_version
 
     dev = cp.cuda.Device()
     props = cp.cuda.runtime.getDeviceProperties(dev.id)
@@ -62,9 +63,7 @@ def environment():
            "device": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
            "memory_gib": round(dev.mem_info[1] / 2**30, 1), "numpy": np.__version__}
     try:
-        from mpi4py import MPI
-
-        out["mpi"] = MPI.Get_library_version().splitlines()[0]
+        out["mpi"] = library_version()
         out["cuda_aware"] = cuda_aware()
     except Exception as exc:
         out["mpi"] = f"unavailable: {exc}"

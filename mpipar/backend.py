@@ -1,13 +1,12 @@
 """The array module (NumPy or CuPy) and the dtype, chosen in one place.
 
 Every piece of math asks this module for ``xp`` instead of importing numpy, so the same code runs
-on the CPU and on an NVIDIA GPU. The choice comes from ``--device`` / ``MPIPAR_DEVICE`` and the
+on the CPU and on an NVIDIA GPU. The choice comes from ``--device`` and the
 config's dtype (float32 for training, float64 for the exactness tests).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,15 +92,3 @@ def array_module(a):
     import cupy
 
     return cupy.get_array_module(a)
-
-
-def is_device_array(a) -> bool:
-    return not isinstance(a, np.ndarray) and hasattr(a, "__cuda_array_interface__")
-
-
-def default_device() -> str:
-    return os.environ.get("MPIPAR_DEVICE", "cpu")
-
-
-def from_env(dtype_name: str = "float32", device: str | None = None) -> Backend:
-    return Backend(device=device or default_device(), dtype_name=dtype_name)

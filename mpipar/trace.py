@@ -90,19 +90,14 @@ class _Region:
 
     def __enter__(self):
         t = self.tracer
-        if t._sync is not None:
-            t._sync()  # earlier GPU work must not be billed to this region
-        self.start = time.perf_counter() - t.t0
+        t.sync()  # earlier GPU work must not be billed to this region
+        self.start = t.now()
         return self
 
     def __exit__(self, *exc):
         t = self.tracer
-        if t._sync is not None:
-            t._sync()  # this region's GPU work must be finished before the end clock
-        end = time.perf_counter() - t.t0
-        t._events.append(
-            (self.kind, t.step, self.mb, self.chunk, self.start, end, self.nbytes, self.peer)
-        )
+        t.sync()  # this region's GPU work must be finished before the end clock
+        t.record_now(self.kind, self.start, self.mb, self.chunk, self.nbytes, self.peer)
         return False
 
 
@@ -148,6 +143,21 @@ class Tracer:
         self._events.append(
             (kind, self.step, int(mb), int(chunk), float(start), float(end), int(nbytes), int(peer))
         )
+
+    def record_now(self, kind, start, mb=-1, chunk=-1, nbytes=0, peer=-1) -> None:
+        """Record an event from ``start`` until now, without ``record``'s checks and conversions.
+
+        For per-message hot paths (``Comm``, regions): the caller passes ints, a float start
+        and a kind already known to fit ``KIND_LEN``. Does nothing when disabled.
+        """
+        if self.enabled:
+            end = time.perf_counter() - self.t0
+            self._events.append((kind, self.step, mb, chunk, start, end, nbytes, peer))
+
+    def sync(self) -> None:
+        """Wait for queued GPU work when tracing a GPU backend (clocks must not run ahead)."""
+        if self._sync is not None:
+            self._sync()
 
     def events(self) -> np.ndarray:
         """All events so far, in recording order, as an ``EVENT_DTYPE`` array."""

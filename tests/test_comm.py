@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 from mpi_util import python_script, run_mpi
 
-from mpipar.mpi import comm as comm_mod
+from mpipar.mpi import staging
 from mpipar.mpi.comm import (
     MAX_CHUNKS,
     MAX_MB,
     TAG_LIMIT,
-    HostBufferPool,
+    Comm,
     LocalComm,
-    cuda_aware,
     make_tag,
 )
+from mpipar.mpi.staging import HostBufferPool, cuda_aware
 
 
 def test_tags_distinct_and_below_limit():
@@ -64,6 +64,36 @@ def test_local_comm_semantics():
         c.allreduce(x, op="min")
     with pytest.raises(ValueError, match="out of range"):
         c.allgather(x, axis=2)
+    # the checks Comm makes, for one rank
+    with pytest.raises(ValueError, match="outside 0..0"):
+        c.broadcast(x, root=1)
+    with pytest.raises(ValueError, match="outside 0..0"):
+        c.gather_bytes(b"abc", root=1)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        c.allreduce(x[:, ::2], inplace=True)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        c.iallreduce(x[:, ::2])
+    assert c.allreduce(x, inplace=True) is x
+    g = c.allgather(x)
+    assert g is not x and np.array_equal(g, x)
+    assert c.broadcast_bytes(b"xyz") == b"xyz" and c.barrier() is None and c.free() is None
+    # inside a grid, a size-1 axis knows this process's world rank
+    d = LocalComm("tp", world_rank=5)
+    assert d.world_ranks == [5] and d.world_rank_of(0) == 5
+    with pytest.raises(ValueError, match="outside 0..0"):
+        d.world_rank_of(1)
+
+
+def test_comm_refuses_one_rank():
+    class One:  # all Comm asks of a communicator before it refuses (so no MPI is needed)
+        def Get_size(self):
+            return 1
+
+        def Get_rank(self):
+            return 0
+
+    with pytest.raises(ValueError, match="dp: Comm needs a group of 2 or more.*LocalComm"):
+        Comm(One(), "dp")
 
 
 def test_staging_pool_reuses_buffers():
@@ -78,10 +108,10 @@ def test_staging_pool_reuses_buffers():
     assert pool.acquire(8192) is b and pool.allocated == 2
     # the staging round trip a CuPy array takes, here with NumPy
     x = np.random.default_rng(2).standard_normal((3, 5))
-    host = comm_mod._host_view(b, x.shape, x.dtype)
-    comm_mod._to_host(x, host)
+    host = staging.host_view(b, x.shape, x.dtype)
+    staging.to_host(x, host)
     out = np.empty_like(x)
-    comm_mod._from_host(host, out)
+    staging.from_host(host, out)
     assert np.array_equal(out, x)
 
 

@@ -50,6 +50,22 @@ def test_region_and_record():
     assert len(t.events()) == 0
 
 
+def test_record_now_is_the_unchecked_hot_path():
+    t = Tracer()
+    t.step = 2
+    start = t.now()
+    t.record_now("dp.allreduce", start, -1, -1, 32, -1)
+    t.record_now("pp.send", start, 1, 0, 8, 3)
+    ev = t.events()
+    assert list(ev["kind"]) == [b"dp.allreduce", b"pp.send"] and list(ev["step"]) == [2, 2]
+    assert tuple(ev[1])[2:4] == (1, 0) and tuple(ev[1])[6:] == (8, 3)
+    assert np.all(ev["end"] >= start)
+    off = Tracer(enabled=False)
+    off.record_now("dp.allreduce", 0.0, -1, -1, 32, -1)
+    off.sync()  # no backend: nothing to wait for
+    assert len(off.events()) == 0
+
+
 def test_disabled_tracer_records_nothing():
     t = Tracer(enabled=False)
     ctx = t.region("F")
@@ -73,6 +89,8 @@ def test_gpu_backend_synchronizes_around_regions():
     with t.region("F"):
         pass
     assert len(calls) == 2  # before the start clock and before the end clock
+    t.sync()
+    assert len(calls) == 3
 
 
 def test_metrics_rows():
@@ -144,10 +162,12 @@ def test_check_writable_messages(tmp_path):
 
 
 @pytest.mark.mpi
-def test_dump_gathers_all_ranks(tmp_path):
+@pytest.mark.parametrize("n,grid", [(4, (2, 2, 1)), (1, (1, 1, 1))])
+def test_dump_gathers_all_ranks(tmp_path, n, grid):
+    # n=1: the world is a LocalComm, which gathers this rank's bytes to itself
     path = tmp_path / "trace.h5"
-    p = python_script(4, "trace_dump.py", path, 2, 2, 1, timeout=90, check=True)
-    assert "trace_dump OK on 4 ranks" in p.stdout
+    p = python_script(n, "trace_dump.py", path, *grid, timeout=90, check=True)
+    assert f"trace_dump OK on {n} ranks" in p.stdout
 
 
 @pytest.mark.mpi

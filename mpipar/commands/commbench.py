@@ -29,7 +29,13 @@ def run(args) -> int:
     import sys
 
     from mpipar.mpi import failfast
-    from mpipar.mpi.commbench import format_tables, parse_sizes, run_benchmark, write_result
+    from mpipar.mpi.commbench import (
+        format_tables,
+        parse_sizes,
+        preflight,
+        run_benchmark,
+        write_result,
+    )
 
     # validate everything before MPI starts
     try:
@@ -42,25 +48,10 @@ def run(args) -> int:
               file=sys.stderr)
         return 2
 
-    from mpi4py import MPI
-
     failfast.install()
-    comm = MPI.COMM_WORLD
-    if comm.Get_size() < 2:
-        print("mpipar commbench needs at least 2 ranks: mpiexec -n 2 mpipar commbench",
-              file=sys.stderr)
-        return 2
-    error = ""
-    if comm.Get_rank() == 0 and args.out:
-        from mpipar.trace import check_writable
-
-        try:
-            check_writable(args.out)
-        except ValueError as exc:
-            error = str(exc).replace("timing dump", "benchmark result")
-    error = comm.bcast(error, root=0)  # every rank stops together on a bad --out
+    rank, error = preflight(args.out)  # every rank gets the same verdict and stops together
     if error:
-        if comm.Get_rank() == 0:
+        if rank == 0:
             print(f"mpipar commbench: {error}", file=sys.stderr)
         return 2
 

@@ -125,6 +125,34 @@ def _allreduce(world, mpi_comm, MPI, size, iters, warmup, xp, raw_xp):
     return times[0, warmup:], times[1, warmup:]
 
 
+def preflight(out=None) -> tuple[int, str]:
+    """(world rank, why the benchmark cannot run or ""), the same verdict on every rank.
+
+    Collective. Needs 2 or more ranks; when ``out`` is given, world rank 0 checks that the
+    result file can be written there and tells every rank (so all stop together).
+    """
+    from mpi4py import MPI
+
+    from mpipar.mpi.comm import Comm
+    from mpipar.trace import check_writable
+
+    n, rank = MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank()
+    if n < 2:
+        return rank, "needs at least 2 ranks: mpiexec -n 2 mpipar commbench"
+    error = ""
+    if rank == 0 and out:
+        try:
+            check_writable(out)
+        except ValueError as exc:
+            error = str(exc).replace("timing dump", "benchmark result")
+    world = Comm(MPI.COMM_WORLD.Dup(), "world", world_ranks=list(range(n)))
+    try:
+        error = world.broadcast_bytes(error.encode() if rank == 0 else None, trace=False).decode()
+    finally:
+        world.free()
+    return rank, error
+
+
 def run_benchmark(sizes, iters=20, warmup=2, device="cpu", staging=None, tracer=None):
     """Run both benchmarks on every rank of COMM_WORLD; rank 0 gets the result dict, others None.
 
@@ -133,7 +161,9 @@ def run_benchmark(sizes, iters=20, warmup=2, device="cpu", staging=None, tracer=
     """
     from mpi4py import MPI
 
-    from mpipar.mpi.comm import Comm, cuda_aware
+    from mpipar.mpi.comm import Comm
+    from mpipar.mpi.staging import cuda_aware
+    from mpipar.mpi.world import library_version
     from mpipar.trace import Tracer
 
     if iters < 1 or warmup < 0:
@@ -166,8 +196,8 @@ def run_benchmark(sizes, iters=20, warmup=2, device="cpu", staging=None, tracer=
         r, c = _allreduce(world, mpi_comm, MPI, size, iters, warmup, xp, raw_xp)
         ar_raw.append(r)
         ar_comm.append(c)
-    hostname = socket.gethostname()
-    hosts = mpi_comm.gather(hostname, root=0)  # lowercase: setup metadata, not a hot path
+    blobs = world.gather_bytes(socket.gethostname().encode(), root=0, trace=False)
+    hosts = [b.decode() for b in blobs] if blobs is not None else None
     if mpi_comm.Get_rank() != 0:
         mpi_comm.Free()
         return None
@@ -194,7 +224,7 @@ def run_benchmark(sizes, iters=20, warmup=2, device="cpu", staging=None, tracer=
             "device": device,
             "staging": {None: "auto", True: "on", False: "off"}[staging],
             "cuda_aware": bool(cuda_aware()) if device == "cuda" else False,
-            "mpi_library": " ".join(MPI.Get_library_version().strip().splitlines()[0].split()),
+            "mpi_library": library_version(),
             "start_time": _dt.datetime.now(_dt.timezone.utc).isoformat(),
         },
     }

@@ -18,6 +18,7 @@ import sys
 
 import numpy as np
 
+from mpipar.mpi.world import library_version
 from mpipar.trace import EVENT_DTYPE, write_dump
 
 
@@ -63,7 +64,7 @@ def versions() -> dict:
         "numpy": np.__version__,
         "cupy": str(sys.modules["cupy"].__version__) if "cupy" in sys.modules else "not loaded",
         "mpi4py": mpi4py.__version__,
-        "mpi_library": " ".join(MPI.Get_library_version().strip().splitlines()[0].split()),
+        "mpi_library": library_version(),
         "mpi_standard": "{}.{}".format(*MPI.Get_version()),
         "h5py": version_of("h5py"),
         "mpipar": mpipar.__version__,
@@ -97,15 +98,12 @@ def dump_trace(
     """Gather all ranks' events (and rank 0's metrics) to world rank 0, which writes ``path``.
 
     ``grid_or_comm``: a ProcessGrid (coordinates and the grid attribute come from it) or a world
-    Comm. ``file_attrs`` (e.g. ``config``, ``complete``) override the standard file attributes;
-    ``rank_attrs`` add to this rank's ``/ranks/<r>`` attributes. The gather itself is not traced.
+    Comm (a LocalComm in a one-rank run). ``file_attrs`` (e.g. ``config``, ``complete``) override
+    the standard file attributes; ``rank_attrs`` add to this rank's ``/ranks/<r>`` attributes.
+    The gather itself is not traced.
     """
-    from mpipar.mpi.comm import Comm
-
     grid = grid_or_comm if hasattr(grid_or_comm, "world_comm") else None
-    world = grid.world_comm if grid is not None else grid_or_comm
-    # an untraced view of the same communicator: the dump's own traffic is not an event
-    comm = Comm(world.mpi, world.axis, None, None, world_ranks=world.world_ranks)
+    comm = grid.world_comm if grid is not None else grid_or_comm  # a Comm, or a LocalComm
 
     mine = {
         "dp": grid.dp_rank if grid is not None else -1,
@@ -115,6 +113,7 @@ def dump_trace(
         "device": _device_name(tracer),
     }
     mine.update(rank_attrs or {})
+    # trace=False: the dump's own traffic is not an event
     blobs = comm.gather_bytes(_pack(mine, tracer.events()), root=0, trace=False)
     if comm.rank != 0:
         return

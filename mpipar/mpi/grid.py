@@ -28,6 +28,8 @@ from mpipar.layout import (  # noqa: F401  (GridError, check_grid: this module's
     parse_order,
 )
 
+from mpipar.mpi.comm import Comm, LocalComm
+
 
 def _strides(sizes: dict, order: str) -> dict:
     strides, s = {}, 1
@@ -79,13 +81,14 @@ def axis_groups(dp, pp, tp, axis, order=DEFAULT_ORDER) -> list[list[int]]:
 class ProcessGrid:
     """This rank's place in the grid and its traced communicators, one per axis plus world_comm.
 
+    An axis of size 1 (and the world of a one-rank run) gets a ``LocalComm``: no MPI
+    communicator is made for it, and callers test ``comm.size > 1``, never ``None``.
+
     Collective: every rank of ``world`` must construct it with the same arguments.
     """
 
     def __init__(self, dp, pp, tp, *, order=DEFAULT_ORDER, world=None, tracer=None, backend=None):
         from mpi4py import MPI
-
-        from mpipar.mpi.comm import Comm
 
         world = MPI.COMM_WORLD if world is None else world
         check_grid(dp, pp, tp, world.Get_size())
@@ -96,12 +99,15 @@ class ProcessGrid:
         layout = grid_layout(dp, pp, tp, self.order)
         self.dp_rank, self.pp_rank, self.tp_rank = layout[self.rank]
 
-        world_ranks = list(range(self.world_size))
         # world_comm: a duplicate, so the library's messages never match a user's on COMM_WORLD
-        self.world_comm = Comm(world.Dup(), "world", tracer, backend, world_ranks=world_ranks)
-        self.dp_comm = self._split(world, "dp", tracer, backend, Comm)
-        self.pp_comm = self._split(world, "pp", tracer, backend, Comm)
-        self.tp_comm = self._split(world, "tp", tracer, backend, Comm)
+        if self.world_size == 1:
+            self.world_comm = LocalComm("world", tracer, backend, world_rank=self.rank)
+        else:
+            ranks = list(range(self.world_size))
+            self.world_comm = Comm(world.Dup(), "world", tracer, backend, world_ranks=ranks)
+        self.dp_comm = self._split(world, "dp", tracer, backend)
+        self.pp_comm = self._split(world, "pp", tracer, backend)
+        self.tp_comm = self._split(world, "tp", tracer, backend)
 
         # hostnames of every world rank, once, for describe() and the dump
         self.hostname = socket.gethostname()
@@ -110,9 +116,13 @@ class ProcessGrid:
         self.hostnames = self.world_comm.broadcast_bytes(names.encode(), trace=False).decode()
         self.hostnames = self.hostnames.split("\0")
 
-    def _split(self, world, axis, tracer, backend, Comm):
+    def _split(self, world, axis, tracer, backend):
+        """The communicator along ``axis``: a LocalComm when the axis has one rank (no MPI call,
+        and every rank agrees since the sizes are the same everywhere), else an MPI split."""
         k = AXES.index(axis)
         me = self.coords
+        if (self.dp_size, self.pp_size, self.tp_size)[k] == 1:
+            return LocalComm(axis, tracer, backend, world_rank=self.rank)
         groups = axis_groups(self.dp_size, self.pp_size, self.tp_size, axis, self.order)
         # color: index of this rank's group; key: its rank along the axis (so local rank = coord)
         color = next(i for i, g in enumerate(groups) if self.rank in g)
@@ -124,20 +134,6 @@ class ProcessGrid:
     @property
     def coords(self) -> tuple[int, int, int]:
         return (self.dp_rank, self.pp_rank, self.tp_rank)
-
-    @property
-    def prev_rank(self):
-        """pp_comm rank of the previous pipeline stage, None on the first stage."""
-        return self.pp_rank - 1 if self.pp_rank > 0 else None
-
-    @property
-    def next_rank(self):
-        """pp_comm rank of the next pipeline stage, None on the last stage."""
-        return self.pp_rank + 1 if self.pp_rank < self.pp_size - 1 else None
-
-    @property
-    def is_first_stage(self) -> bool:
-        return self.pp_rank == 0
 
     @property
     def is_last_stage(self) -> bool:

@@ -9,8 +9,8 @@ import cupy as cp
 import numpy as np
 
 from mpipar.backend import Backend
-from mpipar.mpi import comm as comm_mod
 from mpipar.mpi import failfast
+from mpipar.mpi import staging as staging_mod
 from mpipar.mpi.comm import make_tag
 from mpipar.mpi.grid import ProcessGrid, bind_gpu
 from mpipar.trace import Tracer
@@ -70,5 +70,5 @@ close(got, data(6, left) * 2.0, "send/recv ring")
 kinds = {k.decode() for k in tracer.events()["kind"]}
 assert {"dp.allreduce", "dp.send", "dp.recv", "dp.wait"} <= kinds, kinds
 if me == 0:
-    print(f"comm_gpu OK on {n} ranks, device {device}, cuda_aware={comm_mod.cuda_aware()}, "
-          f"staging buffers allocated={comm_mod.POOL.allocated}")
+    print(f"comm_gpu OK on {n} ranks, device {device}, cuda_aware={staging_mod.cuda_aware()}, "
+          f"staging buffers allocated={staging_mod.POOL.allocated}")

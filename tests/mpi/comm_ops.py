@@ -14,10 +14,10 @@ import numpy as np
 if len(sys.argv) > 4 and sys.argv[4] == "stage":
     os.environ["MPIPAR_FORCE_STAGING"] = "1"
 
-from mpipar.mpi import comm as comm_mod  # noqa: E402
 from mpipar.mpi import failfast  # noqa: E402
-from mpipar.mpi.comm import MessageSizeError, make_tag  # noqa: E402
+from mpipar.mpi.comm import LocalComm, MessageSizeError, make_tag  # noqa: E402
 from mpipar.mpi.grid import ProcessGrid  # noqa: E402
+from mpipar.mpi.staging import POOL  # noqa: E402
 from mpipar.trace import Tracer  # noqa: E402
 
 failfast.install()
@@ -156,18 +156,23 @@ def check_nonblocking_ring(comm):
         assert s.wait() is None
 
 
+# pipeline neighbours as pp_comm ranks (None past either end)
+next_rank = g.pp_rank + 1 if g.pp_rank < g.pp_size - 1 else None
+prev_rank = g.pp_rank - 1 if g.pp_rank > 0 else None
+
+
 def check_pipeline(g):
     """Activations forward to the next stage, gradients back to the previous one."""
     act = data(600, me, (5, 6))
-    if g.next_rank is not None:
-        g.pp_comm.send(act, g.next_rank, make_tag(0, 0, 0), mb=0, chunk=0)
-    if g.prev_rank is not None:
-        got = g.pp_comm.recv((5, 6), np.float64, g.prev_rank, make_tag(0, 0, 0), mb=0, chunk=0)
-        prev_world = g.pp_comm.world_rank_of(g.prev_rank)
+    if next_rank is not None:
+        g.pp_comm.send(act, next_rank, make_tag(0, 0, 0), mb=0, chunk=0)
+    if prev_rank is not None:
+        got = g.pp_comm.recv((5, 6), np.float64, prev_rank, make_tag(0, 0, 0), mb=0, chunk=0)
+        prev_world = g.pp_comm.world_rank_of(prev_rank)
         assert np.array_equal(got, data(600, prev_world, (5, 6))), f"rank {me} activation"
-        g.pp_comm.send(got * 2.0, g.prev_rank, make_tag(1, 0, 0), mb=0, chunk=0)
-    if g.next_rank is not None:
-        got = g.pp_comm.recv((5, 6), np.float64, g.next_rank, make_tag(1, 0, 0), mb=0, chunk=0)
+        g.pp_comm.send(got * 2.0, prev_rank, make_tag(1, 0, 0), mb=0, chunk=0)
+    if next_rank is not None:
+        got = g.pp_comm.recv((5, 6), np.float64, next_rank, make_tag(1, 0, 0), mb=0, chunk=0)
         assert np.array_equal(got, act * 2.0), f"rank {me} gradient"
 
 
@@ -197,6 +202,8 @@ def check_size_errors(comm):
 
 base = 0
 for comm in (g.tp_comm, g.pp_comm, g.dp_comm, g.world_comm):
+    # one representation of a one-rank axis: a LocalComm, never None or a size-1 Comm
+    assert isinstance(comm, LocalComm) == (comm.size == 1), f"{comm.axis}: {type(comm)}"
     check_collectives(comm, base)
     base += 100
     for n_elems in (13, 300_000):  # below and above the eager limit
@@ -215,18 +222,18 @@ for comm in (g.tp_comm, g.pp_comm, g.dp_comm, g.world_comm):
     for op in ops:
         present = f"{comm.axis}.{op}" in kinds
         assert present == (comm.size > 1), f"rank {me}: event {comm.axis}.{op} present={present}"
-if g.next_rank is not None:
+if next_rank is not None:
     sends = ev[(ev["kind"] == b"pp.send") & (ev["mb"] == 0) & (ev["chunk"] == 0)]
-    peer = g.pp_comm.world_rank_of(g.next_rank)
+    peer = g.pp_comm.world_rank_of(next_rank)
     assert len(sends) >= 1 and sends[-1]["peer"] == peer and sends[-1]["bytes"] == 240, sends
 waits = ev[(ev["kind"] == b"world.wait") & (ev["chunk"] == 2)]  # the non-blocking ring
 if g.world_size > 1:
     assert sorted(waits["mb"]) == [0, 0, 1, 1, 2, 2, 5, 5], waits  # 4 sends + 4 receives
     assert len(ev[(ev["kind"] == b"world.wait") & (ev["chunk"] == -1)]) >= 2, "iallreduce waits"
 assert np.all(ev["end"] >= ev["start"]), "event ends before it starts"
-assert (comm_mod.POOL.allocated > 0) == staged, f"staging pool used={comm_mod.POOL.allocated}"
+assert (POOL.allocated > 0) == staged, f"staging pool used={POOL.allocated}"
 if staged:
-    assert comm_mod.POOL.allocated < 40, f"staging buffers not reused: {comm_mod.POOL.allocated}"
+    assert POOL.allocated < 40, f"staging buffers not reused: {POOL.allocated}"
 g.free()
 if me == 0:
     print(f"comm_ops OK: dp={dp} pp={pp} tp={tp} staged={staged}, {len(ev)} events on rank 0")

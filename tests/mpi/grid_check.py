@@ -1,9 +1,10 @@
 """Real communicators of every grid that fits the world size, in several rank orders.
 
 Run: mpiexec -n N python tests/mpi/grid_check.py   (N in 1, 2, 4, 8)
+mpi4py here (a test driver, not the package) only to read the world size before any grid.
 Each grid is checked against the pure layout (grid_layout / axis_groups): this rank's
 coordinates, each axis communicator's members (gathered through the communicator itself),
-pipeline neighbours and the default Megatron order.
+the last stage, and the default Megatron order. An axis of one rank must be a LocalComm.
 """
 
 import itertools
@@ -12,6 +13,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpipar.mpi import failfast
+from mpipar.mpi.comm import LocalComm
 from mpipar.mpi.grid import ProcessGrid, axis_groups, grid_layout
 
 failfast.install()
@@ -37,15 +39,14 @@ for dp, pp, tp in itertools.product((1, 2, 4), repeat=3):
         ):
             group = next(grp for grp in axis_groups(dp, pp, tp, axis, order) if me in grp)
             assert comm.axis == axis, where
+            # an axis of one rank is a LocalComm (no MPI communicator), every other a Comm
+            size = {"dp": dp, "pp": pp, "tp": tp}[axis]
+            assert isinstance(comm, LocalComm) == (size == 1), f"{where}: {axis} {type(comm)}"
             assert comm.rank == coord, f"{where}: {axis} rank {comm.rank} != coordinate {coord}"
             assert comm.world_ranks == group, f"{where}: {axis} {comm.world_ranks} != {group}"
             members = comm.allgather(np.array([me], dtype=np.int64)).tolist()
             assert members == group, f"{where}: {axis} members {members} != {group}"
         assert g.world_comm.size == n and g.world_comm.axis == "world", where
-        # pipeline neighbours, as pp_comm ranks
-        assert g.prev_rank == (g.pp_rank - 1 if g.pp_rank > 0 else None), where
-        assert g.next_rank == (g.pp_rank + 1 if g.pp_rank < pp - 1 else None), where
-        assert g.is_first_stage == (g.pp_rank == 0), where
         assert g.is_last_stage == (g.pp_rank == pp - 1), where
         if order == "tp-dp-pp":  # Megatron's default: tp fastest, then dp, then pp
             assert me == g.tp_rank + tp * (g.dp_rank + dp * g.pp_rank), where
