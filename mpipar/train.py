@@ -94,14 +94,14 @@ class Batches:
         self.cfg = cfg
         m = cfg.model
         if m.kind == "gpt":
-            from .dataset import TokenDataset
+            from .datasets import TokenDataset
 
             self.ds = TokenDataset(path)
             if self.ds.vocab_size > m.vocab_size:
                 raise ConfigError(f"data file {path} has vocabulary {self.ds.vocab_size} but "
                                   f"model.vocab_size = {m.vocab_size}: raise vocab_size")
         else:
-            from .dataset import synthetic_classification, synthetic_regression
+            from .datasets import synthetic_classification, synthetic_regression
 
             n = 4096
             if m.task == "classification":
@@ -436,14 +436,14 @@ def _device_peak(cfg, grid, backend) -> float:
 
 
 def _prepare_data(cfg, grid):
-    from .dataset import ensure_corpus
+    from .datasets import ensure_corpus
 
     path = cfg.data.path or None
     if grid.rank == 0 and path is None:
         ensure_corpus(None, max_bytes=cfg.data.max_bytes)
     grid.world_comm.barrier()
     if path is None:
-        from .dataset import default_corpus_path
+        from .datasets import default_corpus_path
 
         path = default_corpus_path()
     return path
