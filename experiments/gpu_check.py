@@ -109,7 +109,7 @@ def _mpi_equiv(n, dp, pp, tp, variants, data, env_extra):
 
 @section("multi-rank exactness on the GPU (float64)")
 def multirank(tmp):
-    from mpipar.dataset import prepare_synthetic
+    from mpipar.datasets import prepare_synthetic
 
     data = str(tmp / "markov.h5")
     prepare_synthetic(data, "markov", 20000, 256, seed=0)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .nn import functional as F
 from .nn.layers import (
     GELU,
     Bias,
@@ -26,6 +25,7 @@ from .nn.layers import (
     Sequential,
     TiedHead,
 )
+from .nn.losses import CrossEntropyLoss, MSELoss
 from .nn.params import ShardSpec
 from .parallel.tensor import TPContext, VocabParallelCrossEntropy
 
@@ -39,7 +39,6 @@ class Model:
     # last-axis width of each unit's output on this rank (what a pipeline sends after that unit)
     out_widths: list = field(default_factory=list)
     seq_shards: int = 1  # >1: activations between units hold 1/seq_shards of the sequence (SP)
-    extra: dict = field(default_factory=dict)
 
     def boundary_shape(self, unit: int, batch: int, seq_len: int | None = None) -> tuple:
         """Shape of the activation leaving ``unit`` (and of its gradient) for a micro-batch."""
@@ -154,22 +153,6 @@ def unit_count(mcfg) -> int:
 
 # ----- MLP ------------------------------------------------------------------------------------
 
-class MSELoss:
-    """Mean squared error over all output elements (regression MLP; outputs replicated over tp)."""
-
-    def __init__(self):
-        self._ctx = {}
-
-    def forward(self, y, target, mb=0, scale=1.0) -> float:
-        loss, diff = F.mse_forward(y, target)
-        self._ctx[mb] = (diff, scale)
-        return loss
-
-    def backward(self, mb=0):
-        diff, scale = self._ctx.pop(mb)
-        return F.mse_backward(diff, scale)
-
-
 def check_mlp_shapes(mcfg, tp_size=1):
     """With tp > 1 every column-parallel width (sizes[1], sizes[3], ...) must divide by tp."""
     n = len(mcfg.sizes) - 1
@@ -214,7 +197,7 @@ def build_mlp(mcfg, backend, seed=0, tp: TPContext | None = None) -> Model:
             parts.append(act_cls(f"{name}.act"))
         units.append(Sequential(parts, name=name))
     if mcfg.task == "classification":
-        loss = VocabParallelCrossEntropy(TPContext())  # logits are replicated: a plain CE
+        loss = CrossEntropyLoss()  # logits are replicated over tp: each rank has them all
     else:
         loss = MSELoss()
     model = Model("mlp", units, loss, out_widths=widths)

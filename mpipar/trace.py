@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
-import tempfile
 import time
-from contextlib import contextmanager
 
 import numpy as np
+
+from .files import atomic_h5, check_writable  # noqa: F401  (check_writable: callers import it here)
 
 SCHEMA_VERSION = 1
 
@@ -236,52 +235,3 @@ def write_dump(
             if m.dtype != METRICS_DTYPE:
                 raise ValueError(f"metrics have dtype {m.dtype}, not METRICS_DTYPE")
             f.create_dataset("metrics", data=m)
-
-
-@contextmanager
-def atomic_h5(path):
-    """An h5py File open for writing at a temporary name beside ``path``, renamed over ``path``
-    only when the block ends normally: a crash or an error never leaves a half-written file."""
-    import h5py
-
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    os.close(fd)
-    try:
-        with h5py.File(tmp, "w") as f:
-            yield f
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def check_writable(path) -> None:
-    """Fail early (before training) if the dump cannot be written where asked.
-
-    Probes by creating and deleting a file next to ``path``: permission bits lie for root and
-    on some network file systems.
-    """
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    why = None
-    if os.path.isdir(path):
-        why = "it is a directory"
-    elif not os.path.isdir(directory):
-        why = f"directory {directory} does not exist"
-    else:
-        try:
-            fd, probe = tempfile.mkstemp(prefix=".mpipar-probe.", dir=directory)
-            os.close(fd)
-            os.unlink(probe)
-        except OSError as exc:
-            why = exc.strerror or str(exc)
-    if why is not None:
-        raise ValueError(
-            f"cannot write the timing dump to {path}: {why}; "
-            f"pass --out DIR with a writable directory"
-        )

@@ -9,8 +9,8 @@ import h5py
 import numpy as np
 import pytest
 
-from mpipar import dataset
-from mpipar.dataset import (
+from mpipar import datasets
+from mpipar.datasets import (
     DataError,
     TokenDataset,
     prepare_corpus,
@@ -57,7 +57,7 @@ def test_prepare_corpus_round_trip(corpus, source_dir):
         assert f["train"].dtype == np.uint8 and f["val"].dtype == np.uint8
         val_files = [s.decode() for s in f["val_files"][()]]
     # the val split is exactly the val files' headers + bytes, in sorted order
-    expect = b"".join(dataset.file_header(rel) + (source_dir / rel).read_bytes()
+    expect = b"".join(datasets.file_header(rel) + (source_dir / rel).read_bytes()
                       for rel in sorted(val_files))
     assert ds.tokens["val"].tobytes() == expect
     assert b"SKIPPED" not in ds.tokens["train"].tobytes() + expect
@@ -135,7 +135,7 @@ def test_not_hdf5_and_truncated(tmp_path, corpus):
 
 def _write(path, train, val, **attrs):
     base = {"vocab_size": 256, "format_version": 1,
-            "sha256": dataset.tokens_sha256(np.asarray(train), np.asarray(val))}
+            "sha256": datasets.tokens_sha256(np.asarray(train), np.asarray(val))}
     with h5py.File(path, "w") as f:
         if train is not None:
             f["train"] = train
@@ -213,15 +213,15 @@ def test_synthetic_mlp_tasks():
 
 
 def test_default_path_and_ensure(tmp_path, monkeypatch):
-    p = dataset.default_corpus_path()
-    assert p.name == dataset.CORPUS_NAME
+    p = datasets.default_corpus_path()
+    assert p.name == datasets.CORPUS_NAME
     target = tmp_path / "sub" / "corpus.h5"
-    got = dataset.ensure_corpus(target, max_bytes=20_000)
+    got = datasets.ensure_corpus(target, max_bytes=20_000)
     assert got == target and TokenDataset(target).vocab_size == 256
     mtime = target.stat().st_mtime_ns
-    dataset.ensure_corpus(target)  # exists: not rebuilt
+    datasets.ensure_corpus(target)  # exists: not rebuilt
     assert target.stat().st_mtime_ns == mtime
-    assert not [q for q in target.parent.iterdir() if ".tmp-" in q.name]  # no temp left over
+    assert not [q for q in target.parent.iterdir() if q.name.endswith(".tmp")]  # no temp left
 
 
 def test_cli_prepare_data(tmp_path, source_dir):
@@ -242,7 +242,7 @@ def test_concurrent_prepare_is_atomic(tmp_path):
     """Several processes (like MPI ranks) preparing the same file at once: no error, one valid
     file, no temp files left."""
     target = tmp_path / "shared.h5"
-    code = ("import sys; from mpipar.dataset import prepare_corpus; "
+    code = ("import sys; from mpipar.datasets import prepare_corpus; "
             "prepare_corpus(sys.argv[1], max_bytes=30_000)")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(target)]) for _ in range(3)]
     assert [p.wait(timeout=60) for p in procs] == [0, 0, 0]

@@ -1,10 +1,13 @@
 """Finite differences (float64, random inputs) for every hand-written kernel."""
 
+import threading
+
 import numpy as np
 import pytest
 from gradcheck import numeric_grad, rel_err
 
 from mpipar.nn import functional as F
+from mpipar.nn import losses as L
 
 RNG = np.random.default_rng(1234)
 
@@ -98,22 +101,71 @@ def test_cross_entropy_and_stability():
     t = RNG.integers(0, 9, size=6)
 
     def loss():
-        return F.cross_entropy_forward(logits.copy(), t)[0]
+        return L.cross_entropy_forward(logits.copy(), t)[0]
 
-    _, p = F.cross_entropy_forward(logits.copy(), t)
-    check(loss, logits, F.cross_entropy_backward(p, t))
+    _, ctx = L.cross_entropy_forward(logits.copy(), t)
+    check(loss, logits, L.cross_entropy_backward(ctx))
     big = logits + 1e4  # max subtraction keeps it finite
-    assert np.isfinite(F.cross_entropy_forward(big, t)[0])
+    assert np.isfinite(L.cross_entropy_forward(big, t)[0])
+
+
+def test_cross_entropy_over_vocabulary_slices_equals_the_whole():
+    """Two slices of the vocabulary with a reduce that combines them (what tp does over ranks)
+    give the loss and, sliced, the gradient of the whole-vocabulary loss."""
+    logits = RNG.normal(size=(2, 3, 8))
+    t = RNG.integers(0, 8, size=(2, 3))
+    whole, ctx = L.cross_entropy_forward(logits.copy(), t)
+    want = L.cross_entropy_backward(ctx, scale=0.5)
+    # two "ranks" on two threads, each holding half the vocabulary; reduce exchanges through
+    # a barrier, as an all-reduce over tp would
+    barrier, box, out = threading.Barrier(2), [None, None], [None, None]
+
+    def rank(i):
+        def reduce(x, op):
+            box[i] = x
+            barrier.wait()
+            y = np.maximum(box[0], box[1]) if op == "max" else box[0] + box[1]
+            barrier.wait()
+            return y
+
+        lo = 4 * i
+        loss, c = L.cross_entropy_forward(logits[..., lo:lo + 4].copy(), t, lo, reduce)
+        out[i] = (loss, L.cross_entropy_backward(c, scale=0.5))
+
+    threads = [threading.Thread(target=rank, args=(i,)) for i in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=30)
+    for loss, _ in out:
+        assert loss == pytest.approx(whole, rel=1e-13)
+    got = np.concatenate([g for _, g in out], axis=-1)
+    assert np.allclose(got, want, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("make", [L.MSELoss, L.CrossEntropyLoss])
+def test_loss_discard_drops_only_that_micro_batch(make):
+    loss = make()
+    y = RNG.normal(size=(2, 5))
+    target = RNG.integers(0, 5, size=2) if make is L.CrossEntropyLoss else RNG.normal(size=(2, 5))
+    loss.forward(y.copy(), target, mb=0)
+    loss.forward(y.copy(), target, mb=1)
+    loss.discard(0)
+    loss.discard("never seen")  # nothing held: a no-op
+    assert loss.in_flight() == {1}
+    assert loss.backward(1).shape == y.shape
+    with pytest.raises(KeyError):
+        loss.backward(0)
 
 
 def test_mse():
     y, target = RNG.normal(size=(4, 3)), RNG.normal(size=(4, 3))
 
     def loss():
-        return F.mse_forward(y, target)[0]
+        return L.mse_forward(y, target)[0]
 
-    _, diff = F.mse_forward(y, target)
-    check(loss, y, F.mse_backward(diff))
+    _, diff = L.mse_forward(y, target)
+    check(loss, y, L.mse_backward(diff))
 
 
 def test_float32_stays_float32():

@@ -49,7 +49,7 @@ def forward_loss(model, x, y):
     loss = model.loss.forward(h, y, "probe")
     for u in model.units:
         u.drop("probe")
-    model.loss._ctx.pop("probe", None)
+    model.loss.discard("probe")
     return loss
 
 
@@ -144,3 +144,32 @@ def test_same_seed_same_weights_names_unique():
     assert len(names) == len(set(names))
     for p, q in zip(a.params(), b.params()):
         assert np.array_equal(p.data, q.data)
+
+
+def _decay_by_name(model):
+    from mpipar.nn.optim import decays
+
+    return {p.name: decays(p) for p in model.params()}
+
+
+def test_gpt_weight_decay_by_role():
+    """Biases (the fused qkv bias, stored (3, d), included) and every LayerNorm gain and bias are
+    never decayed; every other tensor (linear weights, token and position tables) is."""
+    model = build_model(gpt_cfg(tie_embeddings=False), BK)
+    by_name = {p.name: p for p in model.params()}
+    assert by_name["blocks.0.attn.qkv.bias"].full_shape == (3, 8)  # 2-D, yet a bias
+    decay = _decay_by_name(model)
+    kept = [n for n in decay if n.endswith(".bias") or ".ln" in n or n.startswith("ln_f.")]
+    assert {"blocks.0.attn.qkv.bias", "ln_f.weight", "blocks.1.ln2.bias"} <= set(kept)
+    assert not any(decay[n] for n in kept)
+    others = sorted(set(decay) - set(kept))
+    assert others and all(decay[n] for n in others)
+    assert "head.weight" in others
+    assert {"embed.tok.weight", "embed.pos.weight", "blocks.0.attn.qkv.weight"} <= set(others)
+
+
+def test_mlp_weight_decay_by_role():
+    model = build_model(ModelConfig(kind="mlp", sizes=[4, 6, 6, 3]), BK)
+    decay = _decay_by_name(model)
+    assert decay and all(decay[n] == n.endswith(".weight") for n in decay)
+    assert any(n.endswith(".bias") for n in decay)

@@ -10,7 +10,7 @@ from mpipar.nn.optim import (
     SGD,
     AdamW,
     clip_grads_,
-    global_grad_norm,
+    decays,
     grad_norm_sq_local,
     lr_at,
 )
@@ -23,10 +23,15 @@ F32 = Backend("cpu", "float32")
 def make_params(backend=F64, seed=0):
     """A matrix (decayed), a bias and a LayerNorm gain (not decayed), random grads."""
     return [
-        Parameter("w", (5, 3), backend, std=0.5, seed=seed),
-        Parameter("b", (3,), backend, std=0.5, seed=seed),
-        Parameter("ln.g", (4,), backend, std=0.5, seed=seed),
+        Parameter("w", (5, 3), backend, role="weight", std=0.5, seed=seed),
+        Parameter("b", (3,), backend, role="bias", std=0.5, seed=seed),
+        Parameter("ln.g", (4,), backend, role="norm", std=0.5, seed=seed),
     ]
+
+
+def norm(params) -> float:
+    """One rank's gradient norm (what the trainer takes after summing over ranks)."""
+    return math.sqrt(grad_norm_sq_local(params))
 
 
 def set_grads(params, rng):
@@ -85,7 +90,7 @@ def test_adamw_matches_reference(n_steps, wd):
     opt = AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=wd)
     grads = run_opt(opt, params, n_steps, np.random.default_rng(1))
     for p in params:
-        decay = wd if len(p.full_shape) >= 2 else 0.0  # biases / LayerNorm not decayed
+        decay = wd if p.role == "weight" else 0.0  # biases / LayerNorm not decayed
         want = ref_adamw(w0[p.name], grads[p.name], lr, *betas, eps, decay)
         assert np.allclose(p.data, want, rtol=1e-12, atol=1e-15), p.name
         assert not np.allclose(p.data, w0[p.name])  # it moved
@@ -100,7 +105,7 @@ def test_sgd_matches_reference(mom, nesterov, wd):
     opt = SGD(params, lr=0.1, momentum=mom, weight_decay=wd, nesterov=nesterov)
     grads = run_opt(opt, params, 4, np.random.default_rng(2))
     for p in params:
-        decay = wd if len(p.full_shape) >= 2 else 0.0
+        decay = wd if p.role == "weight" else 0.0
         want = ref_sgd(w0[p.name], grads[p.name], 0.1, mom, decay, nesterov)
         assert np.allclose(p.data, want, rtol=1e-12, atol=1e-15), p.name
 
@@ -224,6 +229,30 @@ def test_constructor_errors():
         SGD([], lr=0.1)
 
 
+# --- weight decay by role ------------------------------------------------------------------
+
+
+def test_decay_follows_the_declared_role_not_the_shape():
+    """A (3, d) bias (the fused qkv bias's layout) is a bias: not decayed; a (d,) weight role is."""
+    fused_bias = Parameter("qkv.bias", (3, 4), F64, role="bias", init="zeros")
+    assert not decays(fused_bias)
+    assert decays(Parameter("e", (7, 4), F64, role="embedding"))
+    assert not decays(Parameter("ln.weight", (4,), F64, role="norm", init="ones"))
+    with pytest.raises(ValueError, match="role 'matrix'"):
+        Parameter("w", (2, 2), F64, role="matrix")
+
+
+def test_adamw_weight_decay_does_not_shrink_a_2d_bias():
+    """One AdamW step with zero gradients: only weight decay can move a parameter. The 2-D
+    bias keeps its value bit for bit; the weight shrinks by exactly 1 - lr * wd."""
+    w = Parameter("w", (3, 4), F64, role="weight", std=1.0)
+    b = Parameter("qkv.bias", (3, 4), F64, role="bias", init="ones")
+    w0, b0 = w.data.copy(), b.data.copy()
+    AdamW([w, b], lr=0.1, weight_decay=0.5).step()
+    assert np.array_equal(b.data, b0)
+    assert np.array_equal(w.data, w0 * (1.0 - 0.1 * 0.5))
+
+
 # --- clipping ------------------------------------------------------------------------------
 
 
@@ -231,22 +260,22 @@ def test_grad_norm_and_clip_scale():
     params = make_params()
     set_grads(params, np.random.default_rng(8))
     want = math.sqrt(sum(float((p.grad**2).sum()) for p in params))
-    assert math.isclose(global_grad_norm(params), want, rel_tol=1e-13)
+    assert math.isclose(norm(params), want, rel_tol=1e-13)
     before = [p.grad.copy() for p in params]
 
     scale = clip_grads_(params, max_norm=want / 4, total_norm=want)
     assert math.isclose(scale, (want / 4) / (want + 1e-6), rel_tol=1e-13)
     for p, g in zip(params, before, strict=True):
         assert np.allclose(p.grad, g * scale, rtol=1e-14)
-    assert math.isclose(global_grad_norm(params), want / 4, rel_tol=1e-6)
+    assert math.isclose(norm(params), want / 4, rel_tol=1e-6)
 
 
 def test_clip_is_noop_below_threshold():
     params = make_params()
     set_grads(params, np.random.default_rng(9))
     before = [p.grad.copy() for p in params]
-    norm = global_grad_norm(params)
-    assert clip_grads_(params, max_norm=2 * norm, total_norm=norm) == 1.0
+    total = norm(params)
+    assert clip_grads_(params, max_norm=2 * total, total_norm=total) == 1.0
     assert all(np.array_equal(p.grad, g) for p, g in zip(params, before, strict=True))
 
 
@@ -263,8 +292,9 @@ def test_replicated_counted_once_over_tp():
     full_w, full_b = rng.normal(size=(4, 6)), rng.normal(size=(6,))
     ranks = []
     for r in range(2):
-        w = Parameter("w", (4, 6), F64, spec=ShardSpec(axis=1), tp_rank=r, tp_size=2)
-        b = Parameter("b", (6,), F64, tp_rank=r, tp_size=2)
+        w = Parameter("w", (4, 6), F64, role="weight", spec=ShardSpec(axis=1), tp_rank=r,
+                      tp_size=2)
+        b = Parameter("b", (6,), F64, role="bias", tp_rank=r, tp_size=2)
         w.grad[...] = full_w[:, 3 * r: 3 * r + 3]
         b.grad[...] = full_b
         ranks.append([w, b])
@@ -272,9 +302,6 @@ def test_replicated_counted_once_over_tp():
     local = [grad_norm_sq_local(ps) for ps in ranks]
     assert math.isclose(local[1], float((full_w[:, 3:] ** 2).sum()), rel_tol=1e-13)  # no bias
     assert math.isclose(sum(local), want_sq, rel_tol=1e-13)
-    # the reduce_sum hook: pretend the parallel layer summed over both ranks
-    norm = global_grad_norm(ranks[0], reduce_sum=lambda x: x + local[1])
-    assert math.isclose(norm, math.sqrt(want_sq), rel_tol=1e-13)
 
 
 # --- lr schedule ---------------------------------------------------------------------------

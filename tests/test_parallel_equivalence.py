@@ -9,7 +9,7 @@ of 3 steps (<= 1e-9) and the weights after them (<= 1e-9). See tests/mpi/equiv_t
 import pytest
 from mpi_util import python_script
 
-from mpipar.dataset import prepare_synthetic
+from mpipar.datasets import prepare_synthetic
 
 
 @pytest.fixture(scope="module")

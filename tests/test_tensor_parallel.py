@@ -3,7 +3,7 @@
 import pytest
 from mpi_util import python_script
 
-from mpipar.dataset import prepare_synthetic
+from mpipar.datasets import prepare_synthetic
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 from mpi_util import ONE_THREAD, REPO, run_mpi
 
 from mpipar.config import ConfigError, load_config
-from mpipar.dataset import prepare_synthetic
+from mpipar.datasets import prepare_synthetic
 from mpipar.training import check_model, preflight
 
 SMALL = ["--set", "model.n_layer=4", "--set", "model.n_embd=16", "--set", "model.n_head=4",

@@ -5,7 +5,8 @@
 imported only there).
 """
 
-from .breakdown import breakdown, compare, summarize, to_dataframe, to_jsonable, union_length
+from .breakdown import breakdown, union_length
+from .compare import compare, summarize, to_dataframe, to_jsonable
 from .dump import DumpError, Run, load
 
 __all__ = [

@@ -25,12 +25,7 @@ All numbers are seconds *per step*, averaged over the measured steps. Definition
   The run's ``bubble`` is the mean over measured steps and ranks. ``bubble_pipeline`` uses the
   pipeline window instead of the whole step (first compute start to last compute end over all
   ranks, excluding ``OPT``), which is what a schedule simulator models.
-- **predicted bubble**: ``mpipar.parallel.pipeline.simulate`` on the run's schedule with the
-  measured mean per-chunk F, B, W costs, times ``virtual_stages`` since the simulator takes
-  per-stage costs (``BW = B + W``; recomputation R is added to B;
-  with no W events, B already is the whole backward and W = 0), and as ``comm`` the median
-  ``pp.send``/``pp.recv`` duration (median: blocking receives that sat in a bubble are long
-  outliers). ``bubble_textbook`` is the closed formula (e.g. (p-1)/(m+p-1) for GPipe).
+- **predicted bubble**: see ``mpipar.analysis.predict`` (the simulator on the measured costs).
 - **throughput**: run step time = per step, last ``STEP`` end - first ``STEP`` start over all
   ranks, averaged; tokens/s = tokens per step / step time; FLOPs per step from
   ``mpipar.analysis.flops`` (formula there); MFU = FLOP/s / (peak per device x devices), where
@@ -48,6 +43,7 @@ import numpy as np
 from . import flops as _flops
 from .dump import Run, load
 from .flops import setting as get
+from .predict import predict
 
 COMPUTE_KINDS = ("F", "B", "W", "R", "LOSS", "OPT")
 PIPE_COMPUTE = ("F", "B", "W", "R", "LOSS")  # model compute: the bubble's complement
@@ -330,131 +326,3 @@ def _summary(run, steps, per, table, notes, peak) -> dict:
     if not run.complete:
         notes.append("dump is not marked complete: the run crashed or this is a mid-run flush")
     return s
-
-
-def measured_costs(run: Run, steps) -> dict:
-    """Mean per-chunk F, B, W (and BW) durations and the median p2p transfer time, in seconds."""
-    ev = np.concatenate(run.events) if run.events else np.empty(0)
-    ev = ev[np.isin(ev["step"], steps)]
-    dur = ev["end"] - ev["start"]
-    kinds = ev["kind"]
-
-    def mean(k):
-        m = kinds == k
-        return float(dur[m].mean()) if m.any() else 0.0
-
-    f, b, w, r = mean("F"), mean("B"), mean("W"), mean("R")
-    p2p = dur[np.isin(kinds, ("pp.send", "pp.recv"))]
-    comm = float(np.median(p2p)) if p2p.size else 0.0
-    return {"F": f, "B": b + r, "W": w, "BW": b + r + w, "comm": comm}
-
-
-def predict(run: Run, steps) -> dict:
-    """Simulator and textbook bubble for the run's schedule; "n/a" + reason if unavailable."""
-    cfg = run.config
-    kind = get(cfg, "schedule")
-    pp = int(run.grid["pp"])
-    m = get(cfg, "microbatches")
-    v = int(get(cfg, "virtual_stages", 1) or 1)
-    costs = measured_costs(run, steps)
-    out = {
-        "costs": costs,
-        "bubble_sim": "n/a",
-        "bubble_textbook": "n/a",
-        "sim_makespan": "n/a",
-        "sim_peak_activations": "n/a",
-        "predict_note": "",
-    }
-    if kind is None or m is None:
-        out["predict_note"] = "config has no schedule/microbatches"
-        return out
-    try:
-        from mpipar.parallel.pipeline.simulate import simulate, textbook_bubble
-    except Exception as exc:  # the schedule module may not be there (yet)
-        out["predict_note"] = f"schedule simulator unavailable ({exc.__class__.__name__}: {exc})"
-        return out
-    try:
-        tb = textbook_bubble(kind, pp, int(m), v)
-        out["bubble_textbook"] = float(tb) if tb is not None else "n/a"
-    except Exception as exc:
-        out["predict_note"] += f"textbook_bubble failed ({exc}); "
-    try:
-        from mpipar.parallel.pipeline.generators import build_schedule
-
-        # the simulator's compute costs are per stage (it divides by virtual for a chunk)
-        stage_costs = {k: (c * v if k != "comm" else c) for k, c in costs.items()}
-        sim = simulate(build_schedule(kind, pp, int(m), virtual=v), costs=stage_costs)
-        out["bubble_sim"] = float(sim.bubble_fraction)
-        out["sim_makespan"] = float(sim.makespan)
-        out["sim_peak_activations"] = sim.peak_activations
-    except Exception as exc:
-        out["predict_note"] += f"simulate failed ({exc.__class__.__name__}: {exc})"
-    return out
-
-
-# --- several runs ------------------------------------------------------------------------------
-
-COMPARE_COLUMNS = (
-    "run",
-    "world_size",
-    "dp",
-    "pp",
-    "tp",
-    "schedule",
-    "microbatches",
-    "virtual_stages",
-    "step_time",
-    "tokens_per_s",
-    "flops_per_s",
-    "mfu",
-    "compute_frac",
-    "exposed_frac",
-    "idle_frac",
-    "bubble",
-    "bubble_pipeline",
-    "bubble_sim",
-    "bubble_textbook",
-)
-
-
-def compare(results: list) -> dict:
-    """One row per run (breakdown dicts, Runs or paths): a table {column: np.ndarray}."""
-    rows = [r if isinstance(r, dict) else breakdown(r) for r in results]
-    table = {}
-    for c in COMPARE_COLUMNS:
-        vals = [row["summary"].get(c) for row in rows]
-        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals)
-        table[c] = np.array(vals, dtype=float if numeric else object)
-    return table
-
-
-def summarize(path, step: int | None = None, peak: float | None = None) -> dict:
-    """A plain (JSON-ready) dict of one dump's breakdown: for tests and scripts."""
-    result = breakdown(load(path), step=step, peak=peak)
-    return to_jsonable(result)
-
-
-def to_jsonable(obj):
-    """numpy -> Python, NaN -> None, recursively."""
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return [to_jsonable(v) for v in obj.tolist()]
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
-
-
-def to_dataframe(table: dict):
-    """A pandas DataFrame of a table (``result["ranks"]``, ``compare(...)``); needs pandas."""
-    try:
-        import pandas as pd
-    except ImportError:
-        raise ImportError(
-            "to_dataframe needs pandas (pip install pandas); the dict of arrays works without"
-        ) from None
-    return pd.DataFrame({k: list(v) for k, v in table.items()})

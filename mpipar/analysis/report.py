@@ -9,7 +9,8 @@ import math
 
 import numpy as np
 
-from .breakdown import COMPARE_COLUMNS, RANK_COLUMNS, to_jsonable
+from .breakdown import RANK_COLUMNS
+from .compare import COMPARE_COLUMNS, to_jsonable
 
 # per-rank text table: (column, header), ms per step. Self times (each instant once, see
 # mpipar.analysis.breakdown) so a row adds up: step = compute + communication + other + idle.

@@ -34,22 +34,22 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from mpipar import dataset
+    from mpipar import datasets
 
     t0 = time.perf_counter()
     try:
         if args.synthetic:
-            out = args.out or dataset.default_corpus_path().with_name(
+            out = args.out or datasets.default_corpus_path().with_name(
                 f"synthetic_{args.synthetic}.h5")
-            stats = dataset.prepare_synthetic(out, args.synthetic, args.tokens, args.vocab,
-                                              args.seed, val_fraction=args.val_fraction,
-                                              noise=args.noise)
+            stats = datasets.prepare_synthetic(out, args.synthetic, args.tokens, args.vocab,
+                                               args.seed, val_fraction=args.val_fraction,
+                                               noise=args.noise)
         else:
-            out = args.out or dataset.default_corpus_path()
-            stats = dataset.prepare_corpus(out, source_dir=args.source_dir,
-                                           val_fraction=args.val_fraction,
-                                           max_bytes=args.max_bytes,
-                                           include_tests=args.include_tests)
+            out = args.out or datasets.default_corpus_path()
+            stats = datasets.prepare_corpus(out, source_dir=args.source_dir,
+                                            val_fraction=args.val_fraction,
+                                            max_bytes=args.max_bytes,
+                                            include_tests=args.include_tests)
     except (ValueError, OSError) as exc:
         print(f"mpipar prepare-data: error: {exc}", file=sys.stderr)
         return 2

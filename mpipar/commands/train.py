@@ -53,7 +53,7 @@ def overrides_from(args) -> dict:
 def run(args) -> int:
     from mpipar.checkpoint import CheckpointError
     from mpipar.config import ConfigError, load_config
-    from mpipar.dataset import DataError
+    from mpipar.datasets import DataError
 
     try:
         cfg = load_config(args.config, overrides_from(args))

@@ -1,8 +1,11 @@
-"""How the kernels run on the CPU: cache-sized blocks, mpipar's own threads, reused buffers.
+"""How every kernel is run, on the CPU and the GPU alike: blocks, threads, reused buffers.
 
-Nothing here changes a result: it decides only which thread computes which rows, and into which
-memory. On a GPU (CuPy) every helper degenerates to "one block of everything, on the calling
-thread": one kernel per operation is what a GPU wants, and CuPy has its own memory pool.
+All kernels (``functional``, ``layers``, the optimisers) go through these helpers whatever the
+device. On the CPU (NumPy) they cut the work into cache-sized blocks, run them on mpipar's own
+threads and reuse output buffers; on a GPU (CuPy) every helper is a pass-through, "one block of
+everything, on the calling thread, into a fresh array": one kernel per operation is what a GPU
+wants, and CuPy has its own memory pool. Nothing here changes a result: it decides only which
+thread computes which rows, and into which memory.
 
 Threads. NumPy runs each operation on one core, and OpenBLAS threads only the large products.
 So mpipar owns the threads of a rank (``kernel_threads``, by default its share of the cores) and

@@ -22,10 +22,11 @@ class ParamFactory:
         self.backend, self.seed = backend, seed
         self.tp_rank, self.tp_size, self.std = tp_rank, tp_size, std
 
-    def make(self, name, full_shape, spec: ShardSpec = REPLICATED, init="normal", std=None):
-        return Parameter(name, full_shape, self.backend, spec=spec, tp_rank=self.tp_rank,
-                         tp_size=self.tp_size, init=init, std=self.std if std is None else std,
-                         seed=self.seed)
+    def make(self, name, full_shape, role, spec: ShardSpec = REPLICATED, init="normal", std=None):
+        """``role``: "weight", "embedding", "bias" or "norm" (decides weight decay)."""
+        return Parameter(name, full_shape, self.backend, role=role, spec=spec,
+                         tp_rank=self.tp_rank, tp_size=self.tp_size, init=init,
+                         std=self.std if std is None else std, seed=self.seed)
 
 
 class Layer:
@@ -134,8 +135,9 @@ class Linear(Layer):
     def __init__(self, pf: ParamFactory, name, d_in, d_out, bias=True,
                  w_spec=REPLICATED, b_spec=REPLICATED, std=None, w_shape=None, b_shape=None):
         super().__init__(name)
-        self.w = pf.make(f"{name}.weight", w_shape or (d_in, d_out), w_spec, std=std)
-        self.b = (pf.make(f"{name}.bias", b_shape or (d_out,), b_spec, init="zeros")
+        self.w = pf.make(f"{name}.weight", w_shape or (d_in, d_out), "weight", w_spec,
+                         std=std)
+        self.b = (pf.make(f"{name}.bias", b_shape or (d_out,), "bias", b_spec, init="zeros")
                   if bias else None)
         self.own_params = [self.w] + ([self.b] if bias else [])
 
@@ -187,7 +189,7 @@ class Bias(Layer):
 
     def __init__(self, pf: ParamFactory, name, d, spec=REPLICATED):
         super().__init__(name)
-        self.b = pf.make(f"{name}.bias", (d,), spec, init="zeros")
+        self.b = pf.make(f"{name}.bias", (d,), "bias", spec, init="zeros")
         self.own_params = [self.b]
 
     def forward(self, x, mb=0):
@@ -208,8 +210,8 @@ class LayerNorm(Layer):
     def __init__(self, pf: ParamFactory, name, d, eps=1e-5, partial_grad=False):
         super().__init__(name)
         spec = ShardSpec(axis=None, partial_grad=partial_grad)
-        self.g = pf.make(f"{name}.weight", (d,), spec, init="ones")
-        self.b = pf.make(f"{name}.bias", (d,), spec, init="zeros")
+        self.g = pf.make(f"{name}.weight", (d,), "norm", spec, init="ones")
+        self.b = pf.make(f"{name}.bias", (d,), "norm", spec, init="zeros")
         self.own_params = [self.g, self.b]
         self.eps = eps
 
@@ -257,7 +259,7 @@ class Embedding(Layer):
 
     def __init__(self, pf: ParamFactory, name, vocab, d, spec=REPLICATED):
         super().__init__(name)
-        self.table = pf.make(f"{name}.weight", (vocab, d), spec)
+        self.table = pf.make(f"{name}.weight", (vocab, d), "embedding", spec)
         self.own_params = [self.table]
         rows = self.table.shape[0]
         self.lo = pf.tp_rank * rows if spec.axis == 0 else 0
@@ -299,7 +301,8 @@ class PositionEmbedding(Layer):
 
     def __init__(self, pf: ParamFactory, name, max_len, d, shard_index=0, partial_grad=False):
         super().__init__(name)
-        self.pos = pf.make(f"{name}.weight", (max_len, d), ShardSpec(None, partial_grad))
+        self.pos = pf.make(f"{name}.weight", (max_len, d), "embedding",
+                           ShardSpec(None, partial_grad))
         self.own_params = [self.pos]
         self.shard_index = shard_index
 

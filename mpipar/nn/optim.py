@@ -26,8 +26,9 @@ OPT_BLOCK_ELEMENTS = 1 << 16
 
 
 def decays(p) -> bool:
-    """Weight decay applies to matrices (full_shape ndim >= 2), never to biases or LayerNorm."""
-    return len(p.full_shape) >= 2
+    """Whether weight decay applies to ``p``: its declared role says so (``Parameter.decay``:
+    matrices of linears and embeddings decay, biases and LayerNorm never, whatever their shape)."""
+    return bool(p.decay)
 
 
 class _Scratch:
@@ -142,8 +143,8 @@ def _positive_float(x, what: str, allow_zero: bool = False) -> float:
 
 
 class SGD(Optimizer):
-    """SGD with PyTorch's semantics: ``g = grad + weight_decay * p`` (matrices only, see
-    ``decays``), ``buf = momentum * buf + g`` (so ``buf = g`` at the first step), then
+    """SGD with PyTorch's semantics: ``g = grad + weight_decay * p`` (weights and embeddings
+    only, see ``decays``), ``buf = momentum * buf + g`` (so ``buf = g`` at the first step), then
     ``p -= lr * (g + momentum * buf)`` (nesterov) or ``p -= lr * buf``. Momentum 0:
     ``p -= lr * g``."""
 
@@ -184,7 +185,7 @@ class SGD(Optimizer):
 
 class AdamW(Optimizer):
     """Adam with bias correction and decoupled weight decay (Loshchilov & Hutter; PyTorch's
-    AdamW): ``p *= 1 - lr * weight_decay`` (matrices only, see ``decays``),
+    AdamW): ``p *= 1 - lr * weight_decay`` (weights and embeddings only, see ``decays``),
     ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g^2``, and with ``t`` the step count
     ``p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)``."""
 
@@ -286,15 +287,6 @@ def grad_norm_sq_local(params) -> float:
         s = xp.vdot(g, g).astype(xp.float64)
         total = s if total is None else total + s
     return 0.0 if total is None else float(total)
-
-
-def global_grad_norm(params, reduce_sum=None) -> float:
-    """The full model's gradient L2 norm. ``reduce_sum`` (float -> float) sums a number over the
-    tp and pp ranks of this replica; it is supplied by the parallel layer (None: one rank)."""
-    sq = grad_norm_sq_local(params)
-    if reduce_sum is not None:
-        sq = float(reduce_sum(sq))
-    return math.sqrt(sq)
 
 
 def clip_grads_(params, max_norm: float, total_norm: float) -> float:

@@ -32,6 +32,13 @@ class ShardSpec:
 
 REPLICATED = ShardSpec()
 
+# What a parameter is for, declared where it is made. Weight decay follows the role, not the
+# number of dimensions (the fused qkv bias is stored as (3, d) and is still a bias): matrices of
+# linears and embedding tables decay; biases and LayerNorm gains/biases never do (Megatron,
+# nanoGPT).
+ROLES = ("weight", "embedding", "bias", "norm")
+DECAYING_ROLES = ("weight", "embedding")
+
 
 def name_rng(seed: int, name: str) -> np.random.Generator:
     """A generator that depends only on the seed and the parameter's name (not on the rank)."""
@@ -68,9 +75,12 @@ def take_shard(full, spec: ShardSpec, rank: int, size: int, what: str = "paramet
 class Parameter:
     """One rank's shard of a named parameter, its gradient buffer and its sharding spec."""
 
-    def __init__(self, name, full_shape, backend, *, spec=REPLICATED, tp_rank=0, tp_size=1,
+    def __init__(self, name, full_shape, backend, *, role, spec=REPLICATED, tp_rank=0, tp_size=1,
                  init="normal", std=0.02, seed=0):
+        if role not in ROLES:
+            raise ValueError(f"parameter {name}: role {role!r} is not one of {ROLES}")
         self.name = name
+        self.role = role
         self.full_shape = tuple(int(s) for s in full_shape)
         self.spec = spec
         self.tp_rank, self.tp_size = tp_rank, tp_size
@@ -80,6 +90,11 @@ class Parameter:
         self.data = None
         self.grad = None
         self.load_full(master)
+
+    @property
+    def decay(self) -> bool:
+        """Whether weight decay applies (from the role: see ``DECAYING_ROLES``)."""
+        return self.role in DECAYING_ROLES
 
     @property
     def shape(self):

@@ -42,7 +42,7 @@ class FlatShard:
 
     def __init__(self, name, data, grad, decay, replicated, tp_rank):
         self.name, self.data, self.grad = name, data, grad
-        # decays() looks at the number of dimensions of full_shape
+        self.decay = decay  # read by optim.decays(): the bucket holds parameters of one role
         self.full_shape = (1, data.size) if decay else (data.size,)
         self.spec = REPLICATED if replicated else ShardSpec(axis=0)
         self.tp_rank = tp_rank

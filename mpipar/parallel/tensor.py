@@ -13,15 +13,19 @@ parallelism (Korthikanti et al., 2022) the regions between blocks hold a slice o
 ``g`` a reduce-scatter (:class:`ReduceScatterSeq`, all-gather backward); the bytes moved are the
 same as the all-reduces they replace, and LayerNorm work and activations are split by tp.
 
-These layers hold no MPI: they call a communicator object (``mpipar.mpi.comm.Comm``) given to
-them. With tp = 1 they are identities and never touch it, so the one-rank model is the same code.
+These layers hold no MPI: they call a communicator object (``mpipar.mpi.comm.Comm``, or a
+``LocalComm`` when tp = 1) given to them. With tp = 1 they are identities and never touch it, so
+the one-rank model is the same code.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from ..backend import array_module
+from ..mpi.comm import LocalComm
 from ..nn.layers import Layer
+from ..nn.losses import CrossEntropyLoss
 from ..nn.params import ShardSpec
 
 SEQ_AXIS = 1  # activations are (batch, sequence, hidden)
@@ -31,7 +35,8 @@ SEQ_AXIS = 1  # activations are (batch, sequence, hidden)
 class TPContext:
     """What a model needs to know about tensor parallelism on this rank."""
 
-    comm: object = None  # mpipar.mpi.comm.Comm along the tp axis (None when size is 1)
+    # the communicator along the tp axis: a Comm, or a LocalComm when tp is 1 (never None)
+    comm: object = field(default_factory=lambda: LocalComm("tp"))
     size: int = 1
     rank: int = 0
     sequence_parallel: bool = False
@@ -117,56 +122,24 @@ class ReduceScatterSeq(_TPOp):
         return self.tp.comm.allgather(dy, axis=SEQ_AXIS) if self.active else dy
 
 
-class VocabParallelCrossEntropy:
+class VocabParallelCrossEntropy(CrossEntropyLoss):
     """Mean softmax cross-entropy over logits split by vocabulary columns across tp.
 
-    Never gathers the full logits (Megatron's vocab-parallel loss): the row max, the sum of
-    exponentials and the target logit are each reduced over tp, so the message per token is a
-    few scalars instead of V / tp logits.
+    The math is ``nn.losses``'s; this wrapper gives it this rank's column offset and the
+    all-reductions over tp. It never gathers the full logits (Megatron's vocab-parallel loss): the
+    row max, the sum of exponentials and the target logit are each reduced over tp, so the message
+    per token is a few scalars instead of V / tp logits.
     """
 
     def __init__(self, tp: TPContext):
+        super().__init__()
         self.tp = tp
-        self._ctx = {}
+
+    def _offset(self, v_local: int) -> int:
+        return self.tp.rank * v_local
 
     def _reduce(self, x, op):
         return self.tp.comm.allreduce(x, op=op, inplace=True) if self.tp.size > 1 else x
-
-    def forward(self, logits, targets, mb=0, scale=1.0) -> float:
-        """The mean loss over this micro-batch's tokens (unscaled); keeps what backward needs.
-
-        ``scale`` multiplies the gradient (1 / micro-batches for a batch mean).
-        """
-        from ..backend import array_module
-
-        xp = array_module(logits)
-        v_local = logits.shape[-1]
-        z = logits.reshape(-1, v_local)
-        t = xp.asarray(targets).reshape(-1)
-        n = z.shape[0]
-        lo = self.tp.rank * v_local
-        rowmax = self._reduce(z.max(axis=1), "max")
-        e = z - rowmax[:, None]
-        inside = (t >= lo) & (t < lo + v_local)
-        local_t = xp.where(inside, t - lo, 0)
-        picked = e[xp.arange(n), local_t] * inside
-        picked = self._reduce(picked, "sum")
-        xp.exp(e, out=e)
-        sumexp = self._reduce(e.sum(axis=1), "sum")
-        loss = float((xp.log(sumexp) - picked).mean())
-        e /= sumexp[:, None]  # e is now this rank's slice of the softmax
-        self._ctx[mb] = (e, local_t, inside, scale, logits.shape)
-        return loss
-
-    def backward(self, mb=0):
-        from ..backend import array_module
-
-        p, local_t, inside, scale, shape = self._ctx.pop(mb)
-        xp = array_module(p)
-        n = p.shape[0]
-        p[xp.arange(n), local_t] -= inside.astype(p.dtype)
-        p *= scale / n
-        return p.reshape(shape)
 
 
 def sync_partial_grads(params, tp: TPContext) -> None:
@@ -181,8 +154,6 @@ def sync_partial_grads(params, tp: TPContext) -> None:
     partial = [p for p in params if p.spec.partial_grad]
     if not partial:
         return
-    from ..backend import array_module
-
     xp = array_module(partial[0].grad)
     flat = xp.concatenate([p.grad.reshape(-1) for p in partial])
     tp.comm.allreduce(flat, op="sum", inplace=True)

@@ -18,14 +18,14 @@ class Batches:
         self.cfg = cfg
         m = cfg.model
         if m.kind == "gpt":
-            from ..dataset import TokenDataset
+            from ..datasets import TokenDataset
 
             self.ds = TokenDataset(path)
             if self.ds.vocab_size > m.vocab_size:
                 raise ConfigError(f"data file {path} has vocabulary {self.ds.vocab_size} but "
                                   f"model.vocab_size = {m.vocab_size}: raise vocab_size")
         else:
-            from ..dataset import synthetic_classification, synthetic_regression
+            from ..datasets import synthetic_classification, synthetic_regression
 
             n = 4096
             if m.task == "classification":

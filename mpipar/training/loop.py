@@ -122,14 +122,14 @@ def _device_peak(grid, backend) -> float:
 def prepare_data(cfg: Config, grid):
     """The token file of a GPT run: ``data.path``, or the default corpus, prepared once by
     world rank 0 while the others wait."""
-    from ..dataset import ensure_corpus
+    from ..datasets import ensure_corpus
 
     path = cfg.data.path or None
     if grid.rank == 0 and path is None:
         ensure_corpus(None, max_bytes=cfg.data.max_bytes)
     grid.world_comm.barrier()
     if path is None:
-        from ..dataset import default_corpus_path
+        from ..datasets import default_corpus_path
 
         path = default_corpus_path()
     return path

@@ -1,148 +1,14 @@
-"""Slurm batch scripts for mpipar training runs: render, submit, watch.
-
-One bash body serves every script: the checked-in templates slurm/train.sbatch and
-slurm/sweep.sbatch (settings from the environment) and the scripts `mpipar slurm render` writes
-(settings chosen on the command line, still overridable from the environment). Keeping one body
-means the checked-in files cannot drift from what the CLI submits (a test compares them).
-
-No MPI here: this module only writes text and calls sbatch / scontrol / squeue / scancel.
-"""
+"""The batch scripts: one bash body for the rendered scripts and the checked-in templates."""
 
 from __future__ import annotations
 
-import json
-import math
 import re
 import shlex
 import shutil
-import subprocess
 import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-SWEEP_KEYS = ("dp", "pp", "tp", "schedule", "microbatches", "steps")
-_INT_KEYS = ("dp", "pp", "tp", "microbatches", "steps")
-ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
-                 "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT"}
-OK_STATES = {"COMPLETED"}
-NO_SBATCH = ("sbatch not found: run this on a Slurm login node or use mpiexec directly "
-             "(mpiexec -n N mpipar train --config ... --dp D --pp P --tp T)")
-
-
-class SlurmError(ValueError):
-    """A bad request (grid does not fit, bad sweep file) or a missing / failing Slurm command."""
-
-
-# ---- what to run and on what -------------------------------------------------------------
-
-@dataclass
-class JobSpec:
-    """One training job (or one job array when `sweep` is non-empty)."""
-
-    config: str
-    dp: int = 1
-    pp: int = 1
-    tp: int = 1
-    schedule: str | None = None
-    microbatches: int | None = None
-    steps: int | None = None
-    extra_args: str = ""
-    run_root: str = "runs/slurm"
-    gpus_per_node: int | None = None  # set: one rank per GPU, --device cuda
-    tasks_per_node: int | None = None
-    nodes: int | None = None
-    cpus_per_task: int = 1
-    partition: str | None = None
-    time: str | None = None
-    job_name: str | None = None
-    launcher: str = "srun"
-    srun_nolocal: str = "auto"  # auto | 1 | 0: MPIR_CVAR_NOLOCAL=1 under srun (PyPI mpich)
-    sweep: list[dict] = field(default_factory=list)
-
-    @property
-    def ranks(self) -> int:
-        """Ranks the allocation must hold: the grid's, or the largest grid of the sweep."""
-        if not self.sweep:
-            return self.dp * self.pp * self.tp
-        return max(e.get("dp", self.dp) * e.get("pp", self.pp) * e.get("tp", self.tp)
-                   for e in self.sweep)
-
-
-@dataclass(frozen=True)
-class Allocation:
-    ntasks: int
-    nodes: int | None  # None: let Slurm place the tasks
-    tasks_per_node: int | None
-
-
-def allocation(ntasks: int, gpus_per_node: int | None = None, tasks_per_node: int | None = None,
-               nodes: int | None = None) -> Allocation:
-    """Nodes and tasks for `ntasks` ranks: one rank per GPU, or `tasks_per_node` ranks per node.
-
-    Raises SlurmError when the requested nodes cannot hold the grid.
-    """
-    for name, value in (("ranks", ntasks), ("--gpus-per-node", gpus_per_node),
-                        ("--tasks-per-node", tasks_per_node), ("--nodes", nodes)):
-        if value is not None and (not isinstance(value, int) or value < 1):
-            raise SlurmError(f"{name} must be a positive integer, got {value!r}")
-    per_node = tasks_per_node
-    if gpus_per_node is not None:
-        if tasks_per_node is not None and tasks_per_node != gpus_per_node:
-            raise SlurmError(f"GPU jobs run one rank per GPU: --tasks-per-node ({tasks_per_node}) "
-                             f"must equal --gpus-per-node ({gpus_per_node}) or be left out")
-        per_node = gpus_per_node
-    if per_node is None:
-        if nodes is not None and nodes > ntasks:
-            raise SlurmError(f"--nodes {nodes} is more than the {ntasks} ranks of the grid: "
-                             f"use --nodes {ntasks} or fewer")
-        return Allocation(ntasks, nodes, None)
-    needed = math.ceil(ntasks / per_node)
-    if nodes is None:
-        nodes = needed
-    elif nodes * per_node < ntasks:
-        unit = "GPUs" if gpus_per_node is not None else "tasks"
-        raise SlurmError(f"the grid needs {ntasks} ranks but --nodes {nodes} x {per_node} {unit} "
-                         f"per node gives only {nodes * per_node} tasks: use --nodes {needed} "
-                         f"(or more {unit} per node, or a smaller dp*pp*tp)")
-    return Allocation(ntasks, nodes, per_node)
-
-
-def parse_sweep(text: str, source: str = "sweep file") -> list[dict]:
-    """One grid per non-blank line: `dp=2 pp=2 tp=1 schedule=1f1b microbatches=4` ('#' comments).
-
-    Keys left out keep the job's values. Returns one dict per line, in order (array task ids).
-    """
-    entries = []
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        entry: dict = {}
-        for token in line.split():
-            key, eq, value = token.partition("=")
-            where = f"{source} line {lineno} ({raw.strip()!r})"
-            if not eq or key not in SWEEP_KEYS:
-                raise SlurmError(f"{where}: expected key=value with key in "
-                                 f"{', '.join(SWEEP_KEYS)}, got {token!r}")
-            if key in _INT_KEYS:
-                if not value.isdigit() or int(value) < 1:
-                    raise SlurmError(f"{where}: {key} must be a positive integer, got {value!r}")
-                entry[key] = int(value)
-            else:
-                entry[key] = value
-        entries.append(entry)
-    if not entries:
-        raise SlurmError(f"{source} has no grids: write one line per run, "
-                         "e.g. 'dp=2 pp=2 tp=1 schedule=1f1b microbatches=4'")
-    return entries
-
-
-def sweep_line(entry: dict) -> str:
-    return " ".join(f"{k}={entry[k]}" for k in SWEEP_KEYS if k in entry)
-
-
-# ---- the script --------------------------------------------------------------------------
+from .spec import JobSpec, SlurmError, allocation, sweep_line
 
 _HEADER = """\
 #!/bin/bash
@@ -368,7 +234,8 @@ def render_static(kind: str) -> str:
              "usage: CONFIG=cfg.toml DP=2 PP=2 TP=1 sbatch --ntasks=4 slurm/train.sbatch "
              "[more mpipar train flags]")
     text = _HEADER.format(title=title, origin=usage)
-    text += "# Generated from mpipar/slurm.py (render_static); edit there, then regenerate with\n"
+    text += ("# Generated from mpipar/slurm/render.py (render_static); edit there, then "
+             "regenerate with\n")
     text += "#   python -c 'import mpipar.slurm as s; s.write_static()'\n"
     text += _sbatch_lines([("job-name", "mpipar-sweep" if sweep else "mpipar-train"),
                            ("ntasks", 1), ("cpus-per-task", 1), ("time", "00:30:00")])
@@ -386,138 +253,6 @@ def render_static(kind: str) -> str:
 
 
 def write_static(directory: Path | None = None) -> None:
-    directory = directory or Path(__file__).resolve().parents[1] / "slurm"
+    directory = directory or Path(__file__).resolve().parents[2] / "slurm"
     for kind in ("train", "sweep"):
         (directory / f"{kind}.sbatch").write_text(render_static(kind))
-
-
-# ---- talking to Slurm ----------------------------------------------------------------------
-
-def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        if name == "sbatch":
-            raise SlurmError(NO_SBATCH)
-        raise SlurmError(f"{name} not found: run this on a Slurm login node")
-    return path
-
-
-def submit(script: str, script_path: Path, env: dict | None = None) -> str:
-    """Write `script` to `script_path`, sbatch it; returns the job id (array: the array job id)."""
-    sbatch = _tool("sbatch")
-    script_path.parent.mkdir(parents=True, exist_ok=True)
-    script_path.write_text(script)
-    proc = subprocess.run([sbatch, "--parsable", str(script_path)], capture_output=True,
-                          text=True, env=env, timeout=60)
-    if proc.returncode != 0:
-        raise SlurmError(f"sbatch failed ({proc.returncode}): {proc.stderr.strip()}")
-    return proc.stdout.strip().split(";")[0]  # --parsable prints "jobid[;cluster]"
-
-
-@dataclass
-class JobState:
-    job_id: str  # "123", or "123_4" for an array task
-    state: str
-    exit_code: str  # "rc:signal"
-    reason: str = ""
-    stdout: str = ""
-    stderr: str = ""
-
-    @property
-    def active(self) -> bool:
-        return self.state in ACTIVE_STATES
-
-    @property
-    def failed(self) -> bool:
-        return not self.active and self.state not in OK_STATES
-
-
-def _parse_scontrol(line: str) -> dict:
-    # `scontrol show job -o`: space-separated Key=Value pairs; a value may itself hold spaces.
-    return {m.group(1): m.group(2).strip()
-            for m in re.finditer(r"(\w[\w:/]*)=(.*?)(?=\s\w[\w:/]*=|$)", line)}
-
-
-def _task_order(state: "JobState"):
-    # scontrol lists array tasks newest first; show them in task order (pending ranges last).
-    task = state.job_id.partition("_")[2]
-    return (0, int(task)) if task.isdigit() else (1, 0) if task else (-1, 0)
-
-
-def job_states(job_id: str, env: dict | None = None) -> list[JobState]:
-    """State of a job (every task of an array). Empty when Slurm no longer knows the job."""
-    scontrol = _tool("scontrol")
-    proc = subprocess.run([scontrol, "show", "job", "-o", str(job_id)], capture_output=True,
-                          text=True, env=env, timeout=30)
-    states = []
-    if proc.returncode == 0:
-        for line in proc.stdout.splitlines():
-            if not line.strip():
-                continue
-            f = _parse_scontrol(line)
-            jid = f.get("JobId", "")
-            if f.get("ArrayJobId") and f.get("ArrayTaskId"):
-                jid = f"{f['ArrayJobId']}_{f['ArrayTaskId']}"
-            states.append(JobState(jid, f.get("JobState", "UNKNOWN"), f.get("ExitCode", ""),
-                                   f.get("Reason", ""), f.get("StdOut", ""), f.get("StdErr", "")))
-        return sorted(states, key=_task_order)
-    if "Invalid job id" not in proc.stderr:
-        raise SlurmError(f"scontrol show job {job_id} failed: {proc.stderr.strip()}")
-    # Fall back to squeue (jobs still listed with -t all), e.g. when scontrol lost the record.
-    squeue = _tool("squeue")
-    proc = subprocess.run([squeue, "-h", "-t", "all", "-j", str(job_id), "-o", "%i|%T|%r"],
-                          capture_output=True, text=True, env=env, timeout=30)
-    for line in proc.stdout.splitlines():
-        jid, state, reason = (line.split("|") + ["", ""])[:3]
-        states.append(JobState(jid.strip(), state.strip(), "", reason.strip()))
-    return states
-
-
-def wait(job_id: str, timeout: float, env: dict | None = None,
-         poll: float = 0.25) -> list[JobState]:
-    """Poll until every task of the job has ended (sbatch --wait polls too slowly)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        states = job_states(job_id, env)
-        if states and not any(s.active for s in states):
-            return states
-        if time.monotonic() > deadline:
-            raise SlurmError(f"job {job_id} still {', '.join(sorted({s.state for s in states}))} "
-                             f"after {timeout:.0f} s (scancel {job_id} to stop it)")
-        time.sleep(poll)
-
-
-def cancel(job_id: str, env: dict | None = None) -> None:
-    proc = subprocess.run([_tool("scancel"), str(job_id)], capture_output=True, text=True,
-                          env=env, timeout=30)
-    if proc.returncode != 0:
-        raise SlurmError(f"scancel {job_id} failed: {proc.stderr.strip()}")
-
-
-def error_text(state: JobState, lines: int = 15) -> str:
-    """The last lines of a job's stderr file (the batch log), where a failure says why."""
-    path = Path(state.stderr or state.stdout)
-    if not state.stderr and not state.stdout:
-        return ""
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def collect(run_root: str | Path, job_id: str) -> list[dict]:
-    """Results of a job (or each task of an array) under run_root: slurm_job.json+metrics.json."""
-    root = Path(run_root)
-    dirs = sorted([p for p in root.glob(f"{job_id}_*") if p.is_dir()],
-                  key=lambda p: int(p.name.split("_")[-1]))
-    if (root / str(job_id)).is_dir():
-        dirs.insert(0, root / str(job_id))
-    rows = []
-    for d in dirs:
-        row: dict = {"run_dir": str(d)}
-        for name in ("slurm_job.json", "metrics.json"):
-            if (d / name).exists():
-                row.update(json.loads((d / name).read_text()))
-        row["trace"] = str(d / "trace.h5") if (d / "trace.h5").exists() else None
-        rows.append(row)
-    return rows

@@ -1,0 +1,127 @@
+"""Losses: the math of mean squared error and softmax cross-entropy, forward and backward.
+
+Pure math on an array module, like the rest of ``nn/``. A loss object keeps, per micro-batch
+``mb``, what its backward needs (``forward`` saves it, ``backward`` consumes it, ``discard``
+drops it when a pass is abandoned or recomputed), so a pipeline can hold many micro-batches.
+
+Cross-entropy is written for logits whose last axis is the slice ``[lo, lo + V_local)`` of the
+vocabulary, with a ``reduce(x, op)`` that combines per-row partial values over the slices. One
+rank holds the whole vocabulary (``lo = 0``, ``reduce`` the identity); the vocab-parallel loss
+(``parallel.tensor.VocabParallelCrossEntropy``) passes its rank's offset and an all-reduce over
+tp. Both run the same operations in the same order.
+"""
+
+from __future__ import annotations
+
+from ..backend import array_module
+
+
+def _local(x, op):
+    """The reduction over vocabulary slices when one rank holds them all: nothing to combine."""
+    return x
+
+
+# ----- mean squared error ---------------------------------------------------------------------
+
+def mse_forward(y, target):
+    """Mean squared error over all elements. Returns (loss, diff), diff kept for the backward."""
+    diff = y - target
+    return float((diff * diff).mean()), diff
+
+
+def mse_backward(diff, scale=1.0):
+    """d(scale * mean (y - target)^2)/dy."""
+    return diff * (2.0 * scale / diff.size)
+
+
+# ----- softmax cross-entropy ------------------------------------------------------------------
+
+def cross_entropy_forward(logits, targets, lo=0, reduce=_local):
+    """Mean softmax cross-entropy over the rows of ``logits`` (..., V_local) against integer
+    ``targets`` (...), the logits being columns ``[lo, lo + V_local)`` of the vocabulary.
+
+    Never forms the full row: the row max, the target logit and the sum of exponentials are each
+    combined with ``reduce`` (Megatron's vocab-parallel loss: a few scalars per token). Returns
+    (loss, ctx): ``ctx`` holds this slice of the softmax (computed in place in a new array) and
+    what ``cross_entropy_backward`` needs.
+    """
+    xp = array_module(logits)
+    v_local = logits.shape[-1]
+    z = logits.reshape(-1, v_local)
+    t = xp.asarray(targets).reshape(-1)
+    n = z.shape[0]
+    rowmax = reduce(z.max(axis=1), "max")
+    e = z - rowmax[:, None]
+    inside = (t >= lo) & (t < lo + v_local)
+    local_t = xp.where(inside, t - lo, 0)
+    picked = e[xp.arange(n), local_t] * inside
+    picked = reduce(picked, "sum")
+    xp.exp(e, out=e)
+    sumexp = reduce(e.sum(axis=1), "sum")
+    loss = float((xp.log(sumexp) - picked).mean())
+    e /= sumexp[:, None]  # e is now this slice of the softmax
+    return loss, (e, local_t, inside, logits.shape)
+
+
+def cross_entropy_backward(ctx, scale=1.0):
+    """d(scale * mean CE)/dlogits = scale * (p - onehot) / N, in place in the saved softmax."""
+    p, local_t, inside, shape = ctx
+    xp = array_module(p)
+    n = p.shape[0]
+    p[xp.arange(n), local_t] -= inside.astype(p.dtype)
+    p *= scale / n
+    return p.reshape(shape)
+
+
+# ----- loss objects ---------------------------------------------------------------------------
+
+class Loss:
+    """``forward(y, target, mb, scale)`` -> the micro-batch's mean loss (unscaled), keeping what
+    ``backward(mb)`` needs; ``scale`` multiplies the gradient (1 / micro-batches for a batch
+    mean). ``discard(mb)`` forgets a micro-batch's saved context (no-op if none is held)."""
+
+    def __init__(self):
+        self._ctx: dict = {}
+
+    def discard(self, mb) -> None:
+        self._ctx.pop(mb, None)
+
+    def in_flight(self) -> set:
+        """Micro-batches whose context is still held."""
+        return set(self._ctx)
+
+
+class MSELoss(Loss):
+    """Mean squared error over all output elements (regression MLP; outputs replicated over tp)."""
+
+    def forward(self, y, target, mb=0, scale=1.0) -> float:
+        loss, diff = mse_forward(y, target)
+        self._ctx[mb] = (diff, scale)
+        return loss
+
+    def backward(self, mb=0):
+        diff, scale = self._ctx.pop(mb)
+        return mse_backward(diff, scale)
+
+
+class CrossEntropyLoss(Loss):
+    """Mean softmax cross-entropy over all tokens (rows), logits holding the whole vocabulary.
+
+    Subclasses covering a slice of the vocabulary override ``_offset`` and ``_reduce``.
+    """
+
+    def _offset(self, v_local: int) -> int:
+        return 0
+
+    def _reduce(self, x, op):
+        return x
+
+    def forward(self, logits, targets, mb=0, scale=1.0) -> float:
+        loss, ctx = cross_entropy_forward(logits, targets, self._offset(logits.shape[-1]),
+                                          self._reduce)
+        self._ctx[mb] = (ctx, scale)
+        return loss
+
+    def backward(self, mb=0):
+        ctx, scale = self._ctx.pop(mb)
+        return cross_entropy_backward(ctx, scale)

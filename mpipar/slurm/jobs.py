@@ -1,0 +1,144 @@
+"""Talking to Slurm: submit, job states, wait, cancel, error text, and collecting results."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .spec import ACTIVE_STATES, NO_SBATCH, OK_STATES, SlurmError
+
+# ---- talking to Slurm ----------------------------------------------------------------------
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        if name == "sbatch":
+            raise SlurmError(NO_SBATCH)
+        raise SlurmError(f"{name} not found: run this on a Slurm login node")
+    return path
+
+
+def submit(script: str, script_path: Path, env: dict | None = None) -> str:
+    """Write `script` to `script_path`, sbatch it; returns the job id (array: the array job id)."""
+    sbatch = _tool("sbatch")
+    script_path.parent.mkdir(parents=True, exist_ok=True)
+    script_path.write_text(script)
+    proc = subprocess.run([sbatch, "--parsable", str(script_path)], capture_output=True,
+                          text=True, env=env, timeout=60)
+    if proc.returncode != 0:
+        raise SlurmError(f"sbatch failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc.stdout.strip().split(";")[0]  # --parsable prints "jobid[;cluster]"
+
+
+@dataclass
+class JobState:
+    job_id: str  # "123", or "123_4" for an array task
+    state: str
+    exit_code: str  # "rc:signal"
+    reason: str = ""
+    stdout: str = ""
+    stderr: str = ""
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+    @property
+    def failed(self) -> bool:
+        return not self.active and self.state not in OK_STATES
+
+
+def _parse_scontrol(line: str) -> dict:
+    # `scontrol show job -o`: space-separated Key=Value pairs; a value may itself hold spaces.
+    return {m.group(1): m.group(2).strip()
+            for m in re.finditer(r"(\w[\w:/]*)=(.*?)(?=\s\w[\w:/]*=|$)", line)}
+
+
+def _task_order(state: "JobState"):
+    # scontrol lists array tasks newest first; show them in task order (pending ranges last).
+    task = state.job_id.partition("_")[2]
+    return (0, int(task)) if task.isdigit() else (1, 0) if task else (-1, 0)
+
+
+def job_states(job_id: str, env: dict | None = None) -> list[JobState]:
+    """State of a job (every task of an array). Empty when Slurm no longer knows the job."""
+    scontrol = _tool("scontrol")
+    proc = subprocess.run([scontrol, "show", "job", "-o", str(job_id)], capture_output=True,
+                          text=True, env=env, timeout=30)
+    states = []
+    if proc.returncode == 0:
+        for line in proc.stdout.splitlines():
+            if not line.strip():
+                continue
+            f = _parse_scontrol(line)
+            jid = f.get("JobId", "")
+            if f.get("ArrayJobId") and f.get("ArrayTaskId"):
+                jid = f"{f['ArrayJobId']}_{f['ArrayTaskId']}"
+            states.append(JobState(jid, f.get("JobState", "UNKNOWN"), f.get("ExitCode", ""),
+                                   f.get("Reason", ""), f.get("StdOut", ""), f.get("StdErr", "")))
+        return sorted(states, key=_task_order)
+    if "Invalid job id" not in proc.stderr:
+        raise SlurmError(f"scontrol show job {job_id} failed: {proc.stderr.strip()}")
+    # Fall back to squeue (jobs still listed with -t all), e.g. when scontrol lost the record.
+    squeue = _tool("squeue")
+    proc = subprocess.run([squeue, "-h", "-t", "all", "-j", str(job_id), "-o", "%i|%T|%r"],
+                          capture_output=True, text=True, env=env, timeout=30)
+    for line in proc.stdout.splitlines():
+        jid, state, reason = (line.split("|") + ["", ""])[:3]
+        states.append(JobState(jid.strip(), state.strip(), "", reason.strip()))
+    return states
+
+
+def wait(job_id: str, timeout: float, env: dict | None = None,
+         poll: float = 0.25) -> list[JobState]:
+    """Poll until every task of the job has ended (sbatch --wait polls too slowly)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        states = job_states(job_id, env)
+        if states and not any(s.active for s in states):
+            return states
+        if time.monotonic() > deadline:
+            raise SlurmError(f"job {job_id} still {', '.join(sorted({s.state for s in states}))} "
+                             f"after {timeout:.0f} s (scancel {job_id} to stop it)")
+        time.sleep(poll)
+
+
+def cancel(job_id: str, env: dict | None = None) -> None:
+    proc = subprocess.run([_tool("scancel"), str(job_id)], capture_output=True, text=True,
+                          env=env, timeout=30)
+    if proc.returncode != 0:
+        raise SlurmError(f"scancel {job_id} failed: {proc.stderr.strip()}")
+
+
+def error_text(state: JobState, lines: int = 15) -> str:
+    """The last lines of a job's stderr file (the batch log), where a failure says why."""
+    path = Path(state.stderr or state.stdout)
+    if not state.stderr and not state.stdout:
+        return ""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def collect(run_root: str | Path, job_id: str) -> list[dict]:
+    """Results of a job (or each task of an array) under run_root: slurm_job.json+metrics.json."""
+    root = Path(run_root)
+    dirs = sorted([p for p in root.glob(f"{job_id}_*") if p.is_dir()],
+                  key=lambda p: int(p.name.split("_")[-1]))
+    if (root / str(job_id)).is_dir():
+        dirs.insert(0, root / str(job_id))
+    rows = []
+    for d in dirs:
+        row: dict = {"run_dir": str(d)}
+        for name in ("slurm_job.json", "metrics.json"):
+            if (d / name).exists():
+                row.update(json.loads((d / name).read_text()))
+        row["trace"] = str(d / "trace.h5") if (d / "trace.h5").exists() else None
+        rows.append(row)
+    return rows
