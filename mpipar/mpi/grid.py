@@ -27,7 +27,6 @@ from mpipar.layout import (  # noqa: F401  (GridError, check_grid: this module's
     check_grid,
     parse_order,
 )
-
 from mpipar.mpi.comm import Comm, LocalComm
 
 
