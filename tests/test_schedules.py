@@ -214,3 +214,22 @@ def test_cli_rejects_broken_file(tmp_path):
                  "rank 1: F0.1 BW0.1 SEND_B0.1\n")
     p = run_cli("--file", str(f))
     assert p.returncode != 0 and "missing RECV_F0.1" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_placement_reports_orders_that_cannot_run():
+    from mpipar.parallel.pipeline.generators import _add_communication
+
+    # rank 0 wants BW0.0 (needs rank 1's BW0.1, which needs rank 0's F0.0) before F0.0
+    orders = [[Action("BW", 0, 0), Action("F", 0, 0)], [Action("F", 0, 1), Action("BW", 0, 1)]]
+    with pytest.raises(ScheduleError, match=r"compute orders deadlock: rank 0 at BW0\.0; "
+                       r"rank 1 at F0\.1"):
+        _add_communication(2, 2, orders)
+
+
+def test_simulate_reports_a_receive_whose_send_never_comes():
+    from mpipar.parallel.pipeline.simulate import simulate
+
+    s = two_rank("F:0:0 RECV_B:0:0 BW:0:0", GOOD1)
+    with pytest.raises(ScheduleError, match=r"simulation stuck .*rank 0 at RECV_B0\.0; "
+                       r"rank 1 at RECV_F0\.1"):
+        simulate(s)
