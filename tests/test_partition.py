@@ -60,7 +60,8 @@ def test_explicit():
 def test_errors():
     with pytest.raises(PartitionError, match="8 stages but the model has 6 layers"):
         partition(6, 8)
-    with pytest.raises(PartitionError, match="pp\\*virtual = 8 stages but the model has 6 layers"):
+    with pytest.raises(PartitionError,
+                       match="pp\\*virtual_stages = 8 stages but the model has 6 layers"):
         chunk_layers(6, 4, 2)
     with pytest.raises(PartitionError, match="unknown partition method"):
         partition(6, 2, "magic")

@@ -71,7 +71,7 @@ def test_parse_reports_line_and_column():
     [
         (("bogus", 2, 4), "valid schedules: naive, gpipe, 1f1b, interleaved, zb-h1, pipedream"),
         (("1f1b", 2, 0), "microbatches must be a positive integer"),
-        (("interleaved", 2, 4, 1), "virtual >= 2"),
+        (("interleaved", 2, 4, 1), "virtual_stages >= 2"),
         (("interleaved", 4, 6, 2), "multiple of pp=4.*microbatches=4 or 8"),
         (("gpipe", 2, 4, 2), "only meaningful for the interleaved"),
         (("naive", 2, 4), "microbatches must be 1"),
@@ -186,9 +186,11 @@ def test_cli_chart_png_file_costs(tmp_path):
     p = run_cli("--file", str(txt), "--costs", "F=1,B=1,W=1,comm=0.5")
     assert p.returncode == 0, p.stderr
     assert "comm=0.5" in p.stdout and "BW=2" in p.stdout
-    p = run_cli("--kind", "interleaved", "--pp", "2", "--microbatches", "4", "--virtual", "3")
-    assert p.returncode == 0, p.stderr
-    assert "F0a" in p.stdout and "(simulated): 0.0769" in p.stdout  # (p-1)/(v m+p-1) = 1/13
+    for flag in ("--virtual-stages", "--virtual"):  # --virtual: the older name, still accepted
+        p = run_cli("--kind", "interleaved", "--pp", "2", "--microbatches", "4", flag, "3")
+        assert p.returncode == 0, p.stderr
+        assert "F0a" in p.stdout and "(simulated): 0.0769" in p.stdout  # (p-1)/(v m+p-1) = 1/13
+        assert "virtual_stages=3" in p.stdout
 
 
 @pytest.mark.parametrize(
@@ -212,3 +214,22 @@ def test_cli_rejects_broken_file(tmp_path):
                  "rank 1: F0.1 BW0.1 SEND_B0.1\n")
     p = run_cli("--file", str(f))
     assert p.returncode != 0 and "missing RECV_F0.1" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_placement_reports_orders_that_cannot_run():
+    from mpipar.parallel.pipeline.generators import _add_communication
+
+    # rank 0 wants BW0.0 (needs rank 1's BW0.1, which needs rank 0's F0.0) before F0.0
+    orders = [[Action("BW", 0, 0), Action("F", 0, 0)], [Action("F", 0, 1), Action("BW", 0, 1)]]
+    with pytest.raises(ScheduleError, match=r"compute orders deadlock: rank 0 at BW0\.0; "
+                       r"rank 1 at F0\.1"):
+        _add_communication(2, 2, orders)
+
+
+def test_simulate_reports_a_receive_whose_send_never_comes():
+    from mpipar.parallel.pipeline.simulate import simulate
+
+    s = two_rank("F:0:0 RECV_B:0:0 BW:0:0", GOOD1)
+    with pytest.raises(ScheduleError, match=r"simulation stuck .*rank 0 at RECV_B0\.0; "
+                       r"rank 1 at RECV_F0\.1"):
+        simulate(s)

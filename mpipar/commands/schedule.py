@@ -13,8 +13,9 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--pp", type=int, default=4, help="pipeline ranks (default 4)")
     p.add_argument("--microbatches", "-m", type=int, default=8, help="micro-batches (default 8)")
-    p.add_argument("--virtual", "-v", type=int, default=None,
-                   help="model chunks per rank (interleaved; default 2 there, else 1)")
+    p.add_argument("--virtual-stages", "--virtual", "-v", dest="virtual_stages", type=int,
+                   default=None, help="model chunks per rank (interleaved; default 2 there, "
+                   "else 1); --virtual is the older name of the same flag")
     p.add_argument("--file", help="load a schedule from this text file instead (see --actions)")
     p.add_argument("--costs", default="",
                    help="cost model, e.g. F=1,B=1,W=1,BW=2,comm=0,UPDATE=0 (per stage)")
@@ -54,10 +55,10 @@ def run(args) -> int:
             s = Schedule.load(args.file)
         else:
             kind = args.kind or "1f1b"
-            virtual = args.virtual
-            if virtual is None:
-                virtual = 2 if kind == "interleaved" else 1
-            s = build_schedule(kind, args.pp, args.microbatches, virtual)
+            virtual_stages = args.virtual_stages
+            if virtual_stages is None:
+                virtual_stages = 2 if kind == "interleaved" else 1
+            s = build_schedule(kind, args.pp, args.microbatches, virtual_stages)
         check_schedule(s)
         result = simulate(s, costs)
         if args.save:
@@ -72,11 +73,11 @@ def run(args) -> int:
         print(s.format())
     print(text_chart(result, s, width=args.width))
     cost_text = ", ".join(f"{k}={v:g}" for k, v in costs.items())
-    print(f"costs: {cost_text} (per stage; a chunk costs 1/virtual of that)")
+    print(f"costs: {cost_text} (per stage; a chunk costs 1/virtual_stages of that)")
     print(f"makespan: {result.makespan:g}")
     print(f"bubble fraction (simulated): {result.bubble_fraction:.4f}   per rank: "
           + " ".join(f"{b:.3f}" for b in result.per_rank_bubble))
-    tb = textbook_bubble(s.kind, s.pp, s.microbatches, s.virtual)
+    tb = textbook_bubble(s.kind, s.pp, s.microbatches, s.virtual_stages)
     if tb is None:
         why = {
             "pipedream": "asynchronous, no flush: the bubble vanishes in the steady state",

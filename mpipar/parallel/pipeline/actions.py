@@ -1,8 +1,8 @@
 """Pipeline schedules as data: an ordered list of actions per pipeline rank.
 
 An action is ``OP<mb>.<chunk>``, e.g. ``F3.1`` is the forward of micro-batch 3 through global model
-chunk 1. Chunk ``c`` (in ``[0, pp*virtual)``) lives on rank ``c % pp``; rank ``r`` holds chunks
-``r, r+pp, r+2pp, ...``.
+chunk 1. Chunk ``c`` (in ``[0, pp*virtual_stages)``) lives on rank ``c % pp``; rank ``r`` holds
+chunks ``r, r+pp, r+2pp, ...``.
 
 - ``F``: forward of the chunk. ``BW``: full backward (input and weight gradients).
 - ``B``: input-gradient only, ``W``: weight-gradient only (zero-bubble split; W after B).
@@ -76,25 +76,31 @@ def parse_action(token: str) -> Action:
 class Schedule:
     kind: str
     pp: int
-    virtual: int
+    virtual_stages: int  # model chunks per rank (``virtual=`` in the text form)
     microbatches: int
     ranks: list[list[Action]] = field(default_factory=list)
     asynchronous: bool = False  # PipeDream: no flush, weight stashing, UPDATE actions
 
     @property
+    def virtual(self) -> int:
+        """The old name of ``virtual_stages``, kept only until train.py switches."""
+        return self.virtual_stages
+
+    @property
     def n_chunks(self) -> int:
-        return self.pp * self.virtual
+        return self.pp * self.virtual_stages
 
     def rank_of(self, chunk: int) -> int:
+        """The pipeline rank that holds global chunk ``chunk``."""
         return chunk % self.pp
 
     def local_chunk(self, chunk: int) -> int:
-        """Index of a global chunk among its rank's chunks (0 .. virtual-1)."""
+        """Index of a global chunk among its rank's chunks (0 .. virtual_stages-1)."""
         return chunk // self.pp
 
     def header(self) -> str:
         return (
-            f"schedule kind={self.kind} pp={self.pp} virtual={self.virtual} "
+            f"schedule kind={self.kind} pp={self.pp} virtual={self.virtual_stages} "
             f"microbatches={self.microbatches} asynchronous={str(self.asynchronous).lower()}"
         )
 
@@ -138,7 +144,7 @@ class Schedule:
         return Schedule(
             kind=header["kind"],
             pp=pp,
-            virtual=v,
+            virtual_stages=v,
             microbatches=m,
             ranks=[ranks[r] for r in range(pp)],
             asynchronous=header["asynchronous"],

@@ -13,7 +13,7 @@ _COLOUR = {"F": "#4C78A8", "B": "#54A24B", "BW": "#54A24B", "W": "#F58518", "UPD
 
 def _label(a: Action, s: Schedule) -> str:
     label = f"{_LETTER[a.op]}{a.mb}"
-    if s.virtual > 1:  # which of the rank's chunks: a = first, b = second, ...
+    if s.virtual_stages > 1:  # which of the rank's chunks: a = first, b = second, ...
         label += string.ascii_lowercase[s.local_chunk(a.chunk) % 26]
     return label
 
@@ -50,11 +50,11 @@ def text_chart(result: SimResult, s: Schedule, width: int = 120) -> str:
     per_block = max(1, (width - len(name) - 2) // (cell + 1))
     split = any(a.op in ("B", "W") for _, _, _, a in spans)
     legend = [
-        f"{s.kind}: pp={s.pp} virtual={s.virtual} microbatches={s.microbatches}; "
+        f"{s.kind}: pp={s.pp} virtual_stages={s.virtual_stages} microbatches={s.microbatches}; "
         f"one column = {unit:g} time units",
         "F<mb> forward, "
         + ("B<mb> input-grad backward, W<mb> weight-grad backward" if split else "B<mb> backward")
-        + (", a/b/.. = the rank's 1st/2nd/.. model chunk" if s.virtual > 1 else "")
+        + (", a/b/.. = the rank's 1st/2nd/.. model chunk" if s.virtual_stages > 1 else "")
         + ", . idle",
     ]
     lines = legend
@@ -79,7 +79,7 @@ def save_png(result: SimResult, s: Schedule, path) -> None:
     fig, ax = plt.subplots(figsize=(min(40, 4 + span * 0.35), 0.6 * s.pp + 1.6))
     for r, start, end, a in _compute_spans(result):
         # later chunks of a rank in lighter shades
-        shade = 1.0 - 0.35 * s.local_chunk(a.chunk) / max(1, s.virtual - 1)
+        shade = 1.0 - 0.35 * s.local_chunk(a.chunk) / max(1, s.virtual_stages - 1)
         ax.barh(r, end - start, left=start, height=0.8, color=_COLOUR[a.op], alpha=shade,
                 edgecolor="black", linewidth=0.5)
         ax.text((start + end) / 2, r, _label(a, s)[1:], ha="center", va="center", fontsize=7)
@@ -88,7 +88,7 @@ def save_png(result: SimResult, s: Schedule, path) -> None:
     ax.set_xlim(0, span)
     ax.set_xlabel("time (cost units)")
     ax.set_title(
-        f"{s.kind}  pp={s.pp} v={s.virtual} m={s.microbatches}   "
+        f"{s.kind}  pp={s.pp} v={s.virtual_stages} m={s.microbatches}   "
         f"bubble {result.bubble_fraction:.3f}   peak activations {max(result.peak_activations)}"
     )
     used = sorted({a.op for _, _, _, a in _compute_spans(result)}, key=list(_COLOUR).index)

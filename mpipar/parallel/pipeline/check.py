@@ -10,6 +10,7 @@ early receives can only do better than that, so a schedule that passes here cann
 from __future__ import annotations
 
 from .actions import Action, Schedule, ScheduleError, matching, recvs_before, sends_after
+from .replay import Replay
 
 
 def _where(r: int, i: int, a: Action) -> str:
@@ -17,9 +18,9 @@ def _where(r: int, i: int, a: Action) -> str:
 
 
 def check_schedule(s: Schedule) -> None:
-    if s.pp < 1 or s.virtual < 1 or s.microbatches < 1:
+    if s.pp < 1 or s.virtual_stages < 1 or s.microbatches < 1:
         raise ScheduleError(
-            f"pp, virtual and microbatches must be >= 1 (got {s.pp}, {s.virtual}, "
+            f"pp, virtual_stages and microbatches must be >= 1 (got {s.pp}, {s.virtual_stages}, "
             f"{s.microbatches})"
         )
     if len(s.ranks) != s.pp:
@@ -42,11 +43,11 @@ def _check_actions(s: Schedule) -> dict[Action, tuple[int, int]]:
             if a.chunk >= n:
                 raise ScheduleError(
                     f"{where}: chunk {a.chunk} out of range 0..{n - 1} "
-                    f"(pp={s.pp} x virtual={s.virtual})"
+                    f"(pp={s.pp} x virtual_stages={s.virtual_stages})"
                 )
-            if a.chunk % s.pp != r:
+            if s.rank_of(a.chunk) != r:
                 raise ScheduleError(
-                    f"{where}: wrong rank: chunk {a.chunk} lives on rank {a.chunk % s.pp} "
+                    f"{where}: wrong rank: chunk {a.chunk} lives on rank {s.rank_of(a.chunk)} "
                     f"(chunk c is on rank c % pp)"
                 )
             if a.is_comm:
@@ -75,7 +76,7 @@ def _check_counts(s: Schedule, index: dict) -> None:
     n = s.n_chunks
     for mb in range(s.microbatches):
         for c in range(n):
-            r = c % s.pp
+            r = s.rank_of(c)
             need = [Action("F", mb, c)]
             has_bw = Action("BW", mb, c) in index
             has_split = Action("B", mb, c) in index or Action("W", mb, c) in index
@@ -141,31 +142,30 @@ def _check_local_order(s: Schedule, index: dict) -> None:
                     )
 
 
+class _Rendezvous(Replay):
+    """Blocking sends: a send and its receive run together, when both ranks are at them."""
+
+    def __init__(self, s: Schedule):
+        super().__init__(s.ranks)
+        self.schedule = s
+
+    def can_run(self, r: int, a: Action) -> bool:
+        if a.is_compute:
+            return True
+        peer = matching(a)
+        return self.current(self.schedule.rank_of(peer.chunk)) == peer
+
+    def run(self, r: int, a: Action) -> None:
+        if a.is_comm:  # the partner completes at the same instant
+            self.pos[self.schedule.rank_of(matching(a).chunk)] += 1
+
+    def stuck(self) -> Exception:
+        return ScheduleError(_deadlock_message(self.schedule, self.pos))
+
+
 def _check_deadlock(s: Schedule) -> None:
     """Run all ranks with blocking sends: a send and its receive complete together."""
-    pos = [0] * s.pp
-    acts = s.ranks
-    while True:
-        moved = False
-        for r in range(s.pp):
-            while pos[r] < len(acts[r]):
-                a = acts[r][pos[r]]
-                if a.is_compute:
-                    pos[r] += 1
-                    moved = True
-                    continue
-                peer = matching(a)
-                q = peer.chunk % s.pp
-                if pos[q] < len(acts[q]) and acts[q][pos[q]] == peer:
-                    pos[r] += 1
-                    pos[q] += 1
-                    moved = True
-                    continue
-                break
-        if all(pos[r] == len(acts[r]) for r in range(s.pp)):
-            return
-        if not moved:
-            raise ScheduleError(_deadlock_message(s, pos))
+    _Rendezvous(s).play()
 
 
 def _deadlock_message(s: Schedule, pos: list[int]) -> str:
@@ -178,7 +178,7 @@ def _deadlock_message(s: Schedule, pos: list[int]) -> str:
             continue
         a = acts[r][pos[r]]
         peer = matching(a)
-        q = peer.chunk % s.pp
+        q = s.rank_of(peer.chunk)
         at = f"{acts[q][pos[q]]}" if pos[q] < len(acts[q]) else "the end"
         waits[r] = q
         lines.append(f"{_where(r, pos[r], a)} waits for rank {q} to reach {peer} (it is at {at})")

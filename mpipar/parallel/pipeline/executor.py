@@ -17,13 +17,11 @@ scaled by 1 / microbatches then. The pipeline still drains at the end of each ``
 from __future__ import annotations
 
 from collections import defaultdict
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 from ...nn.layers import Sequential
 from .actions import ScheduleError
-
-ACT, GRAD = 0, 1  # message kinds for tags
-RECV_WINDOW = 2  # receives posted ahead per direction
+from .transfers import ACT, GRAD, Receives, Sends, tag
 
 
 class Chunk(Sequential):
@@ -36,10 +34,54 @@ class Chunk(Sequential):
         self.last_unit = first_unit + len(units) - 1
 
 
-class PipelineExecutor:
-    """Runs ``schedule.ranks[pp_rank]`` each step.
+class WeightStash:
+    """PipeDream weight stashing: F saves the weights it ran with, the backward of that
+    micro-batch runs with them (on freshly zeroed gradients), then the current ones come back."""
 
-    ``comm``: the pipeline communicator (``mpipar.mpi.comm.Comm``; None when pp = 1).
+    def __init__(self):
+        self.saved = {}  # (mb, chunk) -> copies of the chunk's weights when F ran
+
+    def save(self, mb, c, chunk):
+        self.saved[(mb, c)] = [p.data.copy() for p in chunk.params()]
+
+    @contextmanager
+    def swapped(self, mb, c, chunk):
+        params = chunk.params()
+        current = [p.data for p in params]
+        for p, w in zip(params, self.saved.pop((mb, c))):
+            p.data = w
+            p.zero_grad()
+        try:
+            yield
+        finally:
+            for p, w in zip(params, current):
+                p.data = w
+
+
+class StepState:
+    """Everything one ``run`` keeps between its actions."""
+
+    def __init__(self, inputs, targets, forward_only, loss_scale, receives):
+        self.inputs, self.targets = inputs, targets
+        self.forward_only, self.loss_scale = forward_only, loss_scale
+        self.acts_in, self.acts_out = {}, {}  # (mb, chunk) -> activation arriving at / leaving
+        self.grads_in, self.grads_out = {}, {}  # (mb, chunk) -> gradient at output / input
+        self.saved_inputs = {}  # recomputation: the chunk input of each micro-batch
+        self.stash = WeightStash()  # asynchronous only
+        self.losses = {}
+        self.w_done = defaultdict(int)  # chunk -> weight-gradient passes done this step
+        self.receives, self.sends = receives, Sends()
+
+    def leftovers(self):
+        return [k for k in (self.acts_in, self.acts_out, self.grads_in, self.grads_out,
+                            self.receives.posted) if k]
+
+
+class PipelineExecutor:
+    """Runs ``schedule.ranks[pp_rank]`` each step, one small handler per action op.
+
+    ``comm``: the pipeline communicator (a ``mpipar.mpi.comm.Comm``, or a ``LocalComm`` when
+    pp = 1: a one-rank schedule has no sends or receives, so it is never used then).
     ``on_unit_ready(chunk_index, unit)``: called during a chunk's last weight-gradient pass,
     right after each unit's gradients become final, so data-parallel buckets can start reducing
     while the backward of the units before it goes on.
@@ -47,12 +89,13 @@ class PipelineExecutor:
     last backward-weight), so data-parallel buckets can start reducing while backward goes on.
     """
 
-    def __init__(self, model, chunks: dict, schedule, pp_rank, *, comm=None, tracer=None,
+    def __init__(self, model, chunks: dict, schedule, pp_rank, *, comm, tracer=None,
                  recompute=False, backend=None, on_grads_ready=None, on_update=None,
                  on_unit_ready=None):
         self.model, self.chunks, self.schedule = model, chunks, schedule
         self.pp, self.pp_rank, self.comm = schedule.pp, pp_rank, comm
-        self.n_chunks = schedule.pp * schedule.virtual
+        self.n_chunks = schedule.n_chunks
+        self.last = self.n_chunks - 1
         self.actions = schedule.ranks[pp_rank]
         self.tracer, self.recompute, self.backend = tracer, recompute, backend
         self.on_grads_ready, self.on_update = on_grads_ready, on_update
@@ -64,24 +107,11 @@ class PipelineExecutor:
             if a.chunk not in chunks:
                 raise ScheduleError(f"rank {pp_rank}: action {a} names chunk {a.chunk}, which "
                                     f"this rank does not hold (it holds {sorted(chunks)})")
-
-    # -- helpers
-    def _region(self, kind, mb, chunk):
-        if self.tracer is None:
-            return nullcontext()
-        return self.tracer.region(kind, mb=mb, chunk=chunk)
-
-    def _rank_of(self, chunk):
-        return chunk % self.pp
-
-    def _shape(self, unit, mb_batch, seq_len):
-        return self.model.boundary_shape(unit, mb_batch, seq_len)
-
-    @staticmethod
-    def _tag(kind, mb, chunk):
-        from ...mpi.comm import make_tag
-
-        return make_tag(kind, mb, chunk)
+        self._handlers = {
+            "F": self._forward, "B": self._backward, "BW": self._backward, "W": self._weight,
+            "SEND_F": self._send_forward, "SEND_B": self._send_backward,
+            "RECV_F": self._receive, "RECV_B": self._receive, "UPDATE": self._update,
+        }
 
     # -- one step
     def run(self, inputs, targets, forward_only=False):
@@ -90,158 +120,152 @@ class PipelineExecutor:
         m = self.schedule.microbatches
         if len(inputs) != m:
             raise ValueError(f"schedule has {m} micro-batches but {len(inputs)} were given")
-        mb_batch = inputs[0].shape[0]
-        seq_len = inputs[0].shape[1] if inputs[0].ndim > 1 else None
-        dtype = self.backend.dtype
-        xp = self.backend.xp
-        last = self.n_chunks - 1
-        acts_in, acts_out = {}, {}  # (mb, chunk) -> activation arriving at / leaving a chunk
-        grads_in, grads_out = {}, {}  # (mb, chunk) -> gradient at a chunk's output / input
-        saved_inputs = {}  # recomputation: the chunk input of each micro-batch
-        losses = {}
-        stash = {}  # asynchronous: (mb, chunk) -> the weights F ran with
         loss_scale = 1.0 if self.asynchronous else 1.0 / m
-        sends = []
-        w_done = defaultdict(int)
-
-        # receives in the order this rank will need them, posted a window ahead
-        recv_plan = {"RECV_F": [], "RECV_B": []}
+        st = StepState(inputs, targets, forward_only, loss_scale, self._receives(inputs[0]))
         for a in self.actions:
-            if a.op in recv_plan:
-                recv_plan[a.op].append(a)
-        posted, next_post = {}, {"RECV_F": 0, "RECV_B": 0}
-
-        def post(op, upto):
-            plan = recv_plan[op]
-            while next_post[op] < min(len(plan), upto):
-                a = plan[next_post[op]]
-                next_post[op] += 1
-                c = a.chunk
-                if op == "RECV_F":
-                    shape = self._shape(self.chunks[c].first_unit - 1, mb_batch, seq_len)
-                    req = self.comm.irecv(shape, dtype, self._rank_of(c - 1),
-                                          self._tag(ACT, a.mb, c), mb=a.mb, chunk=c, xp=xp)
-                else:
-                    shape = self._shape(self.chunks[c].last_unit, mb_batch, seq_len)
-                    req = self.comm.irecv(shape, dtype, self._rank_of(c + 1),
-                                          self._tag(GRAD, a.mb, c), mb=a.mb, chunk=c, xp=xp)
-                posted[(op, a.mb, c)] = req
-
-        consumed = {"RECV_F": 0, "RECV_B": 0}
-        if self.comm is not None:
-            for op in recv_plan:
-                post(op, RECV_WINDOW)
-
-        def chunk_input(mb, c):
-            if c == 0:
-                return inputs[mb]
-            if (mb, c) in acts_in:
-                return acts_in.pop((mb, c))
-            if self._rank_of(c - 1) == self.pp_rank and (mb, c - 1) in acts_out:
-                return acts_out.pop((mb, c - 1))  # previous chunk ran here (pp = 1)
-            raise ScheduleError(f"rank {self.pp_rank}: F{mb}.{c} has no input: a RECV_F{mb}.{c} "
-                                f"must come before it")
-
-        def output_grad(mb, c):
-            if (mb, c) in grads_in:
-                return grads_in.pop((mb, c))
-            if self._rank_of(c + 1) == self.pp_rank and (mb, c + 1) in grads_out:
-                return grads_out.pop((mb, c + 1))
-            raise ScheduleError(f"rank {self.pp_rank}: backward {mb}.{c} has no output "
-                                f"gradient: a RECV_B{mb}.{c} must come before it")
-
-        for a in self.actions:
-            mb, c, op = a.mb, a.chunk, a.op
-            chunk = self.chunks[c]
-            if op == "F":
-                x = chunk_input(mb, c)
-                with self._region("F", mb, c):
-                    y = chunk.forward(x, mb)
-                if forward_only:
-                    chunk.drop(mb)
-                    if c == last:
-                        losses[mb] = self.model.loss.forward(y, targets[mb], mb, scale=loss_scale)
-                        self.model.loss._ctx.pop(mb, None)
-                    else:
-                        acts_out[(mb, c)] = y
-                    continue
-                if self.asynchronous:
-                    stash[(mb, c)] = [p.data.copy() for p in chunk.params()]
-                if self.recompute:
-                    saved_inputs[(mb, c)] = x
-                    chunk.drop(mb)  # keep only the input; rebuilt before the backward
-                if c == last:
-                    with self._region("LOSS", mb, c):
-                        losses[mb] = self.model.loss.forward(y, targets[mb], mb, scale=loss_scale)
-                        grads_in[(mb, c)] = self.model.loss.backward(mb)
-                else:
-                    acts_out[(mb, c)] = y
-            elif op in ("B", "BW"):
-                dy = output_grad(mb, c)
-                current = None
-                if self.asynchronous:  # backward with the weights this micro-batch saw
-                    params = chunk.params()
-                    current = [p.data for p in params]
-                    for p, w in zip(params, stash.pop((mb, c))):
-                        p.data = w
-                        p.zero_grad()
-                if self.recompute:
-                    with self._region("R", mb, c):
-                        chunk.forward(saved_inputs.pop((mb, c)), mb)
-                with self._region(op if op == "B" else "B", mb, c):
-                    if op == "BW" and self._last_weight_pass(w_done, c, m):
-                        dx = self._backward_unit_by_unit(chunk, dy, mb)
-                    else:
-                        dx = chunk.backward_input(dy, mb)
-                        if op == "BW":
-                            chunk.backward_weight(mb)
-                if current is not None:
-                    for p, w in zip(params, current):
-                        p.data = w
-                if op == "BW":
-                    self._weight_done(w_done, c, m)
-                if c > 0:
-                    grads_out[(mb, c)] = dx
-            elif op == "W":
-                with self._region("W", mb, c):
-                    if self._last_weight_pass(w_done, c, m):
-                        for unit in reversed(chunk.layers):
-                            unit.backward_weight(mb)
-                            self.on_unit_ready(c, unit)
-                    else:
-                        chunk.backward_weight(mb)
-                self._weight_done(w_done, c, m)
-            elif op == "SEND_F":
-                y = acts_out.pop((mb, c))
-                sends.append(self.comm.isend(y, self._rank_of(c + 1), self._tag(ACT, mb, c + 1),
-                                             mb=mb, chunk=c))
-            elif op == "SEND_B":
-                dx = grads_out.pop((mb, c))
-                sends.append(self.comm.isend(dx, self._rank_of(c - 1), self._tag(GRAD, mb, c - 1),
-                                             mb=mb, chunk=c))
-            elif op in ("RECV_F", "RECV_B"):
-                consumed[op] += 1
-                post(op, consumed[op] + RECV_WINDOW)
-                arr = posted.pop((op, mb, c)).wait()
-                (acts_in if op == "RECV_F" else grads_in)[(mb, c)] = arr
-            elif op == "UPDATE":
-                if self.on_update is None:
-                    raise ScheduleError("UPDATE actions need an asynchronous (PipeDream) run")
-                self.on_update(mb, c)
-            # release finished sends as we go, so their buffers can be freed
-            if len(sends) > 4:
-                sends = [s for s in sends if not s.test()]
-        for s in sends:
-            s.wait()
-        leftovers = [k for k in (acts_in, acts_out, grads_in, grads_out, posted) if k]
+            self._handlers[a.op](a, st)
+            st.sends.release_finished()
+        st.sends.wait_all()
+        leftovers = st.leftovers()
         if leftovers:
             raise ScheduleError(f"rank {self.pp_rank}: schedule left data unused at the end of "
                                 f"the step: {leftovers}")
-        return losses
+        return st.losses
 
-    def _last_weight_pass(self, w_done, c, m) -> bool:
+    def _receives(self, x0):
+        mb_batch = x0.shape[0]
+        seq_len = x0.shape[1] if x0.ndim > 1 else None
+
+        def shape(unit):
+            return self.model.boundary_shape(unit, mb_batch, seq_len)
+
+        return Receives(self.comm, self.actions, self._source, shape, self.backend.dtype,
+                        self.backend.xp)
+
+    def _source(self, op, c):
+        """(sending rank, unit whose output it is, tag kind) of the receive ``op`` for chunk c."""
+        if op == "RECV_F":
+            return self.schedule.rank_of(c - 1), self.chunks[c].first_unit - 1, ACT
+        return self.schedule.rank_of(c + 1), self.chunks[c].last_unit, GRAD
+
+    def _region(self, kind, mb, chunk):
+        if self.tracer is None:
+            return nullcontext()
+        return self.tracer.region(kind, mb=mb, chunk=chunk)
+
+    # -- handlers, one per op
+    def _forward(self, a, st):
+        mb, c = a.mb, a.chunk
+        chunk = self.chunks[c]
+        x = self._chunk_input(st, mb, c)
+        with self._region("F", mb, c):
+            y = chunk.forward(x, mb)
+        if st.forward_only:
+            self._forward_only_output(st, chunk, mb, c, y)
+            return
+        if self.asynchronous:
+            st.stash.save(mb, c, chunk)
+        if self.recompute:
+            st.saved_inputs[(mb, c)] = x
+            chunk.drop(mb)  # keep only the input; rebuilt before the backward
+        if c == self.last:
+            with self._region("LOSS", mb, c):
+                st.losses[mb] = self.model.loss.forward(y, st.targets[mb], mb,
+                                                        scale=st.loss_scale)
+                st.grads_in[(mb, c)] = self.model.loss.backward(mb)
+        else:
+            st.acts_out[(mb, c)] = y
+
+    def _forward_only_output(self, st, chunk, mb, c, y):
+        """Evaluation: nothing kept for a backward; the last chunk only computes the loss."""
+        chunk.drop(mb)
+        if c == self.last:
+            st.losses[mb] = self.model.loss.forward(y, st.targets[mb], mb, scale=st.loss_scale)
+            self.model.loss._ctx.pop(mb, None)
+        else:
+            st.acts_out[(mb, c)] = y
+
+    def _backward(self, a, st):
+        """B (input gradient) or BW (input and weight gradients)."""
+        mb, c = a.mb, a.chunk
+        chunk = self.chunks[c]
+        dy = self._output_grad(st, mb, c)
+        # asynchronous: backward with the weights this micro-batch saw
+        with st.stash.swapped(mb, c, chunk) if self.asynchronous else nullcontext():
+            if self.recompute:
+                with self._region("R", mb, c):
+                    chunk.forward(st.saved_inputs.pop((mb, c)), mb)
+            with self._region("B", mb, c):
+                dx = self._backward_pass(a.op, st, chunk, dy, mb)
+        if a.op == "BW":
+            self._weight_done(st, c)
+        if c > 0:
+            st.grads_out[(mb, c)] = dx
+
+    def _backward_pass(self, op, st, chunk, dy, mb):
+        if op == "BW" and self._last_weight_pass(st, chunk.index):
+            return self._backward_unit_by_unit(chunk, dy, mb)
+        dx = chunk.backward_input(dy, mb)
+        if op == "BW":
+            chunk.backward_weight(mb)
+        return dx
+
+    def _weight(self, a, st):
+        mb, c = a.mb, a.chunk
+        chunk = self.chunks[c]
+        with self._region("W", mb, c):
+            if self._last_weight_pass(st, c):
+                for unit in reversed(chunk.layers):
+                    unit.backward_weight(mb)
+                    self.on_unit_ready(c, unit)
+            else:
+                chunk.backward_weight(mb)
+        self._weight_done(st, c)
+
+    def _send_forward(self, a, st):
+        mb, c = a.mb, a.chunk
+        y = st.acts_out.pop((mb, c))
+        st.sends.add(self.comm.isend(y, self.schedule.rank_of(c + 1), tag(ACT, mb, c + 1),
+                                     mb=mb, chunk=c))
+
+    def _send_backward(self, a, st):
+        mb, c = a.mb, a.chunk
+        dx = st.grads_out.pop((mb, c))
+        st.sends.add(self.comm.isend(dx, self.schedule.rank_of(c - 1), tag(GRAD, mb, c - 1),
+                                     mb=mb, chunk=c))
+
+    def _receive(self, a, st):
+        arr = st.receives.take(a)
+        (st.acts_in if a.op == "RECV_F" else st.grads_in)[(a.mb, a.chunk)] = arr
+
+    def _update(self, a, st):
+        if self.on_update is None:
+            raise ScheduleError("UPDATE actions need an asynchronous (PipeDream) run")
+        self.on_update(a.mb, a.chunk)
+
+    # -- where a compute's input comes from
+    def _chunk_input(self, st, mb, c):
+        if c == 0:
+            return st.inputs[mb]
+        if (mb, c) in st.acts_in:
+            return st.acts_in.pop((mb, c))
+        if self.schedule.rank_of(c - 1) == self.pp_rank and (mb, c - 1) in st.acts_out:
+            return st.acts_out.pop((mb, c - 1))  # previous chunk ran here (pp = 1)
+        raise ScheduleError(f"rank {self.pp_rank}: F{mb}.{c} has no input: a RECV_F{mb}.{c} "
+                            f"must come before it")
+
+    def _output_grad(self, st, mb, c):
+        if (mb, c) in st.grads_in:
+            return st.grads_in.pop((mb, c))
+        if self.schedule.rank_of(c + 1) == self.pp_rank and (mb, c + 1) in st.grads_out:
+            return st.grads_out.pop((mb, c + 1))
+        raise ScheduleError(f"rank {self.pp_rank}: backward {mb}.{c} has no output "
+                            f"gradient: a RECV_B{mb}.{c} must come before it")
+
+    # -- unit-by-unit overlap of the last weight-gradient pass with data-parallel reduction
+    def _last_weight_pass(self, st, c) -> bool:
         return (self.on_unit_ready is not None and not self.asynchronous
-                and w_done[c] == m - 1)
+                and st.w_done[c] == self.schedule.microbatches - 1)
 
     def _backward_unit_by_unit(self, chunk, dy, mb):
         """The full backward of a chunk one unit at a time (the same arithmetic as
@@ -252,13 +276,13 @@ class PipelineExecutor:
             self.on_unit_ready(chunk.index, unit)
         return dy
 
-    def _weight_done(self, w_done, c, m):
-        w_done[c] += 1
-        if w_done[c] == m and self.on_grads_ready is not None:
+    def _weight_done(self, st, c):
+        st.w_done[c] += 1
+        if st.w_done[c] == self.schedule.microbatches and self.on_grads_ready is not None:
             self.on_grads_ready(c)
 
 
-def forward_only_schedule(pp: int, microbatches: int, virtual: int = 1):
+def forward_only_schedule(pp: int, microbatches: int, virtual_stages: int = 1):
     """Evaluation: every micro-batch through every chunk in order, no backward.
 
     Each rank walks (micro-batch, chunk) in lexicographic order and every F depends only on a
@@ -266,7 +290,7 @@ def forward_only_schedule(pp: int, microbatches: int, virtual: int = 1):
     """
     from .actions import Action, Schedule
 
-    n = pp * virtual
+    n = pp * virtual_stages
     ranks = [[] for _ in range(pp)]
     for mb in range(microbatches):
         for c in range(n):
@@ -276,7 +300,7 @@ def forward_only_schedule(pp: int, microbatches: int, virtual: int = 1):
             r.append(Action("F", mb, c))
             if c < n - 1:
                 r.append(Action("SEND_F", mb, c))
-    return Schedule(kind="forward", pp=pp, virtual=virtual, microbatches=microbatches,
+    return Schedule(kind="forward", pp=pp, virtual_stages=virtual_stages, microbatches=microbatches,
                     ranks=ranks)
 
 

@@ -12,33 +12,43 @@ from __future__ import annotations
 from collections import deque
 
 from .actions import Action, Schedule, ScheduleError, matching, recvs_before, sends_after
+from .replay import UNIT_COSTS, Replay
 
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "pipedream")
 
 
-def build_schedule(kind: str, pp: int, microbatches: int, virtual: int = 1) -> Schedule:
-    """Build and return the schedule ``kind`` for ``pp`` ranks and ``microbatches`` micro-batches.
+def build_schedule(kind: str, pp: int, microbatches: int, virtual_stages: int = 1, *,
+                   virtual: int | None = None) -> Schedule:
+    """Build and return the schedule ``kind`` for ``pp`` ranks and ``microbatches`` micro-batches,
+    ``virtual_stages`` model chunks per rank.
 
+    ``virtual``: the old name of ``virtual_stages``, kept only until the callers outside this
+    package (analysis/breakdown.py, experiments/memory.py) switch; do not use it in new code.
     Raises ScheduleError (a ValueError) with a message saying what to change for bad settings.
     """
-    validate(kind, pp, microbatches, virtual)
-    orders = _ORDERS[kind](pp, microbatches, virtual)
-    ranks = _add_communication(pp, pp * virtual, orders)
-    return Schedule(kind, pp, virtual, microbatches, ranks, asynchronous=(kind == "pipedream"))
+    if virtual is not None:
+        virtual_stages = virtual
+    validate(kind, pp, microbatches, virtual_stages)
+    orders = _ORDERS[kind](pp, microbatches, virtual_stages)
+    ranks = _add_communication(pp, pp * virtual_stages, orders)
+    return Schedule(kind, pp, virtual_stages, microbatches, ranks,
+                    asynchronous=(kind == "pipedream"))
 
 
-def validate(kind: str, pp: int, microbatches: int, virtual: int = 1) -> None:
+def validate(kind: str, pp: int, microbatches: int, virtual_stages: int = 1) -> None:
     """Check a schedule's settings without building it (cheap; call before any MPI work)."""
     if kind not in SCHEDULES:
         raise ScheduleError(f"unknown schedule {kind!r}; valid schedules: {', '.join(SCHEDULES)}")
-    for name, value in (("pp", pp), ("microbatches", microbatches), ("virtual", virtual)):
+    for name, value in (("pp", pp), ("microbatches", microbatches),
+                        ("virtual_stages", virtual_stages)):
         if not isinstance(value, int) or value < 1:
             raise ScheduleError(f"{name} must be a positive integer, got {value!r}")
     if kind == "interleaved":
-        if virtual < 2:
+        if virtual_stages < 2:
             raise ScheduleError(
-                f"the interleaved schedule needs virtual >= 2 model chunks per rank (got "
-                f"virtual={virtual}); set virtual to 2 or more, or use the 1f1b schedule"
+                f"the interleaved schedule needs virtual_stages >= 2 model chunks per rank (got "
+                f"virtual_stages={virtual_stages}); set virtual_stages to 2 or more, or use the "
+                "1f1b schedule"
             )
         if microbatches % pp:
             lo = microbatches - microbatches % pp
@@ -47,10 +57,10 @@ def validate(kind: str, pp: int, microbatches: int, virtual: int = 1) -> None:
                 f"the interleaved schedule needs microbatches to be a multiple of pp={pp} "
                 f"(got {microbatches}); use microbatches={hint}"
             )
-    elif virtual != 1:
+    elif virtual_stages != 1:
         raise ScheduleError(
-            f"virtual={virtual} is only meaningful for the interleaved schedule; "
-            f"use virtual=1 with {kind!r} or choose kind='interleaved'"
+            f"virtual_stages={virtual_stages} is only meaningful for the interleaved schedule; "
+            f"use virtual_stages=1 with {kind!r} or choose kind='interleaved'"
         )
     if kind == "naive" and microbatches != 1:
         raise ScheduleError(
@@ -199,7 +209,74 @@ _ORDERS = {
 # Communication placement.
 
 
-_UNIT_COST = {"F": 1.0, "B": 1.0, "W": 1.0, "BW": 2.0, "UPDATE": 0.0}
+class _Placement(Replay):
+    """Replays the compute orders, deciding where each send and receive goes (see below)."""
+
+    greedy = False  # one compute per rank per round, then messages again
+
+    def __init__(self, pp: int, n_chunks: int, orders: list[list[Action]]):
+        super().__init__(orders)
+        self.pp, self.n_chunks, self.v = pp, n_chunks, n_chunks // pp
+        self.out: list[list[Action]] = [[] for _ in range(pp)]
+        self.pending: list[dict[Action, float]] = [{} for _ in range(pp)]  # send -> time made
+        self.received: list[set[Action]] = [set() for _ in range(pp)]
+        self.clock = [0.0] * pp  # estimated time each rank reaches its current point
+        self.arrival: dict[Action, float] = {}  # receive -> time its data was made
+
+    def needed(self, r: int) -> list[Action]:
+        if self.done(r):
+            return []
+        return [x for x in recvs_before(self.current(r), self.n_chunks)
+                if x not in self.received[r]]
+
+    def can_run(self, r: int, a: Action) -> bool:
+        # computes once its receives are done and its sends are out
+        return not self.needed(r) and not self.pending[r]
+
+    def run(self, r: int, a: Action) -> None:
+        self.out[r].append(a)
+        ready = max([self.clock[r]] + [self.arrival[x] for x in recvs_before(a, self.n_chunks)])
+        self.clock[r] = ready + UNIT_COSTS[a.op] / self.v
+        for s in sends_after(a, self.n_chunks):
+            self.pending[r][s] = self.clock[r]
+
+    def before_round(self) -> bool:
+        """Exchange the oldest message whose receiver needs it now."""
+        best = None
+        for r in range(self.pp):
+            for recv in self.needed(r):
+                send = matching(recv)
+                src = send.chunk % self.pp
+                if send in self.pending[src]:
+                    # Oldest first; on a tie, a receiver with no sends of its own to hold up.
+                    key = (self.pending[src][send], bool(self.pending[r]), src)
+                    if best is None or key < best[0]:
+                        best = (key, src, send, r, recv)
+        if best is None:
+            return False
+        _, src, send, r, recv = best
+        self.arrival[recv] = self.pending[src].pop(send)
+        self.out[src].append(send)
+        self.out[r].append(recv)
+        self.received[r].add(recv)
+        return True
+
+    def unstick(self) -> bool:
+        """Let the lowest ready rank go on with its sends still pending."""
+        ready = [r for r in self.unfinished() if not self.needed(r)]
+        if ready:
+            self.step(ready[0])
+        return bool(ready)
+
+    def stuck(self) -> Exception:
+        blocked = [f"rank {r} at {self.current(r)}" for r in self.unfinished()]
+        return ScheduleError("compute orders deadlock: " + "; ".join(blocked))
+
+    def finish(self) -> list[list[Action]]:
+        if any(self.pending):
+            left = [str(a) for p in self.pending for a in p]
+            raise ScheduleError(f"sends with no receiver: {', '.join(left)}")
+        return self.out
 
 
 def _add_communication(pp: int, n_chunks: int, orders: list[list[Action]]) -> list[list[Action]]:
@@ -209,71 +286,11 @@ def _add_communication(pp: int, n_chunks: int, orders: list[list[Action]]) -> li
     rank's list is its events in that execution, so the execution itself proves the schedule
     cannot deadlock with blocking sends. A rank between two computes has sends pending from the
     last one and receives needed by the next one; among all sender/receiver pairs that are ready,
-    the message produced earliest (estimated with unit costs, F=B=W=1, BW=2) is exchanged first,
-    so that in real time no rank waits on a receive while holding a send it could have made. A rank
-    computes once its receives are done and its sends are out. Only if nothing else can move does
-    a rank go on with sends still pending (the send then follows a later compute).
+    the message produced earliest (estimated with ``UNIT_COSTS``, F=B=W=1, BW=2) is exchanged
+    first, so that in real time no rank waits on a receive while holding a send it could have
+    made. A rank computes once its receives are done and its sends are out. Only if nothing else
+    can move does a rank go on with sends still pending (the send then follows a later compute).
     """
     if pp == 1:  # every chunk on one rank: plain gradient accumulation, nothing to send
         return [list(o) for o in orders]
-    out: list[list[Action]] = [[] for _ in range(pp)]
-    pos = [0] * pp
-    pending: list[dict[Action, tuple]] = [{} for _ in range(pp)]  # send -> (time made,)
-    received: list[set[Action]] = [set() for _ in range(pp)]
-    clock = [0.0] * pp  # estimated time each rank reaches its current point
-    arrival: dict[Action, float] = {}  # receive -> time its data was made
-    v = n_chunks // pp
-
-    def needed(r):
-        if pos[r] >= len(orders[r]):
-            return []
-        return [x for x in recvs_before(orders[r][pos[r]], n_chunks) if x not in received[r]]
-
-    def compute(r):
-        a = orders[r][pos[r]]
-        out[r].append(a)
-        pos[r] += 1
-        ready = max([clock[r]] + [arrival[x] for x in recvs_before(a, n_chunks)])
-        clock[r] = ready + _UNIT_COST[a.op] / v
-        for s in sends_after(a, n_chunks):
-            pending[r][s] = (clock[r],)
-
-    while True:
-        # 1. Exchange the oldest message whose receiver needs it now.
-        best = None
-        for r in range(pp):
-            for recv in needed(r):
-                send = matching(recv)
-                src = send.chunk % pp
-                if send in pending[src]:
-                    # Oldest first; on a tie, a receiver with no sends of its own to hold up.
-                    key = (pending[src][send][0], bool(pending[r]), src)
-                    if best is None or key < best[0]:
-                        best = (key, src, send, r, recv)
-        if best is not None:
-            _, src, send, r, recv = best
-            arrival[recv] = pending[src].pop(send)[0]
-            out[src].append(send)
-            out[r].append(recv)
-            received[r].add(recv)
-            continue
-        # 2. Compute on every rank that is ready and has nothing left to send.
-        moved = False
-        for r in range(pp):
-            if pos[r] < len(orders[r]) and not needed(r) and not pending[r]:
-                compute(r)
-                moved = True
-        if moved:
-            continue
-        # 3. Stuck: let the lowest ready rank go on with its sends still pending.
-        ready = [r for r in range(pp) if pos[r] < len(orders[r]) and not needed(r)]
-        if ready:
-            compute(ready[0])
-            continue
-        if all(pos[r] == len(orders[r]) for r in range(pp)):
-            if any(pending):
-                left = [str(a) for p in pending for a in p]
-                raise ScheduleError(f"sends with no receiver: {', '.join(left)}")
-            return out
-        blocked = [f"rank {r} at {orders[r][pos[r]]}" for r in range(pp) if pos[r] < len(orders[r])]
-        raise ScheduleError("compute orders deadlock: " + "; ".join(blocked))
+    return _Placement(pp, n_chunks, orders).play()

@@ -4,8 +4,10 @@ Stages are half-open layer ranges ``(start, end)``, in order, covering every lay
 none empty. Methods:
 
 - ``uniform``: by layer count; the first ``n_layers % n_stages`` stages get one layer more.
-- ``params`` / ``cost``: by ``weights`` (one number per layer, e.g. parameter counts or measured
-  times): the contiguous split that minimises the largest stage weight.
+- ``params`` / ``cost``: by ``weights``, one number per layer: the contiguous split that
+  minimises the largest stage weight. Both methods run the same code on whatever weights the
+  caller gives; the trainer passes each unit's full (unsharded) parameter count plus one for both,
+  never measured times, so ``cost`` is the same split as ``params`` there.
 - ``explicit``: ``boundaries`` = the first layer of each stage, e.g. ``[0, 3, 5]``.
 """
 
@@ -45,13 +47,15 @@ def partition(
     return stages
 
 
-def chunk_layers(n_layers: int, pp: int, virtual: int = 1, **kw) -> dict[int, tuple[int, int]]:
+def chunk_layers(
+    n_layers: int, pp: int, virtual_stages: int = 1, **kw
+) -> dict[int, tuple[int, int]]:
     """Global chunk c (on rank c % pp) -> its layer range; chunks are stages in model order."""
-    n = pp * virtual
+    n = pp * virtual_stages
     if n > n_layers:
         raise PartitionError(
-            f"pp*virtual = {n} stages but the model has {n_layers} layers; lower pp or virtual "
-            f"(pp*virtual <= {n_layers}) or use a deeper model"
+            f"pp*virtual_stages = {n} stages but the model has {n_layers} layers; lower pp or "
+            f"virtual_stages (pp*virtual_stages <= {n_layers}) or use a deeper model"
         )
     return dict(enumerate(partition(n_layers, n, **kw)))
 

@@ -1,9 +1,10 @@
 """Cost-model simulation of a schedule: makespan, bubble fraction, peak activations held.
 
-Each rank runs its actions in order. A compute action takes its cost (per stage, divided by
-``virtual``: a chunk is 1/v of a stage). A send costs the sender nothing (non-blocking, as in the
-executor); a receive completes ``comm`` after its matching send started, or at once if that is
-already past. The simulation is deterministic: no randomness, ties broken by rank order.
+Each rank runs its actions in order (a ``replay.Replay``). A compute action takes its cost (per
+stage, divided by ``virtual_stages``: a chunk is 1/v of a stage). A send costs the sender nothing
+(non-blocking, as in the executor); a receive completes ``comm`` after its matching send started,
+or at once if that is already past. The simulation is deterministic: no randomness, ties broken
+by rank order.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .actions import Action, Schedule, ScheduleError, matching
+from .replay import UNIT_COSTS, Replay
 
-DEFAULT_COSTS = {"F": 1.0, "B": 1.0, "W": 1.0, "BW": 2.0, "comm": 0.0, "UPDATE": 0.0}
+DEFAULT_COSTS = UNIT_COSTS
 
 
 @dataclass
@@ -44,72 +46,76 @@ def resolve_costs(costs: dict | None) -> dict:
     return out
 
 
+class _Timed(Replay):
+    """Each rank's clock: sends start at once, a receive waits for its send (plus ``comm``)."""
+
+    def __init__(self, s: Schedule, costs: dict):
+        super().__init__(s.ranks)
+        pp = s.pp
+        self.costs, self.v = costs, s.virtual_stages
+        self.now = [0.0] * pp
+        self.busy = [0.0] * pp
+        self.sent: dict[Action, float] = {}  # send action -> time it started
+        self.live = [0] * pp
+        self.peak = [0] * pp
+        self.timeline: list[list[tuple[float, float, Action]]] = [[] for _ in range(pp)]
+
+    def can_run(self, r: int, a: Action) -> bool:
+        # a receive whose send has not been reached yet waits: try other ranks
+        return not a.op.startswith("RECV") or matching(a) in self.sent
+
+    def run(self, r: int, a: Action) -> None:
+        start = self.now[r]
+        if a.op.startswith("SEND"):
+            self.sent[a] = start
+            end = start
+        elif a.op.startswith("RECV"):
+            end = max(start, self.sent[matching(a)] + self.costs["comm"])
+        else:
+            end = start + self.costs[a.op] / self.v
+            self.busy[r] += end - start
+            self._count_activations(r, a)
+        self.timeline[r].append((start, end, a))
+        self.now[r] = end
+
+    def _count_activations(self, r: int, a: Action) -> None:
+        if a.op == "F":
+            self.live[r] += 1
+            self.peak[r] = max(self.peak[r], self.live[r])
+        elif a.op == "BW" or a.op == "W":
+            self.live[r] -= 1  # activations of (mb, chunk) released
+
+    def stuck(self) -> Exception:
+        stuck = [f"rank {r} at {self.current(r)}" for r in self.unfinished()]
+        return ScheduleError(
+            "simulation stuck (receives whose sends never come): " + "; ".join(stuck)
+        )
+
+
 def simulate(s: Schedule, costs: dict | None = None) -> SimResult:
-    c = resolve_costs(costs)
     pp = s.pp
-    pos = [0] * pp
-    now = [0.0] * pp
-    busy = [0.0] * pp
-    sent: dict[Action, float] = {}  # send action -> time it started
-    live = [0] * pp
-    peak = [0] * pp
-    timeline: list[list[tuple[float, float, Action]]] = [[] for _ in range(pp)]
-    while True:
-        moved = False
-        for r in range(pp):
-            acts = s.ranks[r]
-            while pos[r] < len(acts):
-                a = acts[pos[r]]
-                start = now[r]
-                if a.op.startswith("SEND"):
-                    sent[a] = start
-                    end = start
-                elif a.op.startswith("RECV"):
-                    peer = matching(a)
-                    if peer not in sent:
-                        break  # its send has not been reached yet: try other ranks
-                    end = max(start, sent[peer] + c["comm"])
-                else:
-                    end = start + c[a.op] / s.virtual
-                    busy[r] += end - start
-                    if a.op == "F":
-                        live[r] += 1
-                        peak[r] = max(peak[r], live[r])
-                    elif a.op == "BW" or a.op == "W":
-                        live[r] -= 1  # activations of (mb, chunk) released
-                timeline[r].append((start, end, a))
-                now[r] = end
-                pos[r] += 1
-                moved = True
-        if all(pos[r] == len(s.ranks[r]) for r in range(pp)):
-            break
-        if not moved:
-            stuck = [
-                f"rank {r} at {s.ranks[r][pos[r]]}" for r in range(pp) if pos[r] < len(s.ranks[r])
-            ]
-            raise ScheduleError(
-                "simulation stuck (receives whose sends never come): " + "; ".join(stuck)
-            )
-    makespan = max(now) if pp else 0.0
-    per_rank = [(makespan - b) / makespan if makespan > 0 else 0.0 for b in busy]
+    sim = _Timed(s, resolve_costs(costs))
+    sim.play()
+    makespan = max(sim.now) if pp else 0.0
+    per_rank = [(makespan - b) / makespan if makespan > 0 else 0.0 for b in sim.busy]
     return SimResult(
         makespan=makespan,
-        busy=busy,
+        busy=sim.busy,
         bubble_fraction=sum(per_rank) / pp,
         per_rank_bubble=per_rank,
-        peak_activations=peak,
-        timeline=timeline,
+        peak_activations=sim.peak,
+        timeline=sim.timeline,
     )
 
 
-def textbook_bubble(kind: str, pp: int, microbatches: int, virtual: int = 1) -> float | None:
+def textbook_bubble(kind: str, pp: int, microbatches: int, virtual_stages: int = 1) -> float | None:
     """The published bubble fraction, as idle time / total time (the simulator's normalisation).
 
     Returns None where no closed form applies: asynchronous PipeDream has no flush, so its
     bubble vanishes in the steady state; ZB-H1 with fewer micro-batches than stages; unknown
     kinds.
     """
-    p, m, v = pp, microbatches, virtual
+    p, m, v = pp, microbatches, virtual_stages
     if kind == "naive":
         # One micro-batch through p stages: each device works 1/p of the time.
         return (p - 1) / p
