@@ -96,7 +96,7 @@ def main(argv=None) -> int:
             common.run_command(cmd, args.timeout, run_dir.name)
         run = load(run_dir / "trace.h5")
         step_ms = 1e3 * breakdown(run)["summary"]["step_time"]
-        sim = simulate(build_schedule(sched, pp, m, virtual=v))
+        sim = simulate(build_schedule(sched, pp, m, virtual_stages=v))
         last = run.steps()[-1]
         for r in range(run.world_size):
             mem = json.loads(run.rank_attrs[r]["memory"])

@@ -19,12 +19,12 @@ one rank. Since batches depend only on (seed, step), resuming is exact.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
 from .backend import to_numpy
+from .files import write_text_atomic
 from .nn.params import take_shard
 
 FORMAT_VERSION = 1
@@ -113,7 +113,7 @@ def save_checkpoint(trainer, directory) -> Path | None:
 
 
 def _write(directory: Path, trainer, tensors: dict) -> Path:
-    from .trace import atomic_h5
+    from .files import atomic_h5
 
     cfg = trainer.cfg
     directory.mkdir(parents=True, exist_ok=True)
@@ -130,9 +130,7 @@ def _write(directory: Path, trainer, tensors: dict) -> Path:
                                       "tp": cfg.parallel.tp})
         f.attrs["dtype"] = cfg.train.dtype
         f.attrs["complete"] = True
-    latest_tmp = directory / f".latest.tmp{os.getpid()}"
-    latest_tmp.write_text(path.name + "\n")
-    os.replace(latest_tmp, directory / "latest")
+    write_text_atomic(directory / "latest", path.name + "\n")
     return path
 
 

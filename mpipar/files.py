@@ -49,12 +49,16 @@ def atomic_h5(path, durable: bool = False):
             yield f
 
 
-def write_json_atomic(path, obj) -> None:
-    """Write ``obj`` as indented JSON (NumPy scalars as floats) to ``path``, atomically."""
-    text = json.dumps(obj, indent=2, default=float) + "\n"
+def write_text_atomic(path, text: str) -> None:
+    """Write ``text`` to ``path``, atomically."""
     with atomic_path(path) as tmp:
         with open(tmp, "w") as fh:
             fh.write(text)
+
+
+def write_json_atomic(path, obj) -> None:
+    """Write ``obj`` as indented JSON (NumPy scalars as floats) to ``path``, atomically."""
+    write_text_atomic(path, json.dumps(obj, indent=2, default=float) + "\n")
 
 
 def check_writable(path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .config import MODEL_KINDS
 from .nn.layers import (
     GELU,
     Bias,
@@ -205,9 +206,11 @@ def build_mlp(mcfg, backend, seed=0, tp: TPContext | None = None) -> Model:
     return model
 
 
+_BUILDERS = {"gpt": build_gpt, "mlp": build_mlp}
+assert set(_BUILDERS) == set(MODEL_KINDS), "config.MODEL_KINDS and the builders here must agree"
+
+
 def build_model(mcfg, backend, seed=0, tp: TPContext | None = None) -> Model:
-    if mcfg.kind == "gpt":
-        return build_gpt(mcfg, backend, seed, tp)
-    if mcfg.kind == "mlp":
-        return build_mlp(mcfg, backend, seed, tp)
-    raise ValueError(f"model.kind = {mcfg.kind!r}: use 'gpt' or 'mlp'")
+    if mcfg.kind not in _BUILDERS:
+        raise ValueError(f"model.kind = {mcfg.kind!r}: use one of {', '.join(MODEL_KINDS)}")
+    return _BUILDERS[mcfg.kind](mcfg, backend, seed, tp)

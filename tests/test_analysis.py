@@ -288,8 +288,8 @@ def _fake_pipeline(monkeypatch, calls):
     gen = types.ModuleType("mpipar.parallel.pipeline.generators")
     sim = types.ModuleType("mpipar.parallel.pipeline.simulate")
 
-    def build_schedule(kind, pp, microbatches, virtual=1):
-        calls["schedule"] = (kind, pp, microbatches, virtual)
+    def build_schedule(kind, pp, microbatches, virtual_stages=1):
+        calls["schedule"] = (kind, pp, microbatches, virtual_stages)
         return "SCHEDULE"
 
     def simulate(schedule, costs):

@@ -67,7 +67,7 @@ def predict(run: Run, steps) -> dict:
 
         # the simulator's compute costs are per stage (it divides by virtual for a chunk)
         stage_costs = {k: (c * v if k != "comm" else c) for k, c in costs.items()}
-        sim = simulate(build_schedule(kind, pp, int(m), virtual=v), costs=stage_costs)
+        sim = simulate(build_schedule(kind, pp, int(m), virtual_stages=v), costs=stage_costs)
         out["bubble_sim"] = float(sim.bubble_fraction)
         out["sim_makespan"] = float(sim.makespan)
         out["sim_peak_activations"] = sim.peak_activations

@@ -7,15 +7,13 @@ records its events; the dump is flushed now and then and written at the end.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import sys
 import time
-from pathlib import Path
 
 from ..backend import Backend
 from ..config import Config
+from ..files import write_json_atomic
 from ..trace import Tracer
 from .preflight import preflight
 from .trainer import Trainer
@@ -66,7 +64,7 @@ def run(cfg: Config) -> dict:
     if cfg.run.trace:
         flush(complete=True)
     if lead:
-        _write_json(out / "metrics.json", summary)
+        write_json_atomic(out / "metrics.json", summary)
         _print_summary(summary)
     return summary
 
@@ -163,9 +161,3 @@ def _print_summary(s):
     line += f", {s['tokens_per_s']:,.0f} tokens/s"
     print(line, flush=True)
 
-
-# integrator: one atomic writer
-def _write_json(path: Path, obj) -> None:
-    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, default=float) + "\n")
-    os.replace(tmp, path)

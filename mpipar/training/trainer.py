@@ -40,7 +40,7 @@ def chunk_bounds(cfg: Config, model, schedule) -> dict:
                              for q in u.params()) + 1 for u in model.units]
     if p.partition == "explicit":
         kw["boundaries"] = list(p.boundaries)
-    return chunk_layers(len(model.units), schedule.pp, schedule.virtual, **kw)
+    return chunk_layers(len(model.units), schedule.pp, schedule.virtual_stages, **kw)
 
 
 def make_optimizer(cfg: Config, params):
@@ -199,7 +199,7 @@ class Trainer:
         cfg = self.cfg
         if self.eval_executor is None:
             s = forward_only_schedule(cfg.parallel.pp, cfg.parallel.microbatches,
-                                      self.schedule.virtual)
+                                      self.schedule.virtual_stages)
             self.eval_executor = PipelineExecutor(
                 self.model, self.chunks, s, self.grid.pp_rank, comm=self.grid.pp_comm,
                 tracer=None, backend=self.backend)

@@ -82,11 +82,6 @@ class Schedule:
     asynchronous: bool = False  # PipeDream: no flush, weight stashing, UPDATE actions
 
     @property
-    def virtual(self) -> int:
-        """The old name of ``virtual_stages``, kept only until train.py switches."""
-        return self.virtual_stages
-
-    @property
     def n_chunks(self) -> int:
         return self.pp * self.virtual_stages
 

@@ -181,7 +181,7 @@ class PipelineExecutor:
         chunk.drop(mb)
         if c == self.last:
             st.losses[mb] = self.model.loss.forward(y, st.targets[mb], mb, scale=st.loss_scale)
-            self.model.loss._ctx.pop(mb, None)
+            self.model.loss.discard(mb)
         else:
             st.acts_out[(mb, c)] = y
 

@@ -17,17 +17,12 @@ from .replay import UNIT_COSTS, Replay
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "pipedream")
 
 
-def build_schedule(kind: str, pp: int, microbatches: int, virtual_stages: int = 1, *,
-                   virtual: int | None = None) -> Schedule:
+def build_schedule(kind: str, pp: int, microbatches: int, virtual_stages: int = 1) -> Schedule:
     """Build and return the schedule ``kind`` for ``pp`` ranks and ``microbatches`` micro-batches,
     ``virtual_stages`` model chunks per rank.
 
-    ``virtual``: the old name of ``virtual_stages``, kept only until the callers outside this
-    package (analysis/breakdown.py, experiments/memory.py) switch; do not use it in new code.
     Raises ScheduleError (a ValueError) with a message saying what to change for bad settings.
     """
-    if virtual is not None:
-        virtual_stages = virtual
     validate(kind, pp, microbatches, virtual_stages)
     orders = _ORDERS[kind](pp, microbatches, virtual_stages)
     ranks = _add_communication(pp, pp * virtual_stages, orders)
