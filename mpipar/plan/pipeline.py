@@ -29,7 +29,9 @@ from functools import lru_cache
 from mpipar.parallel.pipeline.generators import build_schedule
 from mpipar.parallel.pipeline.simulate import simulate
 
-SIM_MAX_ACTIONS = 200_000  # compute actions beyond which a fallback simulation is refused
+from .errors import PlanError
+
+SIM_MAX_ACTIONS = 30_000  # compute actions beyond which a fallback simulation is refused
 
 
 def run_simulation(kind: str, p: int, m: int, v: int, costs: dict):
@@ -75,7 +77,10 @@ def pipeline_time(kind: str, p: int, m: int, v: int, stages: list[tuple[float, f
     t = closed_form(kind, p, m, v, f, b, w)
     if t is None:
         if p * m * v * 3 > SIM_MAX_ACTIONS:
-            raise ValueError(f"{kind} p={p} m={m} v={v}: too large to simulate, no closed form")
+            raise PlanError(
+                f"{kind} with p={p}, m={m}: no closed form and too large to simulate; use "
+                "m >= p (more micro-batches) or another schedule"
+            )
         span, _ = _simulated_makespan(kind, p, m, v, round(b / f, 3), round(w / f, 3))
         t = span * f
     # Unequal stages: the slowest stage sets the steady state (m micro-batches through it).
