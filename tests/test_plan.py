@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from mpipar.plan import GPTShape, PlanError, describe, load_cluster, load_model, parse_fix, plan
+from mpipar.plan import GPTShape, describe, load_cluster, load_model, parse_fix, plan
 from mpipar.plan.evaluate import executed_flops
 from mpipar.plan.model import layer_gemm_flops, megatron_sc21_flops, model_flops_per_step
 from mpipar.plan.pipeline import closed_form, in_flight, run_simulation
@@ -119,7 +119,8 @@ def test_fix_evaluates_one_configuration():
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert len(rows) == 1
-    assert (rows[0]["dp"], rows[0]["pp"], rows[0]["tp"], rows[0]["microbatch_size"]) == (32, 2, 8, 4)
+    got = tuple(rows[0][k] for k in ("dp", "pp", "tp", "microbatch_size"))
+    assert got == (32, 2, 8, 4)
     assert rows[0]["microbatches"] == 12
     # partly fixed: the rest is searched, every row keeps the fixed part
     part = plan(load_model("gpt-39b"), load_cluster("h200"), 512, 1536, fixed=parse_fix("tp=4"))

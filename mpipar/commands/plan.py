@@ -1,4 +1,4 @@
-"""``mpipar plan``: predict a GPT training step at cluster scale and print the best configurations."""
+"""``mpipar plan``: predict a GPT training step at cluster scale, print the best configurations."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import time
 
 HELP = "predict step time, TFLOP/s, MFU and memory of every dp x pp x tp layout on a cluster"
 
-COLUMNS = (  # (key, header, format)
-    ("dp", "dp", "{:>5}"), ("pp", "pp", "{:>3}"), ("tp", "tp", "{:>2}"),
-    ("schedule", "schedule", "{:<11}"), ("v", "v", "{:>2}"), ("microbatch_size", "mbs", "{:>3}"),
-    ("microbatches", "m", "{:>4}"), ("recompute", "recompute", "{:<9}"), ("sp", "sp", "{:>2}"),
-    ("zero1", "z1", "{:>2}"), ("step_time_s", "step_s", "{:>8.3f}"),
-    ("tflops_per_gpu", "TFLOP/s", "{:>7.1f}"), ("mfu", "MFU", "{:>5.3f}"),
-    ("memory_gib", "mem_GiB", "{:>7.1f}"), ("fits", "fits", "{:>4}"), ("bubble", "bubble", "{:>6.3f}"),
+COLUMNS = (  # (key, header, width, format); text columns are left-aligned
+    ("dp", "dp", 5, "d"), ("pp", "pp", 3, "d"), ("tp", "tp", 2, "d"),
+    ("schedule", "schedule", 11, "s"), ("v", "v", 2, "d"), ("microbatch_size", "mbs", 3, "d"),
+    ("microbatches", "m", 4, "d"), ("recompute", "recompute", 9, "s"), ("sp", "sp", 2, "d"),
+    ("zero1", "z1", 2, "d"), ("step_time_s", "step_s", 8, ".3f"),
+    ("tflops_per_gpu", "TFLOP/s", 7, ".1f"), ("mfu", "MFU", 5, ".3f"),
+    ("memory_gib", "mem_GiB", 7, ".1f"), ("fits", "fits", 4, "d"), ("bubble", "bubble", 6, ".3f"),
 )
 
 
@@ -58,12 +58,11 @@ def _text(rows, model, cluster, args, seconds) -> str:
             f"{cluster.name}, batch {args.global_batch}, {args.dtype}; searched in {seconds:.1f} s"
             "\n# TFLOP/s counts the FLOPs run (recomputation included: Megatron SC'21's count); "
             "MFU counts model FLOPs only")
-    lines = [head, " ".join(h.rjust(len(f.format(0 if k != "schedule" else "")))
-                            if k not in ("schedule", "recompute") else h.ljust(9 if k ==
-                            "recompute" else 11) for k, h, f in COLUMNS)]
+    align = {k: "<" if f == "s" else ">" for k, _, _, f in COLUMNS}
+    lines = [head, " ".join(f"{h:{align[k]}{w}}" for k, h, w, _ in COLUMNS)]
     for r in rows:
-        lines.append(" ".join(f.format(int(r[k]) if isinstance(r[k], bool) else r[k])
-                              for k, _, f in COLUMNS))
+        lines.append(" ".join(f"{(int(r[k]) if isinstance(r[k], bool) else r[k]):{align[k]}{w}{f}}"
+                              for k, _, w, f in COLUMNS))
     return "\n".join(lines)
 
 

@@ -6,10 +6,11 @@ from. A spec is a property of the hardware only: nothing in it depends on a mode
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+
+import tomllib
 
 from .errors import PlanError
 

@@ -1,4 +1,4 @@
-"""One configuration's predicted step: pipeline of per-stage costs, DP all-reduce, optimizer, memory.
+"""One configuration's predicted step: pipeline of stage costs, DP all-reduce, optimizer, memory.
 
 Placement: tensor-parallel ranks innermost (within a node), then pipeline stages, then data-
 parallel replicas, so a stage boundary crosses nodes only where a node is full, and a DP group

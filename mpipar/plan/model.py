@@ -17,9 +17,10 @@ mask is not discounted (as Megatron counts).
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import tomllib
 
 from .errors import PlanError
 

@@ -38,5 +38,6 @@ def predict(row: dict, cluster=None) -> dict:
     c = cluster or load_cluster("dgx-a100-80gb")
     m = shape(row)
     got = plan(m, c, row["gpus"], row["batch"], fixed=paper_fix(row), top=1)[0]
-    got["paper_tflops"] = megatron_sc21_flops(m, row["batch"]) / got["step_time_s"] / row["gpus"] / 1e12
+    flops = megatron_sc21_flops(m, row["batch"])
+    got["paper_tflops"] = flops / got["step_time_s"] / row["gpus"] / 1e12
     return got

@@ -27,7 +27,9 @@ def parse_fix(text: str | None) -> dict:
         key = "microbatch_size" if key.strip() == "mbs" else key.strip()
         value = value.strip()
         if not sep or key not in FIX_KEYS:
-            raise PlanError(f"--fix item {item!r}: expected KEY=VALUE with KEY in {', '.join(FIX_KEYS)}")
+            raise PlanError(
+                f"--fix item {item!r}: expected KEY=VALUE with KEY in {', '.join(FIX_KEYS)}"
+            )
         if key in ("sp", "zero1"):
             if value.lower() not in _BOOL:
                 raise PlanError(f"--fix {key}={value!r}: use 0/1, on/off or true/false")
