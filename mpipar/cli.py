@@ -19,6 +19,7 @@ COMMANDS = {
     "analyze": "analyze",
     "slurm": "slurm",
     "bench": "bench",
+    "plan": "plan",
 }
 
 

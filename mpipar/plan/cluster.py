@@ -1,0 +1,120 @@
+"""Cluster specs: per-GPU peaks, HBM, links, and the fitted achievable-efficiency constants.
+
+Bundled specs live in ``mpipar/plan/clusters/<name>.toml``; each number there says where it comes
+from. A spec is a property of the hardware only: nothing in it depends on a model or a config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import tomllib
+
+from .errors import PlanError
+
+DTYPES = {"bf16": 2, "fp16": 2, "fp32": 4}  # activation / weight bytes of each training dtype
+
+
+@dataclass(frozen=True)
+class Link:
+    bandwidth: float  # bytes/s per GPU per direction
+    latency: float  # seconds per collective or transfer
+    efficiency: float  # achievable fraction of bandwidth
+
+    def time(self, nbytes: float) -> float:
+        return self.latency + nbytes / (self.bandwidth * self.efficiency)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    gpus_per_node: int
+    peak: dict  # dtype -> FLOP/s per GPU (dense)
+    hbm_capacity: float  # bytes
+    hbm_bandwidth: float  # bytes/s
+    hbm_efficiency: float
+    intra: Link
+    inter: Link
+    gemm_max_efficiency: float
+    gemm_half_dim: float  # smallest GEMM dimension at which half of max_efficiency is reached
+    workspace: float  # bytes per GPU reserved (CUDA context, NCCL buffers, fragmentation)
+
+    def gemm_efficiency(self, smallest_dim: float) -> float:
+        """Achievable fraction of peak for a GEMM whose smallest dimension per GPU is given:
+        rises with the size and saturates (tile quantisation and launch overheads shrink)."""
+        return self.gemm_max_efficiency * smallest_dim / (smallest_dim + self.gemm_half_dim)
+
+    def hbm_time(self, nbytes: float) -> float:
+        return nbytes / (self.hbm_bandwidth * self.hbm_efficiency)
+
+
+def bundled() -> list[str]:
+    folder = resources.files("mpipar.plan") / "clusters"
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
+def _get(data: dict, path: str, where: str):
+    node = data
+    for key in path.split("."):
+        if not isinstance(node, dict) or key not in node:
+            raise PlanError(f"{where}: cluster spec misses {path!r}")
+        node = node[key]
+    if path.startswith("peak_tflops"):
+        return node
+    if not isinstance(node, (int, float)) or node <= 0:
+        raise PlanError(f"{where}: {path} must be a positive number, got {node!r}")
+    return float(node)
+
+
+def _link(data: dict, section: str, where: str) -> Link:
+    return Link(
+        bandwidth=_get(data, f"{section}.bandwidth_gbs", where) * 1e9,
+        latency=_get(data, f"{section}.latency_us", where) * 1e-6,
+        efficiency=_get(data, f"{section}.efficiency", where),
+    )
+
+
+def load_cluster(spec: str) -> Cluster:
+    """A bundled name (``dgx-a100-80gb``, ``dgx-h100``, ``h200``) or a TOML file path."""
+    if spec in bundled():
+        text = (resources.files("mpipar.plan") / "clusters" / f"{spec}.toml").read_text()
+        where = spec
+    elif Path(spec).is_file():
+        text, where = Path(spec).read_text(), spec
+    else:
+        raise PlanError(
+            f"--cluster {spec!r} is neither a bundled spec nor a file; bundled: "
+            f"{', '.join(bundled())}"
+        )
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PlanError(f"{where}: not valid TOML: {exc}") from exc
+    peaks = _get(data, "peak_tflops", where)
+    if not isinstance(peaks, dict) or not peaks:
+        raise PlanError(f"{where}: [peak_tflops] needs at least one dtype = TFLOP/s")
+    return Cluster(
+        name=str(data.get("name", Path(where).stem)),
+        gpus_per_node=int(_get(data, "gpus_per_node", where)),
+        peak={k: float(v) * 1e12 for k, v in peaks.items()},
+        hbm_capacity=_get(data, "hbm.capacity_gb", where) * 1e9,
+        hbm_bandwidth=_get(data, "hbm.bandwidth_gbs", where) * 1e9,
+        hbm_efficiency=_get(data, "hbm.efficiency", where),
+        intra=_link(data, "intra_node", where),
+        inter=_link(data, "inter_node", where),
+        gemm_max_efficiency=_get(data, "gemm.max_efficiency", where),
+        gemm_half_dim=_get(data, "gemm.half_dim", where),
+        workspace=_get(data, "workspace_gb", where) * 1e9,
+    )
+
+
+def peak_flops(cluster: Cluster, dtype: str) -> float:
+    if dtype not in DTYPES:
+        raise PlanError(f"--dtype {dtype!r} is unknown; choose one of {', '.join(DTYPES)}")
+    if dtype not in cluster.peak:
+        raise PlanError(
+            f"cluster {cluster.name} gives no peak for {dtype}; it has {', '.join(cluster.peak)}"
+        )
+    return cluster.peak[dtype]

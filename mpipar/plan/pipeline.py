@@ -1,0 +1,102 @@
+"""Pipeline timing of a step from mpipar's own schedules: exact closed forms, simulator fallback.
+
+For equal stages with per-micro-batch costs F, B, W per stage (BW = B + W), mpipar's simulator
+(``simulate(build_schedule(...))``, sends free) gives exactly (tests/test_plan.py checks it at
+small p, m, v over several cost ratios)::
+
+    gpipe, 1f1b    (m + p - 1) (F + BW)
+    interleaved    (m + (p - 1)/v) (F + BW)           (m a multiple of p)
+    zb-h1          m (F + B + W) + (p - 1) max(F + B - W, F, B)   (m >= p)
+
+(Qi et al. 2023 give (p - 1)(F + B - W) for ZB-H1's idle time, which holds while W <= min(F, B);
+the max is what the simulator shows beyond it: a hop along the pipeline costs at least F or B.)
+    naive          p (F + BW)                          (m = 1)
+
+and at most these micro-batches hold activations on the busiest (first) rank, in stage units::
+
+    gpipe m;  1f1b, zb-h1 min(p, m);  interleaved min(m v, 2(p-1) + (v-1)p + 1) / v chunks.
+
+Unequal stages (embedding first, logits last) use the slowest stage for the steady state and the
+mean for the fill and drain: ``m * max + (p - 1) * mean`` in the gpipe/1f1b form, and likewise.
+Where no closed form applies (zb-h1 with m < p), the schedule is simulated once per
+(kind, p, m, v, cost ratios) and cached: a timeline scales linearly with the costs.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from mpipar.parallel.pipeline.generators import build_schedule
+from mpipar.parallel.pipeline.simulate import simulate
+
+from .errors import PlanError
+
+SIM_MAX_ACTIONS = 30_000  # compute actions beyond which a fallback simulation is refused
+
+
+def run_simulation(kind: str, p: int, m: int, v: int, costs: dict):
+    """The one call into mpipar's schedule code (its ``virtual`` keyword may be renamed)."""
+    return simulate(build_schedule(kind, p, m, v), costs)
+
+
+@lru_cache(maxsize=4096)
+def _simulated_makespan(kind: str, p: int, m: int, v: int, b_ratio: float, w_ratio: float):
+    if kind != "zb-h1":
+        costs = {"F": 1.0, "BW": b_ratio + w_ratio}
+    else:
+        costs = {"F": 1.0, "B": b_ratio, "W": w_ratio}
+    res = run_simulation(kind, p, m, v, costs)
+    return res.makespan, res.peak_activations[0]
+
+
+def closed_form(kind: str, p: int, m: int, v: int, f: float, b: float, w: float) -> float | None:
+    """Makespan of equal stages with per-stage costs f, b, w; None where no closed form holds."""
+    if kind in ("gpipe", "1f1b"):
+        return (m + p - 1) * (f + b + w)
+    if kind == "interleaved":
+        return (m + (p - 1) / v) * (f + b + w) if m % p == 0 else None
+    if kind == "zb-h1":
+        if p == 1:
+            return m * (f + b + w)
+        return m * (f + b + w) + (p - 1) * max(f + b - w, f, b) if m >= p else None
+    if kind == "naive":
+        return p * (f + b + w) if m == 1 else None
+    return None
+
+
+def pipeline_time(kind: str, p: int, m: int, v: int, stages: list[tuple[float, float, float]]):
+    """(makespan, busy fraction of the mean rank) for per-rank costs (F, B, W) per micro-batch.
+
+    ``stages`` has one (F, B, W) per pipeline rank, summed over its chunks.
+    """
+    f = sum(s[0] for s in stages) / p
+    b = sum(s[1] for s in stages) / p
+    w = sum(s[2] for s in stages) / p
+    slowest = max(sum(s) for s in stages)
+    mean = f + b + w
+    t = closed_form(kind, p, m, v, f, b, w)
+    if t is None:
+        if p * m * v * 3 > SIM_MAX_ACTIONS:
+            raise PlanError(
+                f"{kind} with p={p}, m={m}: no closed form and too large to simulate; use "
+                "m >= p (more micro-batches) or another schedule"
+            )
+        span, _ = _simulated_makespan(kind, p, m, v, round(b / f, 3), round(w / f, 3))
+        t = span * f
+    # Unequal stages: the slowest stage sets the steady state (m micro-batches through it).
+    t += m * (slowest - mean)
+    busy = m * mean
+    return t, busy / t
+
+
+def in_flight(kind: str, p: int, m: int, v: int) -> float:
+    """Micro-batches whose activations the first rank holds at its peak, in whole-stage units."""
+    if kind == "gpipe":
+        return m
+    if kind in ("1f1b", "zb-h1"):
+        return min(p, m)
+    if kind == "interleaved":
+        return min(m * v, 2 * (p - 1) + (v - 1) * p + 1) / v
+    if kind == "naive":
+        return 1
+    raise ValueError(f"unknown schedule {kind!r}")

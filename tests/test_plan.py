@@ -1,0 +1,159 @@
+"""`mpipar plan`: closed forms vs the simulator, FLOP counts, SC'21 Table 1, ranking, CLI."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mpipar.plan import GPTShape, describe, load_cluster, load_model, parse_fix, plan
+from mpipar.plan.evaluate import executed_flops
+from mpipar.plan.model import layer_gemm_flops, megatron_sc21_flops, model_flops_per_step
+from mpipar.plan.pipeline import closed_form, in_flight, run_simulation
+from mpipar.plan.sc21 import paper_fix, predict, shape, table1
+
+COSTS = [(1, 1, 1), (1, 2, 0.5), (1, 1.5, 1.5), (1, 0.6, 0.3), (2, 1, 1), (1, 0.5, 1.2)]
+
+
+def _cases():
+    for kind in ("gpipe", "1f1b", "interleaved", "zb-h1"):
+        for p in range(1, 7):
+            for m in sorted({1, 2, p, p + 1, 2 * p, 3 * p}):
+                for v in ((2, 3) if kind == "interleaved" else (1,)):
+                    if kind != "interleaved" or m % p == 0:
+                        yield kind, p, m, v
+
+
+@pytest.mark.parametrize("kind,p,m,v", list(_cases()))
+def test_closed_forms_match_the_simulator(kind, p, m, v):
+    for f, b, w in COSTS:
+        costs = {"F": f, "B": b, "W": w} if kind == "zb-h1" else {"F": f, "BW": b + w}
+        sim = run_simulation(kind, p, m, v, costs)
+        cf = closed_form(kind, p, m, v, f, b, w)
+        if cf is not None:
+            assert cf == pytest.approx(sim.makespan, rel=1e-12), (f, b, w)
+        assert in_flight(kind, p, m, v) * v == sim.peak_activations[0]
+    assert closed_form("zb-h1", 4, 2, 1, 1, 1, 1) is None  # m < p: simulated instead
+
+
+def test_layer_flops_by_hand():
+    m = GPTShape(layers=1, hidden=8, heads=2, seq=4, vocab=16)
+    b = 3  # tokens T = 12; QKV 12x8 @ 8x24; scores 3*2 heads of 4x4 @ 4x4 ... by hand:
+    hand = {
+        "qkv": 2 * 12 * 8 * 24,
+        "scores": 2 * (3 * 2) * 4 * 4 * 4,  # b*a matrices (s x h/a) @ (h/a x s)
+        "values": 2 * (3 * 2) * 4 * 4 * 4,  # (s x s) @ (s x h/a)
+        "proj": 2 * 12 * 8 * 8,
+        "mlp": 2 * 12 * 8 * 32 + 2 * 12 * 32 * 8,
+    }
+    assert layer_gemm_flops(m, b) == hand
+    logits = 2 * 12 * 8 * 16
+    assert model_flops_per_step(m, b) == 3 * (sum(hand.values()) + logits)
+    # Megatron's closed forms: 72 B s l h^2 (1 + s/6h + V/12lh), and 96 ... with full recompute.
+    assert model_flops_per_step(m, b) == pytest.approx(72 * b * 4 * 64 * (1 + 4 / 48 + 16 / 96))
+    assert executed_flops(m, b, "full") == pytest.approx(megatron_sc21_flops(m, b))
+
+
+@pytest.mark.parametrize("row", table1(), ids=lambda r: f"{r['params_b']}B")
+def test_sc21_table1_within_15_percent(row):
+    got = predict(row)
+    assert got["fits"]
+    assert got["paper_tflops"] == pytest.approx(row["tflops"], rel=0.15)
+    assert got["paper_tflops"] == pytest.approx(got["tflops_per_gpu"])  # full recompute
+
+
+# Rows where the planner ranks a 2021-feature layout (full recompute, no SP, no ZeRO-1) ahead of
+# the paper's by more than four places, and what its faster layout does differently (checked):
+# the weak-scaling series raised tp with the model to keep the study regular; at full
+# recomputation these models fit with less tensor parallelism, which saves the per-layer
+# all-reduces (experiments/README.md, section 6).
+JUSTIFIED = {3.6: "less tp", 7.5: "less tp", 18.4: "less tp", 39.1: "less tp", 145.6: "less tp",
+             310.1: "fewer stages"}
+
+
+@pytest.mark.parametrize("row", table1(), ids=lambda r: f"{r['params_b']}B")
+def test_paper_configuration_ranks_in_top_five_or_justified(row):
+    c = load_cluster("dgx-a100-80gb")
+    fix = paper_fix(row)
+    same = {k: fix[k] for k in ("recompute", "sp", "zero1")}
+    rows = plan(shape(row), c, row["gpus"], row["batch"], fixed=same, top=None)
+    keys = ("dp", "pp", "tp", "schedule", "v", "microbatch_size")
+    pos = next(i for i, r in enumerate(rows) if all(r[k] == fix[k] for k in keys)) + 1
+    if row["params_b"] not in JUSTIFIED:
+        assert pos <= 5, describe(rows[0])
+        return
+    best = rows[0]
+    assert best["step_time_s"] < rows[pos - 1]["step_time_s"]
+    if JUSTIFIED[row["params_b"]] == "less tp":
+        assert best["tp"] < row["tp"], describe(best)
+    else:
+        assert best["tp"] == row["tp"] and best["pp"] < row["pp"], describe(best)
+
+
+def _cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "mpipar.cli", "plan", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_json_schema_and_order():
+    r = _cli("--model", "gpt-39b", "--gpus", "64", "--global-batch", "128", "--top", "4",
+             "--format", "json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert len(rows) == 4
+    need = {"dp", "pp", "tp", "schedule", "microbatch_size", "recompute", "step_time_s",
+            "tflops_per_gpu", "mfu", "memory_gib", "fits", "bubble", "v", "sp", "zero1"}
+    for row in rows:
+        assert need <= set(row)
+        assert row["fits"] and 0 < row["mfu"] < 1 and 0 <= row["bubble"] < 1
+        assert row["dp"] * row["pp"] * row["tp"] == 64
+    times = [row["step_time_s"] for row in rows]
+    assert times == sorted(times)
+
+
+def test_fix_evaluates_one_configuration():
+    r = _cli("--layers", "48", "--hidden", "8192", "--heads", "64", "--seq", "2048", "--gpus",
+             "512", "--global-batch", "1536", "--fix",
+             "dp=32,pp=2,tp=8,schedule=1f1b,mbs=4,recompute=full,sp=0,zero1=0", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert len(rows) == 1
+    got = tuple(rows[0][k] for k in ("dp", "pp", "tp", "microbatch_size"))
+    assert got == (32, 2, 8, 4)
+    assert rows[0]["microbatches"] == 12
+    # partly fixed: the rest is searched, every row keeps the fixed part
+    part = plan(load_model("gpt-39b"), load_cluster("h200"), 512, 1536, fixed=parse_fix("tp=4"))
+    assert part and all(row["tp"] == 4 for row in part)
+
+
+@pytest.mark.parametrize("args,words", [
+    (("--model", "gpt-1.7b", "--gpus", "7", "--global-batch", "512"), "gpus"),
+    (("--layers", "4", "--hidden", "96", "--heads", "7", "--seq", "64", "--gpus", "16",
+      "--global-batch", "16"), "heads"),
+    (("--model", "gpt-1t", "--gpus", "8", "--global-batch", "8"), "fits"),
+    (("--model", "gpt-1.7b", "--gpus", "32", "--global-batch", "512", "--fix", "tp=3"), "--fix"),
+    (("--model", "gpt-1.7b", "--gpus", "32", "--global-batch", "512", "--fix", "foo=1"), "KEY"),
+    (("--model", "nope", "--gpus", "8", "--global-batch", "8"), "preset"),
+    (("--model", "gpt-1.7b", "--cluster", "nope", "--gpus", "8", "--global-batch", "8"), "bundled"),
+])
+def test_bad_inputs_exit_2_with_a_message(args, words):
+    r = _cli(*args)
+    assert r.returncode == 2
+    assert words in r.stderr and "error" in r.stderr
+
+
+def test_bundled_clusters_load():
+    for name in ("dgx-a100-80gb", "dgx-h100", "h200"):
+        c = load_cluster(name)
+        assert c.gpus_per_node == 8 and c.peak["bf16"] > 3e14
+
+
+@pytest.mark.slow
+def test_1t_on_3072_gpus_is_fast():
+    t0 = time.perf_counter()
+    r = _cli("--model", "gpt-1t", "--gpus", "3072", "--global-batch", "3072", "--top", "5")
+    seconds = time.perf_counter() - t0
+    print(f"mpipar plan, 1T model on 3072 GPUs, full search: {seconds:.1f} s (machine under load)")
+    assert r.returncode == 0, r.stderr
+    assert seconds < 120
