@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mpipar.plan import describe, load_cluster, plan  # noqa: E402
-from mpipar.plan import korthikanti  # noqa: E402
+from mpipar.plan import (  # noqa: E402
+    describe,
+    korthikanti,  # noqa: E402
+    load_cluster,
+    plan,
+)
 from mpipar.plan.fit import fit as fit_constants  # noqa: E402
 from mpipar.plan.fit import leave_one_out, log_errors  # noqa: E402
 from mpipar.plan.sc21 import DTYPE, paper_fix, predict, shape, table1  # noqa: E402

@@ -7,13 +7,12 @@ import time
 
 import pytest
 
-from mpipar.plan import GPTShape, describe, load_cluster, load_model, parse_fix, plan
+from mpipar.plan import GPTShape, describe, korthikanti, load_cluster, load_model, parse_fix, plan
+from mpipar.plan.costs import STATE_BYTES, state_bytes
 from mpipar.plan.evaluate import executed_flops
+from mpipar.plan.fit import GRID_EFF, GRID_HALF, fit, leave_one_out, log_errors
 from mpipar.plan.model import layer_gemm_flops, megatron_sc21_flops, model_flops_per_step
 from mpipar.plan.pipeline import closed_form, in_flight, run_simulation
-from mpipar.plan import korthikanti
-from mpipar.plan.costs import STATE_BYTES, state_bytes
-from mpipar.plan.fit import GRID_EFF, GRID_HALF, fit, leave_one_out, log_errors
 from mpipar.plan.sc21 import DTYPE, paper_fix, paper_row, predict, shape, table1
 
 COSTS = [(1, 1, 1), (1, 2, 0.5), (1, 1.5, 1.5), (1, 0.6, 0.3), (2, 1, 1), (1, 0.5, 1.2)]

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from .cluster import DTYPES, Cluster
 from .costs import (
-    activation_bytes,
     GRAD_BYTES,
+    activation_bytes,
     embed_params,
     head_costs,
     layer_cost,
