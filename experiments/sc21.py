@@ -3,26 +3,36 @@
     python experiments/sc21.py            # the table: published vs predicted, error per row
     python experiments/sc21.py --fit      # refit the A100 GEMM-efficiency constants (2 numbers)
     python experiments/sc21.py --rank     # where the paper's configuration ranks in the search
+    python experiments/sc21.py --loo      # leave-one-out: fit on 9 rows, predict the 10th
+    python experiments/sc21.py --korthikanti  # Korthikanti et al. 2022, constants frozen
 
 TFLOP/s use the paper's count, 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) per step, over the
 predicted step time of the paper's own configuration (examples/sc21/run_table_1.sh: tp, pp,
 micro-batch size, interleaving, full recomputation). --fit fits the two hardware constants of
 mpipar/plan/clusters/dgx-a100-80gb.toml's [gemm] once for all ten rows (least squares on
-log TFLOP/s, grid search); every other number in that file comes from spec sheets or is assumed.
+log TFLOP/s, grid search, mpipar/plan/fit.py); every other number in that file comes from spec
+sheets or is assumed. --loo refits on every 9 rows and predicts the left-out one; --korthikanti
+predicts a second paper's runs (mpipar/plan/data/korthikanti2022.csv) with nothing refitted.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mpipar.plan import describe, load_cluster, plan  # noqa: E402
-from mpipar.plan.sc21 import paper_fix, predict, shape, table1  # noqa: E402
+from mpipar.plan import (  # noqa: E402
+    describe,
+    korthikanti,  # noqa: E402
+    load_cluster,
+    plan,
+)
+from mpipar.plan.fit import fit as fit_constants  # noqa: E402
+from mpipar.plan.fit import leave_one_out, log_errors  # noqa: E402
+from mpipar.plan.sc21 import DTYPE, paper_fix, predict, shape, table1  # noqa: E402
 
 
 def table(cluster) -> list[dict]:
@@ -37,14 +47,31 @@ def table(cluster) -> list[dict]:
 
 def fit(cluster) -> tuple[float, float, float]:
     """(max_efficiency, half_dim, rms log error) minimising the squared log error."""
-    best = (math.inf, 0.0, 0.0)
-    for i in range(60, 96):
-        for half in (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512):
-            c = dataclasses.replace(cluster, gemm_max_efficiency=i / 100, gemm_half_dim=half)
-            err = sum(math.log(1 + r["error"]) ** 2 for r in table(c))
-            best = min(best, (err, i / 100, float(half)))
-    err, e_max, half = best
-    return e_max, half, math.sqrt(err / len(table1()))
+    return fit_constants(cluster, table1())
+
+
+def print_loo(cluster) -> None:
+    rows = table1()
+    errors = log_errors(cluster, rows)
+    print("\n| params (B) | published TFLOP/s | fitted on the other 9: max_eff, half_dim | "
+          "predicted | error |")
+    print("|---|---|---|---|---|")
+    for r in leave_one_out(cluster, rows, errors):
+        print(f"| {r['row']['params_b']} | {r['row']['tflops']:.0f} | {r['max_efficiency']}, "
+              f"{r['half_dim']:.0f} | {r['predicted']:.1f} | {100 * r['error']:+.1f}% |")
+
+
+def print_korthikanti(cluster) -> None:
+    print("\n| model | mode | tp | pp | v | GPUs | batch | published s | predicted s | error | "
+          "published MFU | predicted MFU | memory GiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for row in korthikanti.table():
+        g = korthikanti.predict(row, cluster)
+        print(f"| {row['model']} | {row['mode']} | {row['tp']} | {row['pp']} | {row['v']} | "
+              f"{row['gpus']} | {row['batch']} | {row['iteration_s']:.2f} | "
+              f"{g['step_time_s']:.2f} | {100 * g['error']:+.1f}% | "
+              f"{100 * g['published_mfu']:.1f}% | {100 * g['mfu']:.1f}% | "
+              f"{g['memory_gib']:.1f} |")
 
 
 def rank(cluster, row) -> tuple[int | None, dict, dict]:
@@ -52,11 +79,11 @@ def rank(cluster, row) -> tuple[int | None, dict, dict]:
     2021 feature set), and the best row of the unrestricted search."""
     m = shape(row)
     fix = paper_fix(row)
-    same = {k: fix[k] for k in ("recompute", "sp", "zero1")}
-    rows = plan(m, cluster, row["gpus"], row["batch"], fixed=same, top=None)
+    same = {k: fix[k] for k in ("recompute", "sp", "zero1", "dp_overlap")}
+    rows = plan(m, cluster, row["gpus"], row["batch"], DTYPE, fixed=same, top=None)
     keys = ("dp", "pp", "tp", "schedule", "v", "microbatch_size")
     pos = next((i + 1 for i, r in enumerate(rows) if all(r[k] == fix[k] for k in keys)), None)
-    free = plan(m, cluster, row["gpus"], row["batch"], top=1)[0]
+    free = plan(m, cluster, row["gpus"], row["batch"], DTYPE, top=1)[0]
     return pos, rows[0], free
 
 
@@ -65,6 +92,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cluster", default="dgx-a100-80gb")
     ap.add_argument("--fit", action="store_true", help="refit the [gemm] constants and print them")
     ap.add_argument("--rank", action="store_true", help="also rank the paper's configurations")
+    ap.add_argument("--loo", action="store_true", help="also the leave-one-out predictions")
+    ap.add_argument("--korthikanti", action="store_true",
+                    help="also Korthikanti et al. 2022 predicted with the constants frozen")
     args = ap.parse_args(argv)
     c = load_cluster(args.cluster)
     if args.fit:
@@ -79,14 +109,19 @@ def main(argv=None) -> int:
         print(f"| {r['params_b']} | {r['gpus']} | {r['tp']} | {r['pp']} | {sched} | "
               f"{r['microbatch_size']} | {r['tflops']:.0f} | {r['predicted']:.1f} | "
               f"{100 * r['error']:+.1f}% | {r['memory_gib']:.1f} | {r['bubble']:.3f} |")
+    if args.loo:
+        print_loo(c)
+    if args.korthikanti:
+        print_korthikanti(c)
     if args.rank:
         print("\n| params (B) | paper's rank (full recompute, no SP/ZeRO-1) | best of those | "
-              "best overall | its speed-up |")
-        print("|---|---|---|---|---|")
+              "its memory GiB | best overall | its speed-up |")
+        print("|---|---|---|---|---|---|")
         for row in table1():
             pos, best, free = rank(c, row)
             paper = predict(row, c)["step_time_s"]
-            print(f"| {row['params_b']} | {pos} | {describe(best)} | {describe(free)} | "
+            print(f"| {row['params_b']} | {pos} | {describe(best)} | {best['memory_gib']:.1f} | "
+                  f"{describe(free)} | "
                   f"{paper / free['step_time_s']:.2f}x |")
     return 0
 

@@ -125,9 +125,19 @@ def embed_params(m: GPTShape, t: int) -> float:
     return m.vocab * m.hidden / t
 
 
+# Bytes per parameter of Megatron-LM's mixed-precision Adam, as its distributed-optimizer docs
+# tabulate them (docs/source/distrib_optimizer.md: "fp16 param, fp16 grads 20 | 4 + 16/d; bf16
+# param, fp32 grads 18 | 6 + 12/d; fp32 param, fp32 grads 16 | 8 + 8/d"), split into (kept whole
+# on every DP rank, divided by dp under ZeRO-1 / --use-distributed-optimizer):
+#   fp16: fp16 weights 2 + fp16 grads 2 | fp32 grad copy 4 + fp32 master 4 + Adam m 4 + v 4 = 20
+#   bf16: bf16 weights 2 + fp32 main_grad 4 (grads accumulate and all-reduce in fp32) | 12 = 18
+#   fp32: weights 4 + grads 4 | Adam m 4 + v 4 = 16
+STATE_BYTES = {"fp16": (4.0, 16.0), "bf16": (6.0, 12.0), "fp32": (8.0, 8.0)}
+# Bytes per parameter the data-parallel gradient reduction moves (the grad dtype above).
+GRAD_BYTES = {"fp16": 2, "bf16": 4, "fp32": 4}
+
+
 def state_bytes(params: float, dtype: str, dp: int, zero1: bool) -> float:
-    """Mixed-precision Adam: 16 bytes/param (2 weights, 2 grads, 4 master, 4 m, 4 v); pure fp32:
-    4 weights, 4 grads, 4 m, 4 v. ZeRO-1 divides the optimizer part (12 or 8) by dp."""
-    e = DTYPES[dtype]
-    opt = 12.0 if e == 2 else 8.0
-    return params * (2 * e + opt / (dp if zero1 else 1))
+    """Weights, gradients and optimizer state of ``params`` on one GPU (STATE_BYTES)."""
+    whole, sharded = STATE_BYTES[dtype]
+    return params * (whole + sharded / (dp if zero1 else 1))

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from .cluster import DTYPES, Cluster
 from .costs import (
+    GRAD_BYTES,
     activation_bytes,
     embed_params,
     head_costs,
@@ -35,6 +36,9 @@ class Config:
     recompute: str
     sp: bool
     zero1: bool
+    # DP gradient reduction overlapping the backward (mpipar's buckets, Megatron-Core's
+    # --overlap-grad-reduce); Megatron-LM 2021-22 reduced after the pipeline flush: False.
+    dp_overlap: bool = True
 
 
 def executed_flops(m: GPTShape, batch: int, recompute: str) -> float:
@@ -133,9 +137,9 @@ def evaluate(m: GPTShape, c: Cluster, peak: float, dtype: str, global_batch: int
     pipe, busy = pipeline_time(cfg.schedule, cfg.pp, micro, cfg.v, stages)
     mem, params = _memory(m, c, cfg, dtype, micro)
     e = DTYPES[dtype]
-    dp_total = _dp_time(c, cfg, params * e)
+    dp_total = _dp_time(c, cfg, params * GRAD_BYTES[dtype])
     last_bwd = stages[0][1] + stages[0][2]  # buckets all-reduce while the last backward runs
-    dp_exposed = max(0.0, dp_total - last_bwd) if cfg.dp > 1 else 0.0
+    dp_exposed = max(0.0, dp_total - (last_bwd if cfg.dp_overlap else 0.0))
     opt_bytes = params * (24 + 2 * e) / (cfg.dp if cfg.zero1 else 1)  # Adam: read+write state
     optimizer = c.hbm_time(opt_bytes)
     step = pipe + dp_exposed + optimizer
@@ -145,7 +149,7 @@ def evaluate(m: GPTShape, c: Cluster, peak: float, dtype: str, global_batch: int
     return {
         "dp": cfg.dp, "pp": cfg.pp, "tp": cfg.tp, "schedule": cfg.schedule, "v": cfg.v,
         "microbatch_size": cfg.microbatch_size, "microbatches": micro,
-        "recompute": cfg.recompute, "sp": cfg.sp, "zero1": cfg.zero1,
+        "recompute": cfg.recompute, "sp": cfg.sp, "zero1": cfg.zero1, "dp_overlap": cfg.dp_overlap,
         "step_time_s": step,
         "tflops_per_gpu": hw / step / gpus / 1e12,
         "model_tflops_per_gpu": model / step / gpus / 1e12,

@@ -10,7 +10,9 @@ from .model import GPTShape
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "naive")
 MAX_V = 16  # more model chunks per rank only multiply the p2p traffic
-FIX_KEYS = ("dp", "pp", "tp", "schedule", "microbatch_size", "recompute", "v", "sp", "zero1")
+FIX_KEYS = ("dp", "pp", "tp", "schedule", "microbatch_size", "recompute", "v", "sp", "zero1",
+            "dp_overlap")
+BOOL_KEYS = ("sp", "zero1", "dp_overlap")
 _BOOL = {"1": True, "true": True, "on": True, "yes": True,
          "0": False, "false": False, "off": False, "no": False}
 
@@ -30,7 +32,7 @@ def parse_fix(text: str | None) -> dict:
             raise PlanError(
                 f"--fix item {item!r}: expected KEY=VALUE with KEY in {', '.join(FIX_KEYS)}"
             )
-        if key in ("sp", "zero1"):
+        if key in BOOL_KEYS:
             if value.lower() not in _BOOL:
                 raise PlanError(f"--fix {key}={value!r}: use 0/1, on/off or true/false")
             fixed[key] = _BOOL[value.lower()]
@@ -99,7 +101,8 @@ def configs(m: GPTShape, c: Cluster, gpus: int, batch: int, fixed: dict):
                 for rc in RECOMPUTE:
                     for sp in ((False, True) if tp > 1 else (False,)):
                         for z in ((False, True) if dp > 1 else (False,)):
-                            cfg = Config(dp, pp, tp, schedule, v, mbs, rc, sp, z)
+                            cfg = Config(dp, pp, tp, schedule, v, mbs, rc, sp, z,
+                                         fixed.get("dp_overlap", True))
                             if all(fixed.get(k, getattr(cfg, k)) == getattr(cfg, k)
                                    for k in fixed):
                                 yield cfg
