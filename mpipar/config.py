@@ -316,9 +316,7 @@ def _validate_train(t: TrainConfig) -> None:
     if t.min_lr > t.lr:
         raise ConfigError(f"train.min_lr = {t.min_lr!r} is above train.lr = {t.lr!r}: the "
                           f"schedule decays from lr down to min_lr; use min_lr <= lr")
-    if t.warmup_steps > t.steps:
-        raise ConfigError(f"train.warmup_steps = {t.warmup_steps} is more than train.steps = "
-                          f"{t.steps}: use warmup_steps <= steps")
+    # warmup_steps > steps is allowed: the trainer caps the warm-up at steps - 1 (short runs)
 
 
 def _validate_parallel(p: ParallelConfig, t: TrainConfig, world_size: int | None) -> None:
