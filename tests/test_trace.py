@@ -309,3 +309,20 @@ def test_memory_stays_bounded_over_flushes(tmp_path):
     assert held == [0] * 5
     with h5py.File(path, "r") as f:
         assert f["ranks/0/events"].shape == (1000,)
+
+
+@pytest.mark.mpi
+def test_soak_script_prints_rss_per_rank(tmp_path):
+    import subprocess
+    import sys
+
+    from mpi_util import ONE_THREAD, REPO
+
+    res = subprocess.run([sys.executable, str(REPO / "experiments" / "soak.py"), "--steps", "100",
+                          "--every", "50", "--out", str(tmp_path)], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, **ONE_THREAD}, cwd=REPO)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "2 ranks: r1 MiB" in res.stdout
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [r["step"] for r in rows] == [50, 100]
+    assert all(r["2 ranks: r1 MiB"] > 0 for r in rows)
