@@ -243,9 +243,17 @@ def load_config(path=None, overrides: dict | None = None) -> Config:
             raise ConfigError(f"config file {p} not found: pass an existing file to --config "
                               f"(see experiments/configs/)")
         try:
-            data = tomllib.loads(p.read_text())
+            data = tomllib.loads(p.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            byte = exc.object[exc.start]
+            raise ConfigError(f"config file {p} is not UTF-8 text (byte 0x{byte:02x} at offset "
+                              f"{exc.start}): a binary or damaged file? pass a TOML config "
+                              f"(see experiments/configs/)") from None
         except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
+            raise ConfigError(f"config file {p} is not valid TOML: {exc}; fix that line "
+                              f"(see experiments/configs/ for examples)") from None
+        except OSError as exc:
+            raise ConfigError(f"config file {p} cannot be read: {exc.strerror or exc}") from None
         for section, values in data.items():
             if not isinstance(values, dict):
                 raise ConfigError(f"{p}: top-level key {section!r} must be a [section] table; "
