@@ -139,7 +139,7 @@ def _write(directory: Path, trainer, tensors: dict) -> Path:
                                       "tp": cfg.parallel.tp})
         f.attrs["dtype"] = cfg.train.dtype
         f.attrs["complete"] = True
-    write_text_atomic(directory / "latest", path.name + "\n")
+    write_text_atomic(directory / "latest", path.name + "\n", durable=True)
     return path
 
 

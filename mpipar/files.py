@@ -109,9 +109,9 @@ def atomic_h5(path, durable: bool = False):
             yield f
 
 
-def write_text_atomic(path, text: str) -> None:
-    """Write ``text`` to ``path``, atomically."""
-    with atomic_path(path) as tmp:
+def write_text_atomic(path, text: str, durable: bool = False) -> None:
+    """Write ``text`` to ``path``, atomically (``durable``: fsync before the rename)."""
+    with atomic_path(path, durable) as tmp:
         with open(tmp, "w") as fh:
             fh.write(text)
 

@@ -228,6 +228,15 @@ def test_flushes_append_and_the_reader_sees_every_row(tmp_path):
     assert os.listdir(tmp_path) == ["trace.h5"]
 
 
+def test_a_reader_during_the_run_does_not_block_a_flush(tmp_path):
+    path = tmp_path / "trace.h5"
+    write_dump(path, [_events(3, 0), _events(1, 1)], ATTRS2, FILE2)
+    with h5py.File(path, "r"):  # `mpipar analyze` reading while the run goes on
+        append_dump(path, [_events(2, 1), _events(2, 2)], ATTRS2, FILE2)
+    with h5py.File(path, "r") as f:
+        assert json.loads(f.attrs["committed"])["events"] == [5, 3]
+
+
 def test_a_crash_mid_flush_leaves_the_committed_rows(tmp_path, monkeypatch):
     """Rows written but not committed (the flush died before the count was updated) are
     ignored by the reader and written over by the next flush."""
