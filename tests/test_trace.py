@@ -231,8 +231,19 @@ def test_flushes_append_and_the_reader_sees_every_row(tmp_path):
 def test_a_reader_during_the_run_does_not_block_a_flush(tmp_path):
     path = tmp_path / "trace.h5"
     write_dump(path, [_events(3, 0), _events(1, 1)], ATTRS2, FILE2)
-    with h5py.File(path, "r"):  # `mpipar analyze` reading while the run goes on
+    import subprocess
+    import sys
+
+    # another process (`mpipar analyze` while the run goes on) holds the file open for reading
+    reader = subprocess.Popen([sys.executable, "-c", "import h5py, sys, time\n"
+                               f"f = h5py.File({str(path)!r}, 'r')\nprint('open', flush=True)\n"
+                               "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdout.readline().strip() == "open"
         append_dump(path, [_events(2, 1), _events(2, 2)], ATTRS2, FILE2)
+    finally:
+        reader.kill()
+        reader.wait()
     with h5py.File(path, "r") as f:
         assert json.loads(f.attrs["committed"])["events"] == [5, 3]
 
