@@ -162,7 +162,8 @@ class IntList:
 
     def describe(self) -> str:
         each = Int(self.lo, self.hi).interval()
-        return f"a list of at least {self.min_len} integers, each in {each}"
+        size = f"at least {self.min_len} " if self.min_len else ""
+        return f"a list of {size}integers, each in {each}"
 
     def ok(self, v) -> bool:
         item = Int(self.lo, self.hi)
