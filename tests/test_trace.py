@@ -346,3 +346,44 @@ def test_soak_script_prints_rss_per_rank(tmp_path):
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert [r["step"] for r in rows] == [50, 100]
     assert all(r["2 ranks: r1 MiB"] > 0 for r in rows)
+
+
+_APPENDER = """
+import sys
+import numpy as np
+from mpipar.trace import EVENT_DTYPE, append_dump, write_dump
+path = sys.argv[1]
+attrs = [{"dp": 0, "pp": 0, "tp": 0}, {"dp": 0, "pp": 1, "tp": 0}]
+fa = {"config": {}, "grid": {"dp": 1, "pp": 2, "tp": 1}, "world_size": 2}
+ev = np.zeros(500, dtype=EVENT_DTYPE)
+ev["kind"] = b"F"
+write_dump(path, [ev, ev], attrs, fa)
+print("ready", flush=True)
+while True:
+    append_dump(path, [ev, ev], attrs, fa)
+"""
+
+
+def test_sigkill_during_flushes_leaves_a_readable_dump(tmp_path):
+    """A writer appending without pause is killed at a random moment, 8 times: each dump reads,
+    both ranks with the same whole number of flushes (no torn or half-committed flush)."""
+    import random
+    import subprocess
+    import sys
+    import time
+
+    from mpipar.analysis.dump import load
+
+    rng = random.Random(14)
+    for i in range(8):
+        path = tmp_path / f"t{i}.h5"
+        p = subprocess.Popen([sys.executable, "-c", _APPENDER, str(path)],
+                             stdout=subprocess.PIPE, text=True)
+        try:
+            assert p.stdout.readline().strip() == "ready"
+            time.sleep(rng.uniform(0.05, 0.5))
+        finally:
+            p.kill()
+            p.wait()
+        lens = [len(e) for e in load(path).events]
+        assert lens[0] == lens[1] and lens[0] % 500 == 0 and lens[0] >= 500, lens
