@@ -1,24 +1,31 @@
 """HDF5 checkpoints of full (unsharded) tensors, which load onto any grid.
 
-Layout (format_version 1):
+Layout (format_version 2):
 
 - ``/params/<parameter name>``: the full-shape parameter, in the run's dtype;
 - ``/optim/<parameter name>/<buffer>``: the optimizer state of that parameter, full shape
   (``exp_avg``, ``exp_avg_sq`` for AdamW; ``momentum_buffer`` for SGD);
+- each dataset has the attribute ``sha256``: the hex SHA-256 of its bytes (C order, stored dtype);
 - attributes: ``format_version``, ``step`` (steps completed), ``optimizer``, ``optimizer_step``,
-  ``config`` (JSON), ``grid`` (JSON, of the run that saved it), ``dtype``.
+  ``config`` (JSON), ``grid`` (JSON, of the run that saved it), ``dtype``, ``complete``.
 
 Saving gathers each tensor over tp (its shard axis), then each stage's tensors to world rank 0,
-which writes ``step_NNNNNN.h5`` through a temporary file and ``os.replace``: a crash mid-write
-leaves the previous checkpoint and no half-written file. ``latest`` names the newest one.
-Loading: every rank reads the file, checks every name and shape first (a mismatch names the
-tensor), then takes its own shard, so a run saved at dp2 pp2 tp2 resumes at dp1 pp4 tp2 or on
-one rank. Since batches depend only on (seed, step), resuming is exact.
+which writes ``step_NNNNNN.h5`` through a temporary file, ``fsync`` and ``os.replace``
+(``files.atomic_h5``): a crash mid-write leaves the previous checkpoint and no half-written file.
+``latest`` names the newest one.
+Loading: every rank reads the file and verifies every tensor's checksum (a flipped byte is
+refused, naming the tensor), checks that the names are exactly the model's (missing and unknown
+tensors are refused, named) and every shape, before changing anything; then takes its own shard,
+so a run saved at dp2 pp2 tp2 resumes at dp1 pp4 tp2 or on one rank. Since batches depend only
+on (seed, step), resuming is exact. Version 1 files (no checksums) still load, with a warning
+that their bytes cannot be verified.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +34,8 @@ from .backend import to_numpy
 from .files import write_text_atomic
 from .nn.params import take_shard
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 1: no checksums (loaded with a warning)
 
 
 class CheckpointError(ValueError):
@@ -118,9 +126,10 @@ def _write(directory: Path, trainer, tensors: dict) -> Path:
     cfg = trainer.cfg
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"step_{trainer.step:06d}.h5"
-    with atomic_h5(path) as f:
+    with atomic_h5(path, durable=True) as f:
         for name, a in sorted(tensors.items()):
-            f.create_dataset(name, data=a)
+            a = np.ascontiguousarray(a)
+            f.create_dataset(name, data=a).attrs["sha256"] = digest(a)
         f.attrs["format_version"] = FORMAT_VERSION
         f.attrs["step"] = trainer.step
         f.attrs["optimizer"] = cfg.train.optimizer
@@ -130,7 +139,7 @@ def _write(directory: Path, trainer, tensors: dict) -> Path:
                                       "tp": cfg.parallel.tp})
         f.attrs["dtype"] = cfg.train.dtype
         f.attrs["complete"] = True
-    write_text_atomic(directory / "latest", path.name + "\n")
+    write_text_atomic(directory / "latest", path.name + "\n", durable=True)
     return path
 
 
@@ -146,8 +155,14 @@ def resolve(resume: str, out_dir: Path) -> Path:
     return Path(resume)
 
 
+def digest(a) -> str:
+    """The hex SHA-256 of an array's bytes (C order, its own dtype): a tensor's checksum."""
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+
+
 def read_checkpoint(path) -> tuple[dict, dict]:
-    """(tensors, attrs) of a checkpoint file, with clear errors for missing or damaged files."""
+    """(tensors, attrs) of a checkpoint file, every checksum verified, with clear errors for
+    missing, damaged or altered files."""
     import h5py
 
     path = Path(path)
@@ -156,18 +171,67 @@ def read_checkpoint(path) -> tuple[dict, dict]:
     try:
         with h5py.File(path, "r") as f:
             attrs = dict(f.attrs)
-            if int(attrs.get("format_version", -1)) != FORMAT_VERSION or not attrs.get("complete"):
+            version = int(attrs.get("format_version", -1))
+            if version not in READABLE_VERSIONS or not attrs.get("complete"):
                 raise CheckpointError(f"{path} is not a complete mpipar checkpoint (format "
                                       f"{attrs.get('format_version')}): pick another file")
-            tensors = {}
-            f.visititems(lambda name, obj: tensors.__setitem__(name, obj[()])
-                         if isinstance(obj, h5py.Dataset) else None)
+            tensors, sums = {}, {}
+
+            def visit(name, obj):
+                if isinstance(obj, h5py.Dataset):
+                    tensors[name] = obj[()]
+                    sums[name] = obj.attrs.get("sha256")
+
+            f.visititems(visit)
     except CheckpointError:
         raise
     except Exception as exc:  # h5py raises OSError / KeyError / RuntimeError on damage
         raise CheckpointError(f"checkpoint {path} cannot be read (truncated or corrupted?): "
                               f"{exc}; resume from an earlier checkpoint") from None
+    _verify(path, version, tensors, sums)
     return tensors, attrs
+
+
+def _verify(path, version: int, tensors: dict, sums: dict) -> None:
+    if version == 1:
+        print(f"mpipar: warning: {path} is a format 1 checkpoint, written without checksums: "
+              f"its tensors cannot be verified", file=sys.stderr, flush=True)
+        return
+    for name in sorted(tensors):
+        s = sums[name]
+        s = s.decode() if isinstance(s, bytes) else s
+        if s is None:
+            raise CheckpointError(f"{path}: tensor {name} has no sha256 checksum (format 2 "
+                                  f"requires one): the file was altered; resume from another")
+        if digest(tensors[name]) != s:
+            raise CheckpointError(f"{path}: tensor {name} does not match its sha256 checksum: "
+                                  f"the file is corrupted; resume from an earlier checkpoint")
+
+
+def _names(names) -> str:
+    names = sorted(names)
+    more = f" and {len(names) - 8} more" if len(names) > 8 else ""
+    return ", ".join(names[:8]) + more
+
+
+def check_contents(path, tensors: dict, shapes: dict, buffers) -> None:
+    """The file holds exactly the model's tensors (``shapes``: parameter name -> full shape)
+    and optimizer buffers, each of the right shape; else ``CheckpointError`` naming them."""
+    expected = {f"params/{n}": s for n, s in shapes.items()}
+    expected.update({f"optim/{n}/{b}": s for n, s in shapes.items() for b in buffers})
+    missing, unknown = set(expected) - set(tensors), set(tensors) - set(expected)
+    if missing or unknown:
+        parts = ([f"lacks {len(missing)} tensor(s) the model has: {_names(missing)}"]
+                 if missing else [])
+        parts += ([f"has {len(unknown)} tensor(s) the model does not: {_names(unknown)}"]
+                  if unknown else [])
+        raise CheckpointError(f"{path} {'; and '.join(parts)}: it was saved from another "
+                              f"model (check model.* settings, e.g. n_layer)")
+    for key, shape in expected.items():
+        if tuple(tensors[key].shape) != tuple(shape):
+            raise CheckpointError(f"{path}: tensor {key.split('/')[1]} ({key}) has shape "
+                                  f"{tuple(tensors[key].shape)} but the model needs "
+                                  f"{tuple(shape)}: the model settings differ from the saved run")
 
 
 def load_into(trainer, path) -> int:
@@ -179,18 +243,9 @@ def load_into(trainer, path) -> int:
                               f"train.optimizer = {cfg.train.optimizer}")
     # check everything before changing anything
     buffers = [k for k in trainer.opt.BUFFERS]
-    for p in trainer.params:
-        key = f"params/{p.name}"
-        if key not in tensors:
-            raise CheckpointError(f"{path} has no tensor {p.name}: it was saved from another "
-                                  f"model (check model.* settings)")
-        if tuple(tensors[key].shape) != p.full_shape:
-            raise CheckpointError(f"{path}: tensor {p.name} has shape "
-                                  f"{tuple(tensors[key].shape)} but the model needs "
-                                  f"{p.full_shape}: the model settings differ from the saved run")
-        for b in buffers:
-            if f"optim/{p.name}/{b}" not in tensors:
-                raise CheckpointError(f"{path} lacks optimizer state optim/{p.name}/{b}")
+    # the whole model (every stage's tensors), not only this rank's: every rank builds it
+    check_contents(path, tensors, {p.name: p.full_shape for p in trainer.model.params()},
+                   buffers)
     xp = trainer.backend.xp
     for p in trainer.params:
         p.data[...] = xp.asarray(take_shard(tensors[f"params/{p.name}"], p.spec, p.tp_rank,

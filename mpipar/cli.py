@@ -62,7 +62,27 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
-    return int(_load(args.command).run(args) or 0)
+    try:
+        rc = int(_load(args.command).run(args) or 0)
+        sys.stdout.flush()  # inside the try: a reader that left shows up here, not at exit
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+    return rc
+
+
+# the exit status of a process killed by SIGPIPE, as `git log | head` ends
+EXIT_BROKEN_PIPE = 128 + 13
+
+
+def _quiet_broken_pipe() -> int:
+    """The reader of stdout went away (``mpipar schedule ... | head``): stop quietly. Point
+    stdout at /dev/null so the interpreter's own flush at exit raises nothing either."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import tomllib
 
+from .fieldrules import Choice, Flag, Int, IntList, Real, RuleError, Text, check
 from .layout import DEFAULT_ORDER, GridError, check_axes, check_grid, parse_order
 
 
@@ -124,14 +125,57 @@ class Config:
 
 SECTIONS = {f.name: f.type for f in dataclasses.fields(Config)}
 
+# What each field may hold: one declaration per field, checked by one generic validator
+# (``mpipar.fieldrules``). A new field needs its line here; tests/test_config.py fails otherwise
+# and tries bad values against every declaration. Cross-field rules are in ``_validate_*``.
+RULES = {
+    "model": {
+        "kind": Choice(("gpt", "mlp")), "vocab_size": Int(2), "block_size": Int(1),
+        "n_layer": Int(1), "n_embd": Int(1), "n_head": Int(1), "tie_embeddings": Flag(),
+        "init_std": Real(0, 10, lo_open=True), "sizes": IntList(1, min_len=2),
+        "activation": Choice(("relu", "gelu")), "task": Choice(("classification", "regression")),
+    },
+    "train": {
+        "steps": Int(1), "batch_size": Int(1), "seq_len": Int(1),
+        "optimizer": Choice(("adamw", "sgd")), "lr": Real(0, 10, lo_open=True),
+        "min_lr": Real(0, 10), "warmup_steps": Int(0), "weight_decay": Real(0, 10),
+        "beta1": Real(0, 1, hi_open=True), "beta2": Real(0, 1, hi_open=True),
+        "eps": Real(0, 1, lo_open=True), "momentum": Real(0, 1, hi_open=True),
+        "grad_clip": Real(0, lo_open=True, off=0), "eval_interval": Int(1, off=0),
+        "eval_batches": Int(1), "dtype": Choice(("float32", "float64")),
+        "device": Choice(("cpu", "cuda")), "seed": Int(0, 2**32 - 1),
+    },
+    "parallel": {
+        "dp": Int(1), "pp": Int(1), "tp": Int(1), "order": Text(nonempty=True),
+        "schedule": Text(nonempty=True), "microbatches": Int(1), "virtual_stages": Int(1),
+        "schedule_file": Text(), "partition": Choice(("uniform", "params", "cost", "explicit")),
+        "boundaries": IntList(0), "recompute": Flag(), "sequence_parallel": Flag(),
+        "zero1": Flag(), "bucket_mb": Real(0, 2**20, lo_open=True), "overlap_grad_sync": Flag(),
+    },
+    "data": {"path": Text(), "max_bytes": Int(1024)},
+    "run": {
+        "name": Text(nonempty=True), "out": Text(), "trace": Flag(), "log_interval": Int(1),
+        "progress": Flag(), "checkpoint_interval": Int(1, off=0), "checkpoint_final": Flag(),
+        "resume": Text(), "flush_interval": Int(1, off=0),
+    },
+}
+
 
 def _section_classes():
     return {f.name: f.default_factory for f in dataclasses.fields(Config)}
 
 
+def _refuse(where, value, rule, fallback: str):
+    if rule is not None:
+        return ConfigError(f"{where} = {value!r}: must be {rule.describe()}")
+    return ConfigError(f"{where} {fallback}, got {value!r}")
+
+
 def _coerce(section: str, key: str, value, proto):
-    """Turn an override string (or TOML value) into the type of the default."""
+    """Turn an override string (or TOML value) into the type of the default; what cannot be
+    turned is refused here, what can is range-checked by ``validate``."""
     where = f"{section}.{key}"
+    rule = RULES.get(section, {}).get(key)
     if isinstance(proto, bool):
         if isinstance(value, bool):
             return value
@@ -140,19 +184,16 @@ def _coerce(section: str, key: str, value, proto):
             return True
         if s in ("0", "false", "no", "off"):
             return False
-        raise ConfigError(f"{where} must be true or false, got {value!r}")
-    if isinstance(proto, int):
+        raise _refuse(where, value, rule, "must be true or false")
+    if isinstance(proto, (int, float)):
         try:
-            if isinstance(value, float) and not value.is_integer():
+            if isinstance(value, (bool, list, dict)):
                 raise ValueError
-            return int(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where} must be an integer, got {value!r}") from None
-    if isinstance(proto, float):
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where} must be a number, got {value!r}") from None
+            number = float(value) if isinstance(proto, float) else _to_int(value)
+        except (TypeError, ValueError, OverflowError):
+            what = "must be an integer" if isinstance(proto, int) else "must be a number"
+            raise _refuse(where, value, rule, what) from None
+        return number
     if isinstance(proto, list):
         if isinstance(value, list):
             return value
@@ -160,9 +201,24 @@ def _coerce(section: str, key: str, value, proto):
         try:
             parsed = json.loads(s if s.startswith("[") else f"[{s}]")
         except json.JSONDecodeError:
-            raise ConfigError(f"{where} must be a list such as [1, 2, 3], got {value!r}") from None
+            raise _refuse(where, value, rule, "must be a list such as [1, 2, 3]") from None
         return parsed
-    return str(value)
+    if not isinstance(value, str):
+        raise _refuse(where, value, rule, "must be a string")
+    return value
+
+
+def _to_int(value) -> int:
+    """``"3"``, ``3``, ``3.0`` -> 3; ``1.5``, ``"1.5"``, NaN, inf -> ValueError/OverflowError."""
+    if isinstance(value, str):
+        value = value.strip()
+        try:
+            return int(value)
+        except ValueError:
+            value = float(value)
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError(value)
+    return int(value)
 
 
 def _apply(cfg: Config, section: str, key: str, value, origin: str) -> None:
@@ -187,9 +243,17 @@ def load_config(path=None, overrides: dict | None = None) -> Config:
             raise ConfigError(f"config file {p} not found: pass an existing file to --config "
                               f"(see experiments/configs/)")
         try:
-            data = tomllib.loads(p.read_text())
+            data = tomllib.loads(p.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            byte = exc.object[exc.start]
+            raise ConfigError(f"config file {p} is not UTF-8 text (byte 0x{byte:02x} at offset "
+                              f"{exc.start}): a binary or damaged file? pass a TOML config "
+                              f"(see experiments/configs/)") from None
         except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
+            raise ConfigError(f"config file {p} is not valid TOML: {exc}; fix that line "
+                              f"(see experiments/configs/ for examples)") from None
+        except OSError as exc:
+            raise ConfigError(f"config file {p} cannot be read: {exc.strerror or exc}") from None
         for section, values in data.items():
             if not isinstance(values, dict):
                 raise ConfigError(f"{p}: top-level key {section!r} must be a [section] table; "
@@ -208,16 +272,30 @@ def load_config(path=None, overrides: dict | None = None) -> Config:
     return cfg
 
 
-MODEL_KINDS = ("gpt", "mlp")
+MODEL_KINDS = RULES["model"]["kind"].options
 
 
 def validate(cfg: Config, world_size: int | None = None) -> None:
     """Every check of types, ranges and the settings' consistency with each other; no model and
     no MPI (the model-shape checks are ``mpipar.training.preflight``'s). ``world_size``: also
     check the grid fits it."""
-    _validate_model(cfg.model, cfg.parallel)
+    p = cfg.parallel
+    _grid_rule(check_axes, p.dp, p.pp, p.tp)  # first, so the axes get the grid's own message
+    check_fields(cfg)
+    _validate_model(cfg.model, cfg.parallel, cfg.train)
     _validate_train(cfg.train)
     _validate_parallel(cfg.parallel, cfg.train, world_size)
+
+
+def check_fields(cfg: Config) -> None:
+    """Each field against its declaration in ``RULES`` (type and range), in declaration order."""
+    for section, rules in RULES.items():
+        sec = getattr(cfg, section)
+        for key, rule in rules.items():
+            try:
+                check(f"{section}.{key}", getattr(sec, key), rule)
+            except RuleError as exc:
+                raise ConfigError(str(exc)) from None
 
 
 def _grid_rule(check, *args) -> None:
@@ -228,41 +306,28 @@ def _grid_rule(check, *args) -> None:
         raise ConfigError(str(exc)) from None
 
 
-def _validate_model(m: ModelConfig, p: ParallelConfig) -> None:
-    if m.kind not in MODEL_KINDS:
-        raise ConfigError(f"model.kind = {m.kind!r}: use 'gpt' or 'mlp'")
-    if m.kind == "gpt":
-        if m.vocab_size < 2:
-            raise ConfigError("model.vocab_size must be at least 2")
-        if m.tie_embeddings and p.pp > 1:
-            raise ConfigError("model.tie_embeddings needs the embedding and the LM head on one "
-                              "pipeline stage: set tie_embeddings = false or pp = 1")
+def _validate_model(m: ModelConfig, p: ParallelConfig, t: TrainConfig) -> None:
+    if m.kind != "gpt":
         return
-    if len(m.sizes) < 2:
-        raise ConfigError("model.sizes must list at least an input and an output size")
-    if m.activation not in ("relu", "gelu"):
-        raise ConfigError(f"model.activation = {m.activation!r}: use relu or gelu")
-    if m.task not in ("classification", "regression"):
-        raise ConfigError(f"model.task = {m.task!r}: use classification or regression")
+    if m.n_embd % m.n_head:
+        raise ConfigError(f"model.n_embd = {m.n_embd} is not divisible by model.n_head = "
+                          f"{m.n_head}: pick n_head dividing n_embd")
+    if t.seq_len > m.block_size:
+        raise ConfigError(f"train.seq_len = {t.seq_len} is longer than the context "
+                          f"model.block_size = {m.block_size}: lower seq_len or raise block_size")
+    if m.tie_embeddings and p.pp > 1:
+        raise ConfigError("model.tie_embeddings needs the embedding and the LM head on one "
+                          "pipeline stage: set tie_embeddings = false or pp = 1")
 
 
 def _validate_train(t: TrainConfig) -> None:
-    if t.dtype not in ("float32", "float64"):
-        raise ConfigError(f"train.dtype = {t.dtype!r}: use float32 or float64")
-    if t.device not in ("cpu", "cuda"):
-        raise ConfigError(f"train.device = {t.device!r}: use cpu or cuda")
-    if t.optimizer not in ("adamw", "sgd"):
-        raise ConfigError(f"train.optimizer = {t.optimizer!r}: use adamw or sgd")
-    for name in ("steps", "batch_size", "seq_len"):
-        if getattr(t, name) < 1:
-            raise ConfigError(f"train.{name} must be at least 1, got {getattr(t, name)}")
+    if t.min_lr > t.lr:
+        raise ConfigError(f"train.min_lr = {t.min_lr!r} is above train.lr = {t.lr!r}: the "
+                          f"schedule decays from lr down to min_lr; use min_lr <= lr")
+    # warmup_steps > steps is allowed: the trainer caps the warm-up at steps - 1 (short runs)
 
 
 def _validate_parallel(p: ParallelConfig, t: TrainConfig, world_size: int | None) -> None:
-    _grid_rule(check_axes, p.dp, p.pp, p.tp)
-    for name in ("microbatches", "virtual_stages"):
-        if getattr(p, name) < 1:
-            raise ConfigError(f"parallel.{name} must be at least 1, got {getattr(p, name)}")
     _grid_rule(parse_order, p.order)
     if t.batch_size % (p.dp * p.microbatches):
         raise ConfigError(
@@ -273,5 +338,20 @@ def _validate_parallel(p: ParallelConfig, t: TrainConfig, world_size: int | None
         raise ConfigError(f"parallel.schedule_file {p.schedule_file} not found")
     if p.zero1 and p.schedule == "pipedream":
         raise ConfigError("ZeRO-1 with asynchronous PipeDream is not supported: drop zero1")
+    _validate_boundaries(p)
     if world_size is not None:
         _grid_rule(check_grid, p.dp, p.pp, p.tp, world_size)
+
+
+def _validate_boundaries(p: ParallelConfig) -> None:
+    """``parallel.boundaries``: the first unit of each pipeline chunk, only with explicit."""
+    b, n = list(p.boundaries), p.pp * p.virtual_stages
+    if p.partition != "explicit":
+        if b:
+            raise ConfigError(f"parallel.boundaries = {b} is used only with parallel.partition "
+                              f"= explicit (it is {p.partition!r}): drop it or set explicit")
+        return
+    if len(b) != n or b[0] != 0 or any(x >= y for x, y in zip(b, b[1:])):
+        raise ConfigError(f"parallel.boundaries = {b}: with partition = explicit give the first "
+                          f"unit of each of the pp * virtual_stages = {n} chunks, increasing "
+                          f"from 0 (e.g. {list(range(n))})")

@@ -11,25 +11,85 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
+import time
 from contextlib import contextmanager
+
+# a temporary older than this is the leftover of a crashed write (a live writer keeps touching
+# its file), and is removed by the next write of the same target
+STALE_AFTER_S = 3600.0
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return mask
+
+
+def _temp_name_pattern(path: str):
+    """The names ``atomic_path`` gives temporaries of ``path``: ``.NAME.XXXXXXXX.tmp``."""
+    return re.compile(re.escape(f".{os.path.basename(path)}.") + r"[A-Za-z0-9_]{8}\.tmp")
+
+
+def remove_stale_temporaries(path, older_than_s: float = STALE_AFTER_S) -> list:
+    """Remove the temporaries that crashed writes of ``path`` left beside it (only this module's
+    own pattern, only those untouched for ``older_than_s``). Returns the removed paths."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    pattern, now, removed = _temp_name_pattern(path), time.time(), []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        full = os.path.join(directory, name)
+        try:
+            if pattern.fullmatch(name) and now - os.stat(full).st_mtime > older_than_s:
+                os.unlink(full)
+                removed.append(full)
+        except OSError:
+            pass  # another process removed or replaced it first
+    return removed
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return  # some systems cannot open a directory; the rename is still atomic
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 @contextmanager
 def atomic_path(path, durable: bool = False):
     """Yield a fresh temporary path beside ``path``; when the block ends normally, rename it over
     ``path`` (after an ``fsync`` if ``durable``: the bytes reach the disk before the rename
-    publishes them). On any error the temporary is removed and the error re-raised."""
+    publishes them, and the folder after it). On any error the temporary is removed and the error
+    re-raised. The file gets the permissions of an ordinary new file under the umask (``mkstemp``
+    alone would make it 0600, unreadable by the group on a shared cluster), and temporaries of
+    earlier crashed writes of ``path`` are removed."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
+    remove_stale_temporaries(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    os.close(fd)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+    finally:
+        os.close(fd)
     try:
         yield tmp
         if durable:
             with open(tmp, "rb+") as fh:
                 os.fsync(fh.fileno())
         os.replace(tmp, path)
+        if durable:
+            _fsync_dir(directory)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -49,9 +109,9 @@ def atomic_h5(path, durable: bool = False):
             yield f
 
 
-def write_text_atomic(path, text: str) -> None:
-    """Write ``text`` to ``path``, atomically."""
-    with atomic_path(path) as tmp:
+def write_text_atomic(path, text: str, durable: bool = False) -> None:
+    """Write ``text`` to ``path``, atomically (``durable``: fsync before the rename)."""
+    with atomic_path(path, durable) as tmp:
         with open(tmp, "w") as fh:
             fh.write(text)
 

@@ -5,6 +5,7 @@ imported only inside ``write_dump`` so that tracing costs nothing to import.
 
 Each rank owns one ``Tracer``. Events are kept as plain tuples in a list (appending a tuple is the
 cheapest thing Python can do per event) and turned into the schema's structured array on demand.
+A dump flush ``take``s them (and forgets them): memory holds only what came since the last flush.
 A disabled tracer hands out one shared no-op context, so instrumented code costs a method call.
 """
 
@@ -110,6 +111,7 @@ class Tracer:
         self.step = -1
         self._events: list[tuple] = []
         self._metrics: list[tuple] = []
+        self.dumped: set[str] = set()  # dump paths this run created (later flushes append)
         gpu = backend is not None and getattr(backend, "is_gpu", False)
         self._sync = backend.synchronize if gpu else None
         self.reset_clock()
@@ -162,6 +164,13 @@ class Tracer:
         """All events so far, in recording order, as an ``EVENT_DTYPE`` array."""
         return np.array(self._events, dtype=EVENT_DTYPE)
 
+    def take(self) -> tuple[np.ndarray, np.ndarray]:
+        """(events, metrics) recorded since the last ``take``, forgotten here: a dump flush
+        writes them and memory stays bounded however long the run."""
+        out = self.events(), self.metrics()
+        self.clear()
+        return out
+
     def clear(self) -> None:
         """Forget the events and metrics recorded so far (the clock keeps running)."""
         self._events.clear()
@@ -202,36 +211,99 @@ def _attr_value(value):
     return value
 
 
-def write_dump(
-    path, per_rank_events: list, rank_attrs: list, file_attrs: dict, metrics=None
-) -> None:
-    """Write the whole dump to ``path`` atomically (temp file in the same directory, then rename).
+# rows per HDF5 chunk of the appendable datasets (64 B per event row: 64 KiB chunks)
+EVENT_CHUNK, METRICS_CHUNK = 1024, 256
 
-    ``per_rank_events[r]`` are world rank r's events (EVENT_DTYPE), ``rank_attrs[r]`` the
-    attributes of ``/ranks/r``; ``file_attrs`` become the file's attributes (``schema_version``
-    is always set here). A failure at any point leaves the previous file, if any, untouched.
-    """
 
+def _check_dtypes(per_rank_events, rank_attrs, metrics) -> list:
     if len(rank_attrs) != len(per_rank_events):
         raise ValueError(
             f"{len(per_rank_events)} ranks of events but {len(rank_attrs)} rank attribute dicts"
         )
+    out = []
+    for r, ev in enumerate(per_rank_events):
+        ev = np.asarray(ev)
+        if ev.dtype != EVENT_DTYPE:
+            raise ValueError(f"rank {r}: events have dtype {ev.dtype}, not EVENT_DTYPE")
+        out.append(ev)
+    if metrics is not None and np.asarray(metrics).dtype != METRICS_DTYPE:
+        raise ValueError(f"metrics have dtype {np.asarray(metrics).dtype}, not METRICS_DTYPE")
+    return out
+
+
+def _set_attrs(obj, attrs: dict) -> None:
+    for key, value in attrs.items():
+        if key not in ("schema_version", "committed"):
+            obj.attrs[key] = _attr_value(value)
+
+
+def write_dump(
+    path, per_rank_events: list, rank_attrs: list, file_attrs: dict, metrics=None
+) -> None:
+    """Write a new dump to ``path`` atomically (temp file in the same directory, then rename),
+    replacing any file there; ``append_dump`` adds to it later.
+
+    ``per_rank_events[r]`` are world rank r's events (EVENT_DTYPE), ``rank_attrs[r]`` the
+    attributes of ``/ranks/r``; ``file_attrs`` become the file's attributes (``schema_version``
+    and ``committed`` are always set here). A failure at any point leaves the previous file, if
+    any, untouched. The datasets are chunked and resizable, so later flushes append to them.
+    """
+    events = _check_dtypes(per_rank_events, rank_attrs, metrics)
+    m = np.asarray(metrics if metrics is not None else np.empty(0, METRICS_DTYPE))
     with atomic_h5(path) as f:
         f.attrs["schema_version"] = SCHEMA_VERSION
-        for key, value in file_attrs.items():
-            if key != "schema_version":
-                f.attrs[key] = _attr_value(value)
+        _set_attrs(f, file_attrs)
         ranks = f.create_group("ranks")
-        for r, (ev, attrs) in enumerate(zip(per_rank_events, rank_attrs, strict=True)):
-            ev = np.asarray(ev)
-            if ev.dtype != EVENT_DTYPE:
-                raise ValueError(f"rank {r}: events have dtype {ev.dtype}, not EVENT_DTYPE")
+        for r, (ev, attrs) in enumerate(zip(events, rank_attrs, strict=True)):
             g = ranks.create_group(str(r))
-            g.create_dataset("events", data=ev)
-            for key, value in attrs.items():
-                g.attrs[key] = _attr_value(value)
-        if metrics is not None:
-            m = np.asarray(metrics)
-            if m.dtype != METRICS_DTYPE:
-                raise ValueError(f"metrics have dtype {m.dtype}, not METRICS_DTYPE")
-            f.create_dataset("metrics", data=m)
+            g.create_dataset("events", data=ev, maxshape=(None,), chunks=(EVENT_CHUNK,))
+            _set_attrs(g, attrs)
+        f.create_dataset("metrics", data=m, maxshape=(None,), chunks=(METRICS_CHUNK,))
+        f.attrs["committed"] = _committed([len(ev) for ev in events], len(m))
+
+
+def _committed(events: list, metrics: int) -> str:
+    return json.dumps({"events": [int(n) for n in events], "metrics": int(metrics)})
+
+
+def append_dump(
+    path, per_rank_events: list, rank_attrs: list, file_attrs: dict, metrics=None
+) -> None:
+    """Append new events (and metrics rows) to the dump ``write_dump`` created at ``path``, and
+    update its attributes (e.g. ``complete``). Cost: the new rows only, never the history.
+
+    Crash safety (docs/dump_schema.md): the rows are written after the committed ones and
+    flushed, and only then the file attribute ``committed`` (the row counts readers trust, one
+    attribute for all ranks) is updated; a failure in between leaves rows that readers ignore.
+    Rows already committed are never rewritten (no compression, so chunks stay in place).
+    """
+    import h5py
+
+    events = _check_dtypes(per_rank_events, rank_attrs, metrics)
+    # locking=False: a reader (``mpipar analyze`` during the run) holding the file must not make
+    # the flush, and so the run, fail; readers trust only the committed rows anyway
+    with h5py.File(path, "r+", locking=False) as f:
+        done = json.loads(f.attrs["committed"])
+        if len(done["events"]) != len(events):
+            raise ValueError(f"{path} holds {len(done['events'])} ranks, not {len(events)}")
+        counts = []
+        for r, (ev, attrs) in enumerate(zip(events, rank_attrs, strict=True)):
+            counts.append(_append(f[f"ranks/{r}/events"], done["events"][r], ev))
+            _set_attrs(f[f"ranks/{r}"], attrs)
+        m = np.asarray(metrics if metrics is not None else np.empty(0, METRICS_DTYPE))
+        n_metrics = _append(f["metrics"], done["metrics"], m)
+        f.flush()  # the rows reach the file before the count that makes them visible
+        f.attrs["committed"] = _committed(counts, n_metrics)
+        f.flush()
+        _set_attrs(f, file_attrs)  # after the rows: `complete` never runs ahead of them
+
+
+def _append(ds, committed: int, rows) -> int:
+    """Write ``rows`` after the first ``committed`` rows of ``ds`` (over any uncommitted tail a
+    failed flush left); return the new committed count."""
+    end = committed + len(rows)
+    if end > ds.shape[0]:
+        ds.resize((end,))
+    if len(rows):
+        ds[committed:end] = rows
+    return end

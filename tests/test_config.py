@@ -15,7 +15,7 @@ from mpipar.models import build_model, unit_count
 def test_config_is_a_leaf():
     code = ("import sys, mpipar.config\n"
             "bad = [m for m in sys.modules if m.startswith(('mpipar.', 'numpy', 'mpi4py'))\n"
-            "       and m not in ('mpipar.config', 'mpipar.layout')]\n"
+            "       and m not in ('mpipar.config', 'mpipar.layout', 'mpipar.fieldrules')]\n"
             "assert not bad, bad\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
@@ -23,16 +23,16 @@ def test_config_is_a_leaf():
 
 @pytest.mark.parametrize("over, words", [
     ({"model.kind": "cnn"}, "model.kind = 'cnn'"),
-    ({"model.vocab_size": "1"}, "vocab_size must be at least 2"),
-    ({"model.kind": "mlp", "model.sizes": "[4]"}, "at least an input and an output"),
+    ({"model.vocab_size": "1"}, r"model.vocab_size = 1: must be an integer in \[2, inf\)"),
+    ({"model.kind": "mlp", "model.sizes": "[4]"}, r"model.sizes = \[4\]: must be a list of at"),
     ({"model.kind": "mlp", "model.activation": "tanh"}, "model.activation"),
     ({"model.kind": "mlp", "model.task": "ranking"}, "model.task"),
     ({"train.dtype": "float16"}, "train.dtype"),
     ({"train.device": "tpu"}, "train.device"),
     ({"train.optimizer": "lamb"}, "train.optimizer"),
-    ({"train.steps": "0"}, "train.steps must be at least 1"),
+    ({"train.steps": "0"}, "train.steps = 0: must be an integer"),
     ({"parallel.pp": "0"}, r"--pp must be an integer >= 1, got 0 \(config: parallel.pp\)"),
-    ({"parallel.microbatches": "0"}, "parallel.microbatches must be at least 1"),
+    ({"parallel.microbatches": "0"}, "parallel.microbatches = 0: must be"),
     ({"parallel.schedule_file": "/no/such.txt"}, "not found"),
     ({"parallel.zero1": "true", "parallel.schedule": "pipedream"}, "ZeRO-1"),
 ])
@@ -66,3 +66,171 @@ def test_grid_rules_are_the_grids():
 def test_unit_count_is_what_build_model_makes(mcfg):
     model = build_model(mcfg, Backend("cpu", "float64"))
     assert unit_count(mcfg) == len(model.units)
+
+
+# ----- every field of every section: declared, and each bad value refused naming the key ------
+
+def _all_fields():
+    import dataclasses
+
+    from mpipar.config import Config
+
+    for sec in dataclasses.fields(Config):
+        for f in dataclasses.fields(sec.default_factory()):
+            yield sec.name, f.name
+
+
+def test_every_field_has_a_declaration():
+    from mpipar.config import RULES
+
+    missing = [f"{s}.{k}" for s, k in _all_fields() if k not in RULES.get(s, {})]
+    assert not missing, f"add a rule to mpipar.config.RULES for: {missing}"
+    extra = [f"{s}.{k}" for s, rules in RULES.items() for k in rules
+             if (s, k) not in set(_all_fields())]
+    assert not extra, f"rules for fields that do not exist: {extra}"
+
+
+def _as_cli_text(value) -> str:
+    import json
+
+    return json.dumps(value) if isinstance(value, list) else str(value)
+
+
+def _bad_cases():
+    from mpipar.config import RULES
+    from mpipar.fieldrules import Text
+
+    for section, key in _all_fields():
+        rule = RULES[section][key]
+        for value in rule.bad_values():
+            yield f"{section}.{key}", value, "typed"
+            # on the command line everything is text: a string is a valid Text value
+            if not isinstance(rule, Text):
+                yield f"{section}.{key}", value, "text"
+
+
+BAD = list(_bad_cases())
+
+
+def test_bad_values_cover_every_kind_of_mistake():
+    """The generator tries zero, negatives, NaN, inf, wrong types and fractions for integers."""
+    import math
+
+    from mpipar.config import RULES
+
+    n = RULES["train"]["eval_batches"].bad_values()
+    assert 0 in n and -1 in n and 1.5 in n and "abc" in n and True in n
+    assert any(isinstance(v, float) and math.isnan(v) for v in n)
+    assert float("inf") in n
+    clip = RULES["train"]["grad_clip"].bad_values()  # 0 disables clipping: not a bad value
+    assert 0 not in clip and -1 in clip and float("inf") in clip
+    assert len(BAD) > 300
+
+
+@pytest.mark.parametrize("key, value, form", BAD, ids=[f"{k}={v!r}/{f}" for k, v, f in BAD])
+def test_every_bad_value_is_refused_naming_the_key(key, value, form):
+    over = {key: _as_cli_text(value) if form == "text" else value}
+    if key.startswith("model.") and key != "model.kind":
+        over["model.kind"] = "mlp" if key in ("model.sizes", "model.activation",
+                                              "model.task") else "gpt"
+    with pytest.raises(ConfigError) as err:
+        load_config(None, over)
+    msg = str(err.value)
+    assert key in msg and "\n" not in msg, msg
+
+
+@pytest.mark.parametrize("section, key", list(_all_fields()))
+def test_declared_good_values_pass_the_field_check(section, key):
+    from mpipar.config import RULES, Config, check_fields
+
+    for value in RULES[section][key].good_values():
+        cfg = Config()
+        setattr(getattr(cfg, section), key, value)
+        check_fields(cfg)
+    validate(Config())  # and the defaults pass everything
+
+
+def test_a_python_value_set_on_the_dataclass_is_checked_too():
+    from mpipar.config import Config
+
+    cfg = Config()
+    cfg.train.lr = float("nan")
+    with pytest.raises(ConfigError, match=r"train.lr = nan: must be a finite number in \(0, 10\]"):
+        validate(cfg)
+
+
+@pytest.mark.parametrize("over, words", [
+    ({"train.eval_batches": "0"}, r"train.eval_batches = 0: must be an integer in \[1, inf\)"),
+    ({"train.min_lr": "-1e-3"}, r"train.min_lr = -0.001: must be a finite number in \[0, 10\]"),
+    ({"model.n_layer": "0"}, "model.n_layer = 0"),
+    ({"model.n_head": "0"}, "model.n_head = 0"),
+    ({"model.kind": "mlp", "model.sizes": "[32,1.5,10]"}, r"model.sizes = \[32, 1.5, 10\]"),
+    ({"train.grad_clip": "nan"}, r"train.grad_clip = nan: .* or 0 to disable"),
+    ({"parallel.bucket_mb": "-1"}, "parallel.bucket_mb = -1.0"),
+    ({"run.flush_interval": "-5"}, "run.flush_interval = -5"),
+    ({"train.steps": "2.5"}, "train.steps = '2.5'"),
+    ({"train.steps": float("inf")}, "train.steps = inf"),
+    ({"train.steps": True}, "train.steps = True"),
+    ({"run.name": 5}, "run.name = 5"),
+])
+def test_issue_cases(over, words):
+    with pytest.raises(ConfigError, match=words):
+        load_config(None, over)
+
+
+@pytest.mark.parametrize("over, words", [
+    ({"train.min_lr": "0.1", "train.lr": "0.01"}, "min_lr = 0.1 is above train.lr = 0.01"),
+    ({"model.n_embd": "30", "model.n_head": "4"}, "not divisible by model.n_head"),
+    ({"train.seq_len": "256"}, "longer than the context"),
+    ({"parallel.boundaries": "[0, 1]"}, "only with parallel.partition = explicit"),
+    ({"parallel.partition": "explicit"}, r"pp \* virtual_stages = 1 chunks"),
+    ({"parallel.partition": "explicit", "parallel.pp": "2", "parallel.boundaries": "[0,0]"},
+     "increasing from 0"),
+])
+def test_cross_field_rules(over, words):
+    with pytest.raises(ConfigError, match=words):
+        load_config(None, over)
+    load_config(None, {"parallel.partition": "explicit", "parallel.pp": "2",
+                       "parallel.boundaries": "[0, 1]"})
+
+
+def test_a_toml_value_of_the_wrong_type(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text('[train]\nlr = "fast"\n')
+    with pytest.raises(ConfigError, match=r"train.lr = 'fast': must be a finite number"):
+        load_config(p)
+    p.write_text("[train]\nsteps = nan\n")
+    with pytest.raises(ConfigError, match=r"train.steps = nan: must be an integer"):
+        load_config(p)
+
+
+def test_no_bad_value_reaches_the_training_loop_through_the_cli(monkeypatch, capsys):
+    """Every bad value of every field, through ``mpipar train --set``: exit 2, one line, and the
+    training loop (replaced here by a trap) is never called."""
+    import mpipar.training
+    from mpipar.cli import main
+
+    def trap(cfg):
+        raise AssertionError(f"a bad config reached training: {cfg}")
+
+    monkeypatch.setattr(mpipar.training, "run", trap)
+    for key, value, form in BAD:
+        if form != "text":
+            continue
+        argv = ["train", "--set", f"{key}={_as_cli_text(value)}"]
+        if key.startswith("model.") and key != "model.kind":
+            argv += ["--set", "model.kind=mlp"] if key in ("model.sizes", "model.activation",
+                                                           "model.task") else []
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and key in err, (argv, err)
+
+
+@pytest.mark.parametrize("setting", ["train.eval_batches=0", "model.n_layer=0",
+                                     "train.grad_clip=nan"])
+def test_cli_exits_2_with_one_line(setting):
+    res = subprocess.run([sys.executable, "-m", "mpipar.cli", "train", "--set", setting],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and setting.split("=")[0] in lines[0], res.stderr

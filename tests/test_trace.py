@@ -13,6 +13,7 @@ from mpipar.trace import (
     METRICS_DTYPE,
     SCHEMA_VERSION,
     Tracer,
+    append_dump,
     check_writable,
     write_dump,
 )
@@ -184,3 +185,205 @@ def test_partial_dump_after_failure_is_readable(tmp_path):
             assert set(ev["step"]) == {0}, ev  # exactly what was flushed: step 0
             assert b"dp.allreduce" in set(ev["kind"])
     assert sorted(os.listdir(tmp_path)) == ["trace.h5"]
+
+
+# ----- bounded tracing: flushes append only what is new, readers trust the committed rows ------
+
+ATTRS2 = [{"dp": 0, "pp": 0, "tp": 0}, {"dp": 0, "pp": 1, "tp": 0}]
+FILE2 = {"config": {"lr": 0.1}, "grid": {"dp": 1, "pp": 2, "tp": 1}, "world_size": 2}
+
+
+def _metrics(steps):
+    t = Tracer()
+    for s in steps:
+        t.add_metrics(step=s, loss=1.0 + s)
+    return t.metrics()
+
+
+def test_take_hands_out_and_forgets():
+    t = Tracer()
+    t.record("F", 0, 1)
+    t.add_metrics(step=0, loss=1.0)
+    ev, m = t.take()
+    assert len(ev) == 1 and len(m) == 1
+    assert len(t.events()) == 0 and len(t.metrics()) == 0
+    t.record("B", 1, 2)
+    assert list(t.take()[0]["kind"]) == [b"B"]
+
+
+def test_flushes_append_and_the_reader_sees_every_row(tmp_path):
+    from mpipar.analysis.dump import load
+
+    path = tmp_path / "trace.h5"
+    write_dump(path, [_events(3, 0), _events(1, 1)], ATTRS2, FILE2, metrics=_metrics([0]))
+    for k in range(3):
+        append_dump(path, [_events(2, 10 + k), _events(0, 20 + k)], ATTRS2,
+                    dict(FILE2, complete=k == 2), metrics=_metrics([k + 1]))
+    run = load(path)
+    assert [len(e) for e in run.events] == [9, 1] and run.complete
+    assert list(run.metrics["step"]) == [0, 1, 2, 3]
+    with h5py.File(path, "r") as f:
+        assert json.loads(f.attrs["committed"]) == {"events": [9, 1], "metrics": 4}
+        assert f["ranks/0/events"].maxshape == (None,)
+    assert os.listdir(tmp_path) == ["trace.h5"]
+
+
+def test_a_reader_during_the_run_does_not_block_a_flush(tmp_path):
+    path = tmp_path / "trace.h5"
+    write_dump(path, [_events(3, 0), _events(1, 1)], ATTRS2, FILE2)
+    import subprocess
+    import sys
+
+    # another process (`mpipar analyze` while the run goes on) holds the file open for reading
+    reader = subprocess.Popen([sys.executable, "-c", "import h5py, sys, time\n"
+                               f"f = h5py.File({str(path)!r}, 'r')\nprint('open', flush=True)\n"
+                               "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdout.readline().strip() == "open"
+        append_dump(path, [_events(2, 1), _events(2, 2)], ATTRS2, FILE2)
+    finally:
+        reader.kill()
+        reader.wait()
+    with h5py.File(path, "r") as f:
+        assert json.loads(f.attrs["committed"])["events"] == [5, 3]
+
+
+def test_a_crash_mid_flush_leaves_the_committed_rows(tmp_path, monkeypatch):
+    """Rows written but not committed (the flush died before the count was updated) are
+    ignored by the reader and written over by the next flush."""
+    from mpipar import trace
+    from mpipar.analysis.dump import load
+
+    path = tmp_path / "trace.h5"
+    write_dump(path, [_events(3, 0), _events(1, 1)], ATTRS2, FILE2, metrics=_metrics([0]))
+    before = load(path)
+
+    def die(*a, **k):
+        raise OSError("killed mid-flush")
+
+    monkeypatch.setattr(trace, "_committed", die)
+    with pytest.raises(OSError, match="killed"):
+        append_dump(path, [_events(5, 3), _events(5, 4)], ATTRS2, dict(FILE2, complete=True),
+                    metrics=_metrics([1]))
+    with h5py.File(path, "r") as f:
+        assert f["ranks/0/events"].shape == (8,)  # the rows reached the file ...
+    after = load(path)  # ... but are not committed
+    assert [len(e) for e in after.events] == [3, 1] and not after.complete
+    assert np.array_equal(after.events[0], before.events[0]) and len(after.metrics) == 1
+    monkeypatch.undo()
+    append_dump(path, [_events(1, 5), _events(0, 6)], ATTRS2, FILE2, metrics=None)
+    assert [len(e) for e in load(path).events] == [4, 1]
+
+
+def test_dumps_written_before_the_committed_count_are_read_whole(tmp_path):
+    """Backward compatibility: a schema-1 dump from before appending (fixed-size datasets, no
+    ``committed``) reads as before."""
+    from mpipar.analysis.dump import load
+
+    path = tmp_path / "old.h5"
+    with h5py.File(path, "w") as f:
+        f.attrs["schema_version"] = 1
+        for k, v in FILE2.items():
+            f.attrs[k] = json.dumps(v) if isinstance(v, dict) else v
+        for r in range(2):
+            g = f.create_group(f"ranks/{r}")
+            g.create_dataset("events", data=_events(3, r))
+            for k, v in ATTRS2[r].items():
+                g.attrs[k] = v
+    run = load(path)
+    assert [len(e) for e in run.events] == [3, 3] and run.metrics is None
+
+
+def test_a_bit_flipped_dump_names_the_file(tmp_path):
+    from mpipar.analysis.dump import DumpError, load
+
+    path = tmp_path / "trace.h5"
+    write_dump(path, [_events(3, 0), _events(1, 1)], ATTRS2, FILE2)
+    with h5py.File(path, "r") as f:
+        offset = f["ranks/0/events"].id.get_chunk_info(0).byte_offset  # chunked
+    raw = bytearray(path.read_bytes())
+    raw[offset] = 0xFF  # the first byte of a `kind`: no longer UTF-8
+    path.write_bytes(bytes(raw))
+    with pytest.raises(DumpError, match=r"trace\.h5: damaged timing dump.*UnicodeDecodeError"):
+        load(path)
+    raw = bytearray(path.read_bytes())
+    for i in range(64, len(raw), 97):  # many flipped bits anywhere
+        raw[i] ^= 0x5A
+    path.write_bytes(bytes(raw))
+    with pytest.raises(DumpError, match=r"trace\.h5: "):
+        load(path)
+
+
+def test_memory_stays_bounded_over_flushes(tmp_path):
+    """The tracer holds only what came since the last flush, whatever the number of flushes."""
+    path = tmp_path / "trace.h5"
+    t = Tracer()
+    held = []
+    for flush in range(5):
+        for i in range(200):
+            t.record("F", i, i + 1)
+        ev, m = t.take()
+        (append_dump if flush else write_dump)(path, [ev], [{"dp": 0, "pp": 0, "tp": 0}],
+                                               {"world_size": 1})
+        held.append(len(t._events))
+    assert held == [0] * 5
+    with h5py.File(path, "r") as f:
+        assert f["ranks/0/events"].shape == (1000,)
+
+
+@pytest.mark.mpi
+def test_soak_script_prints_rss_per_rank(tmp_path):
+    import subprocess
+    import sys
+
+    from mpi_util import ONE_THREAD, REPO
+
+    res = subprocess.run([sys.executable, str(REPO / "experiments" / "soak.py"), "--steps", "100",
+                          "--every", "50", "--out", str(tmp_path)], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, **ONE_THREAD}, cwd=REPO)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "2 ranks: r1 MiB" in res.stdout
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [r["step"] for r in rows] == [50, 100]
+    assert all(r["2 ranks: r1 MiB"] > 0 for r in rows)
+
+
+_APPENDER = """
+import sys
+import numpy as np
+from mpipar.trace import EVENT_DTYPE, append_dump, write_dump
+path = sys.argv[1]
+attrs = [{"dp": 0, "pp": 0, "tp": 0}, {"dp": 0, "pp": 1, "tp": 0}]
+fa = {"config": {}, "grid": {"dp": 1, "pp": 2, "tp": 1}, "world_size": 2}
+ev = np.zeros(500, dtype=EVENT_DTYPE)
+ev["kind"] = b"F"
+write_dump(path, [ev, ev], attrs, fa)
+print("ready", flush=True)
+while True:
+    append_dump(path, [ev, ev], attrs, fa)
+"""
+
+
+def test_sigkill_during_flushes_leaves_a_readable_dump(tmp_path):
+    """A writer appending without pause is killed at a random moment, 8 times: each dump reads,
+    both ranks with the same whole number of flushes (no torn or half-committed flush)."""
+    import random
+    import subprocess
+    import sys
+    import time
+
+    from mpipar.analysis.dump import load
+
+    rng = random.Random(14)
+    for i in range(8):
+        path = tmp_path / f"t{i}.h5"
+        p = subprocess.Popen([sys.executable, "-c", _APPENDER, str(path)],
+                             stdout=subprocess.PIPE, text=True)
+        try:
+            assert p.stdout.readline().strip() == "ready"
+            time.sleep(rng.uniform(0.05, 0.5))
+        finally:
+            p.kill()
+            p.wait()
+        lens = [len(e) for e in load(path).events]
+        assert lens[0] == lens[1] and lens[0] % 500 == 0 and lens[0] >= 500, lens

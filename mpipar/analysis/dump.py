@@ -1,5 +1,8 @@
 """Reading one HDF5 timing dump (docs/dump_schema.md, schema version 1) into a ``Run``.
 
+Only the rows the ``committed`` attribute counts are read (the tail of a flush that crashed is
+ignored); dumps written before that attribute existed are read whole.
+
 Only h5py and numpy: analysis never imports MPI. Every problem with a file (missing, not HDF5,
 another schema version, a missing attribute or field) is a ``DumpError`` that names the file,
 what is wrong and what to do, because the person reading it usually did not write the file.
@@ -119,32 +122,46 @@ def load(path, name: str | None = None) -> Run:
         f = h5py.File(path, "r")
     except OSError as exc:
         raise DumpError(f"{path}: not a readable HDF5 file ({exc}); {_RERUN}") from None
-    with f:
-        attrs = {k: _decode(v) for k, v in f.attrs.items()}
-        _check_version(path, attrs)
-        for key in REQUIRED_ATTRS:
-            if key not in attrs:
-                raise DumpError(
-                    f"{path}: file attribute '{key}' is missing (docs/dump_schema.md requires it); "
-                    f"the writer is incomplete or the file was cut short: {_RERUN}"
-                )
-        for key in JSON_ATTRS:
-            if key in attrs and isinstance(attrs[key], str):
-                try:
-                    attrs[key] = json.loads(attrs[key]) if attrs[key] else None
-                except json.JSONDecodeError as exc:
-                    raise DumpError(
-                        f"{path}: file attribute '{key}' is not valid JSON ({exc}); {_RERUN}"
-                    ) from None
-        config, grid = attrs["config"], attrs["grid"]
-        if not isinstance(config, dict):
+    try:
+        with f:
+            return _load_open(path, f, name)
+    except DumpError:
+        raise
+    except (UnicodeDecodeError, OSError, KeyError, RuntimeError, ValueError, TypeError) as exc:
+        # a damaged file (e.g. flipped bits) fails deep inside h5py or a decode
+        raise DumpError(f"{path}: damaged timing dump, cannot read it ({type(exc).__name__}: "
+                        f"{exc}); {_RERUN}") from None
+
+
+def _load_open(path, f, name) -> Run:
+    attrs = {k: _decode(v) for k, v in f.attrs.items()}
+    _check_version(path, attrs)
+    for key in REQUIRED_ATTRS:
+        if key not in attrs:
             raise DumpError(
-                f"{path}: attribute 'config' must be a JSON object, got {type(config).__name__}"
+                f"{path}: file attribute '{key}' is missing (docs/dump_schema.md requires it); "
+                f"the writer is incomplete or the file was cut short: {_RERUN}"
             )
-        grid = _check_grid(path, grid, attrs["world_size"])
-        world = int(attrs["world_size"])
-        events, coords, rank_attrs = _read_ranks(path, f, world)
-        metrics = f["metrics"][()] if "metrics" in f else None
+    for key in JSON_ATTRS:
+        if key in attrs and isinstance(attrs[key], str):
+            try:
+                attrs[key] = json.loads(attrs[key]) if attrs[key] else None
+            except json.JSONDecodeError as exc:
+                raise DumpError(
+                    f"{path}: file attribute '{key}' is not valid JSON ({exc}); {_RERUN}"
+                ) from None
+    config, grid = attrs["config"], attrs["grid"]
+    if not isinstance(config, dict):
+        raise DumpError(
+            f"{path}: attribute 'config' must be a JSON object, got {type(config).__name__}"
+        )
+    grid = _check_grid(path, grid, attrs["world_size"])
+    world = int(attrs["world_size"])
+    committed = _committed(path, attrs, world)
+    events, coords, rank_attrs = _read_ranks(path, f, world, committed)
+    metrics = _rows(path, f["metrics"], committed, "metrics") if "metrics" in f else None
+    if metrics is not None and not len(metrics):
+        metrics = None
     return Run(
         path=path,
         name=name or _run_name(path),
@@ -207,7 +224,36 @@ def _check_grid(path, grid, world) -> dict:
     return grid
 
 
-def _read_ranks(path, f, world):
+def _committed(path, attrs, world) -> dict | None:
+    """The row counts the writer committed (``committed`` attribute, JSON); None in dumps
+    written before it existed, whose datasets hold only committed rows."""
+    if "committed" not in attrs:
+        return None
+    try:
+        c = json.loads(attrs["committed"])
+        events = [int(n) for n in c["events"]]
+        c = {"events": events, "metrics": int(c["metrics"])}
+    except (TypeError, ValueError, KeyError, json.JSONDecodeError):
+        raise DumpError(f"{path}: file attribute 'committed' is not valid "
+                        f"({attrs['committed']!r}); {_RERUN}") from None
+    if len(events) != world:
+        raise DumpError(f"{path}: attribute 'committed' lists {len(events)} ranks but "
+                        f"world_size is {world}; {_RERUN}")
+    return c
+
+
+def _rows(path, ds, committed, what, rank=None):
+    """The committed rows of a dataset: rows past the count are a flush that did not finish."""
+    if committed is None:
+        return ds[()]
+    n = committed["metrics"] if rank is None else committed["events"][rank]
+    if n > ds.shape[0]:
+        raise DumpError(f"{path}: '{what}' holds {ds.shape[0]} rows but {n} are committed: "
+                        f"the file was cut short; {_RERUN}")
+    return ds[:n]
+
+
+def _read_ranks(path, f, world, committed=None):
     if "ranks" not in f:
         raise DumpError(f"{path}: group '/ranks' is missing (no events were written); {_RERUN}")
     events, coords, rank_attrs = [], np.zeros((world, 3), dtype=int), []
@@ -222,7 +268,7 @@ def _read_ranks(path, f, world):
         g = f["ranks"][key]
         if "events" not in g:
             raise DumpError(f"{path}: dataset '/ranks/{r}/events' is missing; {_RERUN}")
-        raw = g["events"][()]
+        raw = _rows(path, g["events"], committed, f"/ranks/{r}/events", rank=r)
         names = raw.dtype.names or ()
         for name in EVENT_FIELDS:
             if name not in names:

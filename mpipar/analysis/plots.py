@@ -47,9 +47,28 @@ def _save(fig, path) -> None:
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in (".png", ".svg"):
         raise ValueError(f"plot file {path}: use a .png or .svg suffix")
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    check_plot_dir(os.path.dirname(os.path.abspath(path)))
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise ValueError(f"cannot write the plot {path}: {exc.strerror or exc}; pass a "
+                         f"writable directory (--plots DIR)") from None
+
+
+def check_plot_dir(directory) -> None:
+    """Create ``directory`` if needed and probe that files can be written there; ``ValueError``
+    naming it otherwise (permission bits lie for root and on some network file systems)."""
+    import tempfile
+
+    directory = os.fspath(directory)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".mpipar-probe.", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ValueError(f"cannot write plots into {directory}: {exc.strerror or exc}; pass a "
+                         f"writable directory (--plots DIR)") from None
 
 
 def _as_run(run) -> Run:

@@ -66,10 +66,26 @@ def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "run"
 
 
+def check_arguments(args) -> None:
+    """Refuse absurd flags before reading any dump (``ValueError`` saying what to change)."""
+    import math
+
+    if args.peak is not None and not (math.isfinite(args.peak) and args.peak > 0):
+        raise ValueError(f"--peak = {args.peak}: the peak FLOP/s of one device must be a finite "
+                         f"number > 0 (e.g. --peak 1e12), or leave it out to use the dump's")
+    if args.step is not None and args.step < 0:
+        raise ValueError(f"--step = {args.step}: steps count from 0; pass a step >= 0")
+    if args.plots:
+        from mpipar.analysis.plots import check_plot_dir
+
+        check_plot_dir(args.plots)
+
+
 def run(args) -> int:
     from mpipar.analysis import DumpError, breakdown, compare, load, report
 
     try:
+        check_arguments(args)
         inputs = expand(args.paths)
         runs, seen = [], {}
         for path, name in inputs:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 HELP = "show a pipeline schedule: timeline chart, bubble fraction, peak activations (no MPI)"
@@ -25,19 +26,47 @@ def add_arguments(p) -> None:
     p.add_argument("--width", type=int, default=120, help="chart width in characters")
 
 
+# The largest schedule drawn: pp * microbatches * virtual_stages cells. Building, checking,
+# simulating and charting cost about linear in the cells: 4096 (--pp 64 -m 64) takes seconds.
+MAX_CELLS = 4096
+MIN_WIDTH = 20  # characters: the rank labels and a few columns of chart
+
+
 def parse_costs(text: str) -> dict:
     costs = {}
     for item in filter(None, (t.strip() for t in text.split(","))):
         key, eq, value = item.partition("=")
         try:
-            if not eq:
+            if not eq or not key.strip():
                 raise ValueError
-            costs[key.strip()] = float(value)
+            v = float(value)
         except ValueError:
             raise ValueError(
                 f"bad --costs item {item!r}: write NAME=NUMBER, e.g. F=1,B=1,W=1"
             ) from None
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(f"--costs {key.strip()}={value.strip()}: a cost must be a finite "
+                             f"number >= 0 (time units per stage), e.g. {key.strip()}=1")
+        costs[key.strip()] = v
     return costs
+
+
+def check_sizes(pp, microbatches, virtual_stages, width) -> None:
+    """The command line's sizes, before any work: each >= 1 and the schedule small enough to
+    draw in seconds (``MAX_CELLS``)."""
+    for flag, n in (("--pp", pp), ("--microbatches/-m", microbatches),
+                    ("--virtual-stages", virtual_stages)):
+        if n is not None and n < 1:
+            raise ValueError(f"{flag} = {n}: must be an integer >= 1")
+    if width < MIN_WIDTH:
+        raise ValueError(f"--width = {width}: the chart needs at least {MIN_WIDTH} characters")
+    cells = pp * microbatches * (virtual_stages or 1)
+    if cells > MAX_CELLS:
+        raise ValueError(f"pp * microbatches * virtual_stages = {pp} * {microbatches} * "
+                         f"{virtual_stages or 1} = {cells:,} cells is over the {MAX_CELLS:,} "
+                         f"this command draws (the time grows with the cells): use smaller "
+                         f"sizes, e.g. --pp 64 -m 64; the textbook bubble fraction it prints "
+                         f"is (pp - 1) / (m + pp - 1) for 1F1B at any size")
 
 
 def run(args) -> int:
@@ -48,11 +77,13 @@ def run(args) -> int:
     from mpipar.parallel.pipeline.simulate import resolve_costs, simulate, textbook_bubble
 
     try:
+        check_sizes(args.pp, args.microbatches, args.virtual_stages, args.width)
         costs = resolve_costs(parse_costs(args.costs))
         if args.file:
             if args.kind:
                 raise ScheduleError("give either --file or --kind, not both")
             s = Schedule.load(args.file)
+            check_sizes(s.pp, s.microbatches, s.virtual_stages, args.width)
         else:
             kind = args.kind or "1f1b"
             virtual_stages = args.virtual_stages

@@ -1,8 +1,10 @@
 """Gather every rank's trace to world rank 0 and write the HDF5 timing dump (docs/dump_schema.md).
 
-Collective: every rank calls ``dump_trace``. It may be called many times in a run (a flush rewrites
-the whole file atomically, so a crashed run keeps everything up to its last flush), with
-``file_attrs={"complete": True, ...}`` on the final call of a run that ended normally.
+Collective: every rank calls ``dump_trace``. It may be called many times in a run, with
+``file_attrs={"complete": True, ...}`` on the final call of a run that ended normally. The first
+call of a run writes a new file atomically; each later one gathers and appends only the events
+recorded since the previous call, which every rank then forgets (memory and flush cost stay
+bounded however long the run). A crashed run keeps everything up to its last flush.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 import numpy as np
 
 from mpipar.mpi.world import library_version
-from mpipar.trace import EVENT_DTYPE, write_dump
+from mpipar.trace import EVENT_DTYPE, append_dump, write_dump
 
 
 @functools.lru_cache(maxsize=1)
@@ -114,7 +116,8 @@ def dump_trace(
     }
     mine.update(rank_attrs or {})
     # trace=False: the dump's own traffic is not an event
-    blobs = comm.gather_bytes(_pack(mine, tracer.events()), root=0, trace=False)
+    events, metrics = tracer.take()  # only what is new since the last flush
+    blobs = comm.gather_bytes(_pack(mine, events), root=0, trace=False)
     if comm.rank != 0:
         return
 
@@ -134,5 +137,9 @@ def dump_trace(
     }
     fa.update(file_attrs or {})
     fa["complete"] = bool(fa["complete"])
-    metrics = tracer.metrics()
-    write_dump(path, events, attrs, fa, metrics=metrics if len(metrics) else None)
+    key = os.path.abspath(os.fspath(path))
+    if key in tracer.dumped:
+        append_dump(path, events, attrs, fa, metrics=metrics)
+    else:
+        write_dump(path, events, attrs, fa, metrics=metrics)
+        tracer.dumped.add(key)

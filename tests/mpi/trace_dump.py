@@ -1,7 +1,7 @@
 """Dump round trip: every rank traces, rank 0 writes the file and reads it back against the schema.
 
 Run: mpiexec -n N python tests/mpi/trace_dump.py PATH DP PP TP
-The run flushes twice (the second flush must replace the first) and ends with complete=True.
+The run flushes twice (the second flush appends only step 1's events) and ends with complete=True.
 """
 
 import json
@@ -35,6 +35,7 @@ for step in range(2):
     if me == 0:
         tracer.add_metrics(step=step, loss=1.0 / (step + 1), lr=1e-3, tokens=128, step_time=0.1)
     dump_trace(tracer, g, path, {"config": config, "complete": step == 1}, rank_attrs={"extra": me})
+    assert len(tracer.events()) == 0 and len(tracer.metrics()) == 0, "a flush forgets its rows"
 
 if me == 0:
     with h5py.File(path, "r") as f:
@@ -70,6 +71,8 @@ if me == 0:
             assert list(fwd["mb"]) == [0, 1, 2, 0, 1, 2] and list(fwd["step"]) == [0] * 3 + [1] * 3
             assert np.all(ev["end"] >= ev["start"]) and np.all(ev["start"] >= 0), ev
             assert not any(k.startswith("world.gather") for k in kinds), "the dump traced itself"
+        committed = json.loads(a["committed"])
+        assert committed["metrics"] == 2 and len(committed["events"]) == g.world_size, committed
         m = f["metrics"][()]
         assert m.dtype == METRICS_DTYPE and list(m["step"]) == [0, 1], m
         assert np.isnan(m["val_loss"]).all() and list(m["tokens"]) == [128, 128], m

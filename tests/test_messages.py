@@ -1,0 +1,135 @@
+"""Bad input on the command line and in files: one clear line that names the file or flag and
+says what to change; never a bare UnicodeDecodeError, a BrokenPipe traceback or minutes of work."""
+
+import os
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+from mpi_util import ONE_THREAD, REPO
+
+from mpipar.cli import EXIT_BROKEN_PIPE, main
+from mpipar.config import ConfigError, load_config
+from mpipar.trace import EVENT_DTYPE, write_dump
+
+CONFIG = REPO / "experiments" / "configs" / "tiny.toml"
+
+
+def _error(capsys, argv) -> str:
+    assert main(argv) == 2, argv
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+# ----- config files ----------------------------------------------------------------------------
+
+def test_a_binary_config_names_the_file(tmp_path):
+    p = tmp_path / "model.toml"
+    p.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(ConfigError, match=r"model\.toml is not UTF-8 text \(byte 0x80 at "
+                                          r"offset 128\): a binary or damaged file"):
+        load_config(p)
+
+
+@pytest.mark.parametrize("offset", [0, 7, 40, 111])
+def test_a_bit_flipped_config_names_the_file(tmp_path, offset):
+    raw = bytearray(CONFIG.read_bytes())
+    raw[offset % len(raw)] ^= 0x80  # high bit: never UTF-8 on its own
+    p = tmp_path / "flipped.toml"
+    p.write_bytes(bytes(raw))
+    with pytest.raises(ConfigError, match=r"flipped\.toml is not UTF-8 text"):
+        load_config(p)
+
+
+def test_a_broken_toml_line_names_the_file(tmp_path):
+    p = tmp_path / "broken.toml"
+    p.write_text("[train]\nlr = = 3\n")
+    with pytest.raises(ConfigError, match=r"broken\.toml is not valid TOML: .*line 2"):
+        load_config(p)
+
+
+def test_cli_binary_config_is_one_line(tmp_path, capsys):
+    p = tmp_path / "bin.toml"
+    p.write_bytes(b"\x00\xff\xfe" * 100)
+    assert "bin.toml is not UTF-8" in _error(capsys, ["train", "--config", str(p)])
+
+
+# ----- dumps -----------------------------------------------------------------------------------
+
+def test_a_bit_flipped_dump_through_analyze(tmp_path, capsys):
+    path = tmp_path / "trace.h5"
+    ev = np.zeros(4, dtype=EVENT_DTYPE)
+    ev["kind"] = b"F"
+    write_dump(path, [ev], [{"dp": 0, "pp": 0, "tp": 0}],
+               {"config": {}, "grid": {"dp": 1, "pp": 1, "tp": 1}, "world_size": 1})
+    with h5py.File(path, "r") as f:
+        offset = f["ranks/0/events"].id.get_chunk_info(0).byte_offset
+    raw = bytearray(path.read_bytes())
+    raw[offset] = 0xC3  # the start of a two-byte UTF-8 sequence, cut short
+    path.write_bytes(bytes(raw))
+    err = _error(capsys, ["analyze", str(path)])
+    assert str(path) in err and "damaged timing dump" in err and "re-run" in err
+
+
+# ----- mpipar schedule ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, words", [
+    (["--pp", "3000", "-m", "3000"], "9,000,000 cells is over the 4,096"),
+    (["--pp", "0"], "--pp = 0: must be an integer >= 1"),
+    (["-m", "-3"], "--microbatches/-m = -3"),
+    (["--width", "0"], "--width = 0: the chart needs at least 20"),
+    (["--costs", "F=nan"], "--costs F=nan: a cost must be a finite number >= 0"),
+    (["--costs", "B=-1"], "--costs B=-1"),
+    (["--costs", "F=inf"], "--costs F=inf"),
+])
+def test_schedule_refuses_absurd_arguments_quickly(capsys, argv, words):
+    t0 = time.perf_counter()
+    err = _error(capsys, ["schedule", *argv])
+    assert words in err and time.perf_counter() - t0 < 5
+
+
+def test_schedule_into_head_ends_quietly():
+    """The reader leaves after one line: no BrokenPipe traceback, the SIGPIPE exit status."""
+    proc = subprocess.Popen([sys.executable, "-m", "mpipar.cli", "schedule", "--pp", "16",
+                             "-m", "64", "--actions"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, **ONE_THREAD})
+    proc.stdout.readline()
+    proc.stdout.close()  # what `| head -1` does
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=120)
+    assert err == "", err
+    assert proc.returncode in (0, EXIT_BROKEN_PIPE)
+
+
+# ----- mpipar analyze ----------------------------------------------------------------------------
+
+@pytest.fixture
+def dump(tmp_path):
+    from mpipar.analysis import synthetic as sy
+
+    return sy.write(tmp_path / "t.h5", sy.pipeline_events(pp=2, microbatches=2, steps=2),
+                    grid={"dp": 1, "pp": 2, "tp": 1})
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--peak", "-5"], "--peak = -5.0: the peak FLOP/s of one device must be a finite number"),
+    (["--peak", "nan"], "--peak = nan"),
+    (["--step", "-1"], "--step = -1"),
+])
+def test_analyze_refuses_absurd_flags(capsys, dump, argv, words):
+    assert words in _error(capsys, ["analyze", str(dump), *argv])
+
+
+def test_plots_into_an_unwritable_folder(capsys, dump, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")  # a folder below a file cannot exist, even for root
+    err = _error(capsys, ["analyze", str(dump), "--plots", str(blocker / "plots")])
+    assert f"cannot write plots into {blocker / 'plots'}" in err and "--plots DIR" in err
+    from mpipar.analysis import plots
+
+    with pytest.raises(ValueError, match="cannot write plots into"):
+        plots.timeline(dump, blocker / "plots" / "t.png")
