@@ -30,4 +30,4 @@ def beat(what) -> None:
 
 def begin_step(step: int) -> None:
     state.step = step
-    beat(f"step {step}")
+    beat("the set-up of the step (its batch, before the first action)")

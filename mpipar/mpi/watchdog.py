@@ -37,8 +37,13 @@ class Watchdog:
         self._stop.set()
 
     def limit(self) -> float:
-        first = progress.state.step <= self.first_step
-        return self.limit_s * (FIRST_STEP_FACTOR if first else 1)
+        s = progress.state
+        first = s.step <= self.first_step
+        # A rank waiting on a peer (a transfer, an all-reduce) is usually not the one that
+        # stalled: it waits a little longer, so the culprit, idle longest, reports first.
+        waiting = getattr(s.what, "is_comm", False) or "all-reduce" in str(s.what)
+        return (self.limit_s * (FIRST_STEP_FACTOR if first else 1)
+                + (failfast.SECONDARY_DELAY_S if waiting else 0))
 
     def _run(self) -> None:
         poll = min(1.0, self.limit_s / 10)
@@ -46,6 +51,10 @@ class Watchdog:
             s = progress.state
             idle = time.monotonic() - s.last
             if idle > self.limit() and not self._stop.is_set():
-                failfast.fail(f"no progress for {idle:.0f} s (run.watchdog_s = {self.limit_s:g}),"
-                              f" blocked in {s.what} (step {s.step}); another rank may have "
-                              "stopped first, see its message", code=failfast.EXIT_STALLED)
+                failfast.fail(f"no progress for {idle:.0f} s (run.watchdog_s = {self.limit_s:g}):"
+                              f" blocked in {_name(s.what)} of step {s.step}",
+                              code=failfast.EXIT_STALLED)
+
+
+def _name(what) -> str:
+    return f"action {what}" if hasattr(what, "is_comm") else str(what)

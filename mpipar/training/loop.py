@@ -78,8 +78,12 @@ def run(cfg: Config, schedule=None) -> dict:
                   "peak_flops": _device_peak(grid, backend) if cfg.run.trace else float("nan")}
 
     def flush(complete=False):
-        dump_trace(tracer, grid, out / "trace.h5", dict(file_attrs, complete=True)
-                   if complete else file_attrs)
+        try:
+            dump_trace(tracer, grid, out / "trace.h5", dict(file_attrs, complete=True)
+                       if complete else file_attrs)
+        except OSError as exc:  # rank 0 writes; the run directory was removed or became full
+            raise OSError(f"could not write the timing dump {out / 'trace.h5'}: {exc}; check "
+                          f"that the run directory exists and is writable") from exc
 
     history, val_loss, stopped = _steps(cfg, trainer, lead, flush,
                                         lambda: save_checkpoint(trainer, out / "checkpoints"))
