@@ -245,6 +245,7 @@ def render(spec: JobSpec, mpipar: str | None = None) -> str:
         ("output", log),
         ("signal", f"B:USR1@{spec.signal_s}" if spec.signal_s else None),
         ("requeue", "") if spec.requeue else ("no-requeue", ""),
+        ("open-mode", "append"),  # a requeued job adds to its log instead of replacing it
     ]
     grid = f"dp={spec.dp} pp={spec.pp} tp={spec.tp}" if not array else \
         f"{len(spec.sweep)} grids, allocation sized for the largest ({alloc.ntasks} ranks)"
@@ -285,7 +286,7 @@ def render_static(kind: str) -> str:
     text += "#   python -c 'import mpipar.slurm as s; s.write_static()'\n"
     text += _sbatch_lines([("job-name", "mpipar-sweep" if sweep else "mpipar-train"),
                            ("ntasks", 1), ("cpus-per-task", 1), ("time", "00:30:00"),
-                           ("signal", "B:USR1@90"), ("requeue", "")])
+                           ("signal", "B:USR1@90"), ("requeue", ""), ("open-mode", "append")])
     text += ("# GPU variant: add  --gpus-per-task=1 --ntasks-per-node=<GPUs per node>"
              "  and DEVICE=cuda\n")
     text += "\n" + _SETTINGS_DOC.format(how="(a variable set in the environment wins)")
