@@ -265,7 +265,7 @@ def test_preempted_job_requeues_and_resumes_exactly(cluster, train_ready, tmp_pa
     script forwards it, every rank stops after one step with a checkpoint (exit 75), the job
     requeues itself and resumes (--resume auto) to the loss of an uninterrupted run, bitwise
     in float64."""
-    steps = 60
+    steps = 120  # enough that the signal arrives before the end, on a loaded machine too
     grid = ("--dp", 1, "--pp", 2, "--tp", 1, "--microbatches", 2, "--steps", steps)
     extra = "--dtype float64 --set train.eval_interval=0 --set run.flush_interval=2"
     job = _submit(cluster, tmp_path / "runs", *grid, "--extra-args", extra)
@@ -278,11 +278,19 @@ def test_preempted_job_requeues_and_resumes_exactly(cluster, train_ready, tmp_pa
                          text=True, env=cluster.env, timeout=30)
     assert sig.returncode == 0, sig.stderr
     # Slurm holds a requeued job back for a while (BeginTime ~2 min ahead): release it now
-    while slurm.job_states(job, cluster.env)[0].state != "PENDING":
-        assert time.monotonic() < deadline, "the job was not requeued"
+    log_path = run_dir.parent / f"slurm-{job}.out"
+    while "requeueing it" not in (log_path.read_text() if log_path.exists() else ""):
+        state = slurm.job_states(job, cluster.env)[0].state
+        assert time.monotonic() < deadline and state in slurm.ACTIVE_STATES, \
+            f"the job was not requeued ({state}):\n{log_path.read_text()[-3000:]}"
         time.sleep(0.2)
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=cluster.env,
-                   capture_output=True, timeout=30)
+    while (state := slurm.job_states(job, cluster.env)[0].state) != "RUNNING":
+        if state == "PENDING":
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"],
+                           env=cluster.env, capture_output=True, timeout=30)
+            break
+        assert time.monotonic() < deadline and state in slurm.ACTIVE_STATES, state
+        time.sleep(0.2)
     states = _wait(cluster, job)
     log = Path(states[0].stdout).read_text(errors="replace")
     assert [s.state for s in states] == ["COMPLETED"], log[-3000:]
