@@ -97,6 +97,8 @@ class RunConfig:
     checkpoint_final: bool = False
     resume: str = ""  # a checkpoint file, or "latest" for the run directory's newest
     flush_interval: int = 50  # steps between flushes of the timing dump
+    # "auto" for resume: "latest" when the run directory has a checkpoint, else from scratch
+    watchdog_s: float = 300.0  # end the job when a rank makes no progress this long; 0: off
 
 
 @dataclass

@@ -1,5 +1,7 @@
 """One failing rank ends the whole job quickly, with a non-zero status and its traceback."""
 
+import sys
+
 import pytest
 from mpi_util import python_script
 
@@ -21,6 +23,25 @@ def test_nonzero_exit_aborts_job():
     p = python_script(2, "failfast_raise.py", "exit", timeout=60)
     assert p.returncode != 0
     assert "[mpipar] rank 1 (host " in p.stderr and "exited with status 3" in p.stderr, p.stderr
+
+
+@pytest.mark.mpi
+def test_a_start_failing_on_one_rank_ends_every_rank_with_one_message():
+    p = python_script(4, "failfast_raise.py", "start", timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert sorted(p.stdout.split("\n")[:-1]) == [f"rank {r} start code 2" for r in range(4)]
+    assert p.stderr.count("config file c.toml not found") == 1, p.stderr
+    assert "mpipar train: error: rank 3 (host " in p.stderr
+
+
+@pytest.mark.mpi
+def test_a_bad_config_under_mpiexec_is_said_once(tmp_path):
+    from mpi_util import run_mpi
+
+    p = run_mpi(4, [sys.executable, "-m", "mpipar.cli", "train", "--set", "train.lrr=1",
+                    "--out", str(tmp_path)], timeout=60)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.count("unknown config key train.lrr") == 1, p.stderr
 
 
 def test_guard_passes_success_and_zero_exit():

@@ -258,3 +258,52 @@ def test_scancel_stops_a_running_job(cluster, train_ready, tmp_path):
     status = subprocess.run([sys.executable, "-m", "mpipar.cli", "slurm", "status", job],
                             capture_output=True, text=True, env=cluster.env, timeout=60)
     assert status.returncode == 1 and "CANCELLED" in status.stdout
+
+
+def test_preempted_job_requeues_and_resumes_exactly(cluster, train_ready, tmp_path):
+    """USR1 to the batch shell (as --signal=B:USR1@90 sends before the time limit): the
+    script forwards it, every rank stops after one step with a checkpoint (exit 75), the job
+    requeues itself and resumes (--resume auto) to the loss of an uninterrupted run, bitwise
+    in float64."""
+    steps = 120  # enough that the signal arrives before the end, on a loaded machine too
+    grid = ("--dp", 1, "--pp", 2, "--tp", 1, "--microbatches", 2, "--steps", steps)
+    extra = "--dtype float64 --set train.eval_interval=0 --set run.flush_interval=2"
+    job = _submit(cluster, tmp_path / "runs", *grid, "--extra-args", extra)
+    run_dir = tmp_path / "runs" / job
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while not (run_dir / "trace.h5").exists():  # step 2 is done
+        assert time.monotonic() < deadline, "the job never flushed its dump"
+        time.sleep(0.1)
+    sig = subprocess.run(["scancel", "--signal=USR1", "--batch", job], capture_output=True,
+                         text=True, env=cluster.env, timeout=30)
+    assert sig.returncode == 0, sig.stderr
+    # Slurm holds a requeued job back for a while (BeginTime ~2 min ahead): release it now
+    log_path = run_dir.parent / f"slurm-{job}.out"
+    while "requeueing it" not in (log_path.read_text() if log_path.exists() else ""):
+        state = slurm.job_states(job, cluster.env)[0].state
+        assert time.monotonic() < deadline and state in slurm.ACTIVE_STATES, \
+            f"the job was not requeued ({state}):\n{log_path.read_text()[-3000:]}"
+        time.sleep(0.2)
+    while (state := slurm.job_states(job, cluster.env)[0].state) != "RUNNING":
+        if state == "PENDING":
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"],
+                           env=cluster.env, capture_output=True, timeout=30)
+            break
+        assert time.monotonic() < deadline and state in slurm.ACTIVE_STATES, state
+        time.sleep(0.2)
+    states = _wait(cluster, job)
+    log = Path(states[0].stdout).read_text(errors="replace")
+    assert [s.state for s in states] == ["COMPLETED"], log[-3000:]
+    assert "finished with exit code 75" in log and "requeueing it" in log, log[-3000:]
+    stopped = int(log.split("stopped after step ")[1].split(",")[0])
+    assert 2 <= stopped < steps and f"resumed from {run_dir}" in log, log[-3000:]
+    resumed = json.loads((run_dir / "metrics.json").read_text())
+    assert (run_dir / "slurm_exit").read_text().strip() == "0"
+
+    ref = tmp_path / "mpiexec"
+    run_mpi(2, [sys.executable, "-m", "mpipar.cli", "train", "--config", TINY, *grid,
+                *extra.split(), "--out", ref], timeout=JOB_TIMEOUT, check=True)
+    whole = json.loads((ref / "metrics.json").read_text())
+    assert resumed["steps"] == whole["steps"] == steps
+    assert resumed["losses"] == whole["losses"][stopped:]  # float64, bitwise
+    assert resumed["final_loss"] == whole["final_loss"]

@@ -45,6 +45,11 @@ def _job_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--srun-nolocal", choices=("auto", "1", "0"), default="auto",
                    help="export MPIR_CVAR_NOLOCAL=1 under srun (needed by the PyPI mpich wheel; "
                         "auto: when the job's python3 has it)")
+    p.add_argument("--signal-s", type=int, default=90, metavar="S",
+                   help="USR1 this many seconds before the time limit: the ranks checkpoint and "
+                        "stop, the job requeues itself and resumes (default 90; 0: none)")
+    p.add_argument("--no-requeue", action="store_true",
+                   help="a job stopped by the signal ends (exit 75) instead of requeueing")
     p.add_argument("--sweep", type=Path,
                    help="file with one grid per line ('dp=2 pp=2 tp=1 schedule=1f1b "
                         "microbatches=4'): submits one job array")
@@ -87,7 +92,8 @@ def _spec(args) -> slurm.JobSpec:
         run_root=args.run_root, gpus_per_node=args.gpus_per_node,
         tasks_per_node=args.tasks_per_node, nodes=args.nodes, cpus_per_task=args.cpus_per_task,
         partition=args.partition, time=args.time, job_name=args.job_name,
-        launcher=args.launcher, srun_nolocal=args.srun_nolocal, sweep=sweep)
+        launcher=args.launcher, srun_nolocal=args.srun_nolocal, sweep=sweep,
+        signal_s=args.signal_s, requeue=not args.no_requeue)
 
 
 def _print_states(states: list[slurm.JobState], as_json: bool) -> None:
@@ -157,12 +163,14 @@ def _run(args) -> int:
         if args.json:
             print(json.dumps(rows, indent=1))
             return 0
-        print(f"{'JOB':<14} {'dp':>3} {'pp':>3} {'tp':>3} {'schedule':<12} {'mb':>4} "
-              f"{'final_loss':>12} {'tokens/s':>10}")
+        print(f"{'JOB':<14} {'state':<10} {'exit':>4} {'dp':>3} {'pp':>3} {'tp':>3} "
+              f"{'schedule':<12} {'mb':>4} {'final_loss':>12} {'tokens/s':>10}")
         for r in rows:
             loss = r.get("final_loss")
             tps = r.get("tokens_per_s")
-            print(f"{r.get('job', Path(r['run_dir']).name):<14} {r.get('dp', ''):>3} "
+            code = "-" if r["exit_code"] is None else r["exit_code"]
+            print(f"{r.get('job', Path(r['run_dir']).name):<14} {r['state']:<10} {code:>4} "
+                  f"{r.get('dp', ''):>3} "
                   f"{r.get('pp', ''):>3} {r.get('tp', ''):>3} {r.get('schedule') or '-':<12} "
                   f"{r.get('microbatches') or '-':>4} "
                   f"{'-' if loss is None else f'{loss:.6f}':>12} "

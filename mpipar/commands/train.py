@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 HELP = "train a model (one rank, or any dp x pp x tp grid under mpiexec/srun)"
 
 # short flag -> config field
@@ -50,18 +48,49 @@ def overrides_from(args) -> dict:
     return over
 
 
-def run(args) -> int:
+def handled_errors() -> tuple:
+    """Errors with a message meant for the user (printed alone, exit 2): bad input, missing or
+    corrupt files, an unwritable run directory. Anything else is a bug: traceback, exit 1."""
     from mpipar.checkpoint import CheckpointError
-    from mpipar.config import ConfigError, load_config
+    from mpipar.config import ConfigError
     from mpipar.datasets import DataError
 
-    try:
-        cfg = load_config(args.config, overrides_from(args))
-        from mpipar.training import run as train_run
+    return (ConfigError, DataError, CheckpointError, OSError)
 
-        train_run(cfg)
-    except (ConfigError, DataError, CheckpointError, FileNotFoundError) as exc:
-        # the same bad input fails the same way on every rank, before any MPI traffic
-        print(f"mpipar train: error: {exc}", file=sys.stderr, flush=True)
-        return 2
+
+def run(args) -> int:
+    """Exit codes: 0 done, 2 bad input (before training) or a handled error on a rank, 1 a bug,
+    75 preempted (SIGTERM/SIGUSR1: checkpoint written, resume with --resume auto), 124 the
+    watchdog (no progress for run.watchdog_s), n for sys.exit(n) on a rank (failfast.EXIT_*)."""
+    from mpipar.mpi import failfast
+    from mpipar.mpi.world import world_size_and_rank
+
+    brief = handled_errors()
+    failfast.install(brief)
+    # Start: the deterministic checks, on every rank, before any MPI traffic. The ranks then
+    # agree: one message (not one per rank), the same exit code everywhere, no rank left waiting.
+    error = cfg = schedule = None
+    try:
+        world_size, _ = world_size_and_rank()
+        from mpipar.config import load_config
+        from mpipar.training import preflight
+        from mpipar.training.loop import check_run_settings
+
+        cfg = load_config(args.config, overrides_from(args))
+        schedule = preflight(cfg, world_size)
+        check_run_settings(cfg)
+    except Exception as exc:
+        error = exc
+    code = failfast.agree_on_start(error, prefix="mpipar train: error: ")
+    if code:
+        return code
+    # After the start any failure on any rank aborts the whole job (failfast.guard).
+    from mpipar.training.loop import Preempted
+    from mpipar.training.loop import run as train_run
+
+    with failfast.guard(brief):
+        try:
+            train_run(cfg, schedule)
+        except Preempted:
+            return failfast.EXIT_PREEMPTED
     return 0

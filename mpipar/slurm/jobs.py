@@ -84,6 +84,10 @@ def job_states(job_id: str, env: dict | None = None) -> list[JobState]:
         return sorted(states, key=_task_order)
     if "Invalid job id" not in proc.stderr:
         raise SlurmError(f"scontrol show job {job_id} failed: {proc.stderr.strip()}")
+    # scontrol forgets a job MinJobAge after it ends; accounting (sacct) remembers it
+    states = _sacct_states(job_id, env)
+    if states:
+        return states
     # Fall back to squeue (jobs still listed with -t all), e.g. when scontrol lost the record.
     squeue = _tool("squeue")
     proc = subprocess.run([squeue, "-h", "-t", "all", "-j", str(job_id), "-o", "%i|%T|%r"],
@@ -92,6 +96,25 @@ def job_states(job_id: str, env: dict | None = None) -> list[JobState]:
         jid, state, reason = (line.split("|") + ["", ""])[:3]
         states.append(JobState(jid.strip(), state.strip(), "", reason.strip()))
     return states
+
+
+def _sacct_states(job_id: str, env: dict | None) -> list[JobState]:
+    """The job's allocations as sacct knows them; empty without accounting (or sacct)."""
+    sacct = shutil.which("sacct")
+    if sacct is None:
+        return []
+    proc = subprocess.run([sacct, "-n", "-P", "-X", "-j", str(job_id),
+                           "-o", "JobID,State,ExitCode,Reason"], capture_output=True, text=True,
+                          env=env, timeout=30)
+    if proc.returncode != 0:
+        return []
+    states = []
+    for line in proc.stdout.splitlines():
+        jid, state, code, reason = (line.split("|") + ["", "", ""])[:4]
+        if jid.strip():  # "CANCELLED by 0" -> CANCELLED
+            states.append(JobState(jid.strip(), (state.split() or ["UNKNOWN"])[0], code.strip(),
+                                   reason.strip()))
+    return sorted(states, key=_task_order)
 
 
 def wait(job_id: str, timeout: float, env: dict | None = None,
@@ -140,5 +163,20 @@ def collect(run_root: str | Path, job_id: str) -> list[dict]:
             if (d / name).exists():
                 row.update(json.loads((d / name).read_text()))
         row["trace"] = str(d / "trace.h5") if (d / "trace.h5").exists() else None
+        row["exit_code"], row["state"] = _exit_state(d)
         rows.append(row)
     return rows
+
+
+# the codes of `mpipar train` (mpipar.mpi.failfast.EXIT_*) as a state a table can show
+EXIT_STATES = {0: "COMPLETED", 75: "PREEMPTED", 124: "STALLED"}
+
+
+def _exit_state(run_dir: Path) -> tuple[int | None, str]:
+    """(exit code, state) the batch script recorded in run_dir/slurm_exit; RUNNING? when it has
+    not (still running, or the job was killed before it could write it)."""
+    try:
+        code = int((run_dir / "slurm_exit").read_text().strip())
+    except (OSError, ValueError):
+        return None, "RUNNING?"
+    return code, EXIT_STATES.get(code, "FAILED")

@@ -27,7 +27,12 @@ _SETTINGS_DOC = """\
 # MPIPAR_CUDA_AWARE=1  CuPy arrays go straight to a CUDA-aware MPI (also sets
 #               MPICH_GPU_SUPPORT_ENABLED=1 for Cray MPICH; Open MPI+UCX: export OMPI_MCA_pml=ucx
 #               yourself); unset or 0: staged through host memory
-# MPIPAR        the mpipar command (e.g. "python3 -m mpipar.cli")
+# MPIPAR        the mpipar command; rendered scripts: the absolute python that rendered them
+#               ("/abs/python -m mpipar.cli"), so the job never depends on the submitter's PATH
+# VENV          a virtual environment the script activates first (empty: none)
+# MPIEXEC       the mpiexec of LAUNCHER=mpiexec (rendered: absolute, found at render time)
+# REQUEUE       1: a job stopped by the warning signal (--signal=B:USR1@S, forwarded to the
+#               ranks: checkpoint, exit 75) requeues itself and resumes (--resume auto); 0: ends
 # SRUN_NOLOCAL  auto|1|0: 1 exports MPIR_CVAR_NOLOCAL=1 for srun launches. The PyPI mpich wheel
 #               under Slurm's PMI-2 disagrees between ranks on which peers share the node and
 #               aborts in MPI_Init ("Message truncated") or hangs; NOLOCAL sends all traffic
@@ -66,6 +71,16 @@ if [ -n "${SLURM_ARRAY_TASK_ID:-}" ]; then
         done
     fi
 fi
+
+# ---- the Python that runs mpipar: never the submitting shell's PATH by accident ----------------
+if [ -n "${VENV:-}" ]; then
+    [ -r "$VENV/bin/activate" ] || die "VENV=$VENV has no bin/activate"
+    # shellcheck disable=SC1091
+    source "$VENV/bin/activate"
+fi
+# shellcheck disable=SC2086
+$MPIPAR --help >/dev/null 2>&1 || die "MPIPAR='$MPIPAR' does not run here: set" \
+    "MPIPAR='/abs/path/python -m mpipar.cli' or VENV=/path/to/venv (mpipar slurm render does)"
 
 [ -n "$CONFIG" ] || die "CONFIG is not set:" \
     "export CONFIG=path/to/config.toml (or sbatch --export=ALL,CONFIG=...)"
@@ -106,7 +121,8 @@ fi
 
 # ---- the command ----------------------------------------------------------------------------
 # shellcheck disable=SC2206  # MPIPAR and EXTRA_ARGS are split into words on purpose
-cmd=($MPIPAR train --config "$CONFIG" --dp "$DP" --pp "$PP" --tp "$TP")
+# --resume auto: a requeued job continues from its run directory's latest checkpoint
+cmd=($MPIPAR train --config "$CONFIG" --dp "$DP" --pp "$PP" --tp "$TP" --resume auto)
 [ -z "$SCHEDULE" ] || cmd+=(--schedule "$SCHEDULE")
 [ -z "$MICROBATCHES" ] || cmd+=(--microbatches "$MICROBATCHES")
 [ -z "$STEPS" ] || cmd+=(--steps "$STEPS")
@@ -123,6 +139,12 @@ EOF
 echo "mpipar-slurm: job $JOB_TAG: $NP ranks (dp=$DP pp=$PP tp=$TP) via $LAUNCHER -> $RUN_DIR"
 echo "mpipar-slurm: ${cmd[*]}"
 
+# ---- run, forwarding the warning signal; exit codes (docs: slurm/README.md) -----------------
+# 0 done, 2 bad input / handled error, 1 a bug, 75 stopped by the signal (checkpoint written),
+# 124 the watchdog, 128+n killed by signal n. The code is also written to RUN_DIR/slurm_exit.
+PREEMPTED=0
+forward() { PREEMPTED=1; [ -z "${pid:-}" ] || kill -USR1 "$pid" 2>/dev/null || true; }
+trap forward USR1
 set +e
 case $LAUNCHER in
     srun)  # PMI-2: MPICH (incl. the PyPI wheel, see SRUN_NOLOCAL) and Slurm-aware Open MPI
@@ -133,21 +155,41 @@ case $LAUNCHER in
         fi
         [ "$SRUN_NOLOCAL" = 0 ] || export MPIR_CVAR_NOLOCAL=1
         srun --mpi="${SRUN_MPI:-pmi2}" --ntasks="$NP" --cpus-per-task="$CPUS" \
-            --kill-on-bad-exit=1 "${GPU_FLAGS[@]}" "${cmd[@]}" ;;
+            --kill-on-bad-exit=1 "${GPU_FLAGS[@]}" "${cmd[@]}" &
+        pid=$! ;;
     mpiexec)  # Hydra / ORTE find the allocation themselves and start their daemons with srun
-        mpiexec -n "$NP" "${cmd[@]}" ;;
+        "$MPIEXEC" -n "$NP" "${cmd[@]}" &
+        pid=$! ;;
     *) die "LAUNCHER must be srun or mpiexec, got '$LAUNCHER'" ;;
 esac
-rc=$?
+# `wait` returns early when the trap runs: wait again until the launcher has really ended
+while :; do
+    wait "$pid"
+    rc=$?
+    kill -0 "$pid" 2>/dev/null || break
+done
 set -e
+echo "$rc" > "$RUN_DIR/slurm_exit"
 echo "mpipar-slurm: job $JOB_TAG finished with exit code $rc"
+if [ "$rc" = 75 ] && [ "$PREEMPTED" = 1 ] && [ "$REQUEUE" = 1 ]; then
+    echo "mpipar-slurm: job $JOB_TAG stopped before its time limit: requeueing it (it resumes)"
+    scontrol requeue "$JOB_TAG" && exit 0
+fi
 exit $rc
 """
 
 
 def _default_mpipar() -> str:
-    # The python that renders the script is the one that has mpipar; `mpipar` when on PATH.
-    return "mpipar" if shutil.which("mpipar") else f"{sys.executable} -m mpipar.cli"
+    # The python that renders the script is the one that has mpipar: absolute, so the job does
+    # not depend on the PATH (or the venv) of the shell that submits it.
+    return f"{shlex.quote(sys.executable)} -m mpipar.cli"
+
+
+def _default_mpiexec() -> str:
+    """The mpiexec next to the rendering python (a venv's, the PyPI mpich's), else on PATH."""
+    here = Path(sys.executable).parent / "mpiexec"
+    found = str(here) if here.exists() else shutil.which("mpiexec")
+    return str(Path(found).resolve()) if found else "mpiexec"
 
 
 def _settings(values: dict, fixed: bool) -> str:
@@ -159,13 +201,14 @@ def _settings(values: dict, fixed: bool) -> str:
         return "".join(f"{var}={shlex.quote(str(value)) if value != '' else ''}\n"
                        for var, value in values.items())
     for value in values.values():  # template defaults are plain words: no quoting needed
-        if re.search(r"[$`\\\"\s]", str(value)):
+        if re.search(r"[$`\\\"\t\n]", str(value)):  # spaces are fine inside "${X:=...}"
             raise SlurmError(f"template default {value!r} needs quoting")
     return "".join(f': "${{{var}:={value}}}"\n' for var, value in values.items())
 
 
 def _sbatch_lines(options: list[tuple[str, object]]) -> str:
-    return "".join(f"#SBATCH --{k}={v}\n" for k, v in options if v is not None)
+    return "".join(f"#SBATCH --{k}={v}\n" if v != "" else f"#SBATCH --{k}\n"
+                   for k, v in options if v is not None)
 
 
 def render(spec: JobSpec, mpipar: str | None = None) -> str:
@@ -200,6 +243,9 @@ def render(spec: JobSpec, mpipar: str | None = None) -> str:
         ("time", spec.time),
         ("array", f"0-{len(spec.sweep) - 1}" if array else None),
         ("output", log),
+        ("signal", f"B:USR1@{spec.signal_s}" if spec.signal_s else None),
+        ("requeue", "") if spec.requeue else ("no-requeue", ""),
+        ("open-mode", "append"),  # a requeued job adds to its log instead of replacing it
     ]
     grid = f"dp={spec.dp} pp={spec.pp} tp={spec.tp}" if not array else \
         f"{len(spec.sweep)} grids, allocation sized for the largest ({alloc.ntasks} ranks)"
@@ -216,6 +262,7 @@ def render(spec: JobSpec, mpipar: str | None = None) -> str:
         "STEPS": spec.steps or "", "EXTRA_ARGS": spec.extra_args, "RUN_ROOT": spec.run_root,
         "LAUNCHER": spec.launcher, "DEVICE": "cuda" if gpu else "",
         "MPIPAR": mpipar or _default_mpipar(), "SRUN_NOLOCAL": spec.srun_nolocal,
+        "VENV": "", "MPIEXEC": _default_mpiexec(), "REQUEUE": int(spec.requeue),
     })
     text += "SWEEP_LINES=(\n" + "".join(f"    {shlex.quote(sweep_line(e))}\n" for e in spec.sweep) \
         + ")\n" if array else "SWEEP_LINES=()\n"
@@ -238,14 +285,16 @@ def render_static(kind: str) -> str:
              "regenerate with\n")
     text += "#   python -c 'import mpipar.slurm as s; s.write_static()'\n"
     text += _sbatch_lines([("job-name", "mpipar-sweep" if sweep else "mpipar-train"),
-                           ("ntasks", 1), ("cpus-per-task", 1), ("time", "00:30:00")])
+                           ("ntasks", 1), ("cpus-per-task", 1), ("time", "00:30:00"),
+                           ("signal", "B:USR1@90"), ("requeue", ""), ("open-mode", "append")])
     text += ("# GPU variant: add  --gpus-per-task=1 --ntasks-per-node=<GPUs per node>"
              "  and DEVICE=cuda\n")
     text += "\n" + _SETTINGS_DOC.format(how="(a variable set in the environment wins)")
     text += _settings(fixed=False, values={"CONFIG": "", "DP": 1, "PP": 1, "TP": 1, "SCHEDULE": "",
                        "MICROBATCHES": "", "STEPS": "", "EXTRA_ARGS": "", "RUN_ROOT": "runs/slurm",
-                       "LAUNCHER": "srun", "DEVICE": "", "MPIPAR": "mpipar",
-                       "SRUN_NOLOCAL": "auto"})
+                       "LAUNCHER": "srun", "DEVICE": "", "MPIPAR": "python3 -m mpipar.cli",
+                       "SRUN_NOLOCAL": "auto", "VENV": "", "MPIEXEC": "mpiexec",
+                       "REQUEUE": 1})
     if sweep:
         text += ': "${SWEEP_FILE:?set SWEEP_FILE to a file with one grid per line}"\n'
     text += "SWEEP_LINES=()\n"

@@ -42,6 +42,9 @@ class JobSpec:
     job_name: str | None = None
     launcher: str = "srun"
     srun_nolocal: str = "auto"  # auto | 1 | 0: MPIR_CVAR_NOLOCAL=1 under srun (PyPI mpich)
+    # --signal=B:USR1@<s>: the script forwards it to the ranks, which checkpoint and exit 75
+    signal_s: int = 90  # seconds before the time limit; 0: no warning signal
+    requeue: bool = True  # a preempted job (exit 75 after the signal) requeues itself
     sweep: list[dict] = field(default_factory=list)
 
     @property

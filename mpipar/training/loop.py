@@ -14,13 +14,37 @@ import time
 from ..backend import Backend
 from ..config import Config
 from ..files import write_json_atomic
+from ..progress import beat, begin_step
 from ..trace import Tracer
 from .preflight import preflight
+from .signals import StopSignals
 from .trainer import Trainer
 
 
-def run(cfg: Config) -> dict:
-    """Train as the config says, on whatever MPI world this process belongs to."""
+class Preempted(Exception):
+    """Every rank stopped at the same step on SIGTERM / SIGUSR1, after a checkpoint and a dump
+    flush. ``mpipar train`` exits with ``failfast.EXIT_PREEMPTED``."""
+
+    def __init__(self, step: int, signum: int):
+        super().__init__(f"stopped at step {step} on signal {signum}")
+        self.step, self.signum = step, signum
+
+
+def check_run_settings(cfg: Config) -> None:
+    """The settings this module reads itself (the fault path's), before any work."""
+    from ..config import ConfigError
+
+    w = cfg.run.watchdog_s
+    if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
+        raise ConfigError(f"run.watchdog_s = {w!r}: use seconds >= 0 (0 turns the watchdog off)")
+    if cfg.run.resume == "auto":
+        latest = cfg.out_dir / "checkpoints" / "latest"
+        cfg.run.resume = "latest" if latest.is_file() else ""
+
+
+def run(cfg: Config, schedule=None) -> dict:
+    """Train as the config says, on whatever MPI world this process belongs to.
+    ``schedule``: the one ``preflight`` built (``mpipar train`` runs preflight before this)."""
     from ..checkpoint import maybe_resume, save_checkpoint
     from ..mpi import failfast
     from ..mpi.dump import dump_trace
@@ -28,8 +52,9 @@ def run(cfg: Config) -> dict:
     from ..mpi.world import world_size_and_rank
 
     world_size, world_rank = world_size_and_rank()
-    # every rank checks; all fail alike, before any MPI traffic
-    schedule = preflight(cfg, world_size)
+    if schedule is None:  # every rank checks; all fail alike, before any MPI traffic
+        schedule = preflight(cfg, world_size)
+        check_run_settings(cfg)
     failfast.install()
     if cfg.train.device == "cuda":
         bind_gpu()
@@ -53,11 +78,17 @@ def run(cfg: Config) -> dict:
                   "peak_flops": _device_peak(grid, backend) if cfg.run.trace else float("nan")}
 
     def flush(complete=False):
-        dump_trace(tracer, grid, out / "trace.h5", dict(file_attrs, complete=True)
-                   if complete else file_attrs)
+        try:
+            dump_trace(tracer, grid, out / "trace.h5", dict(file_attrs, complete=True)
+                       if complete else file_attrs)
+        except OSError as exc:  # rank 0 writes; the run directory was removed or became full
+            raise OSError(f"could not write the timing dump {out / 'trace.h5'}: {exc}; check "
+                          f"that the run directory exists and is writable") from exc
 
-    history, val_loss = _steps(cfg, trainer, lead, flush,
-                               lambda: save_checkpoint(trainer, out / "checkpoints"))
+    history, val_loss, stopped = _steps(cfg, trainer, lead, flush,
+                                        lambda: save_checkpoint(trainer, out / "checkpoints"))
+    if stopped:
+        _stop(cfg, trainer, lead, flush, stopped)
     if cfg.run.checkpoint_final or cfg.run.checkpoint_interval:
         save_checkpoint(trainer, out / "checkpoints")
     summary = _summary(cfg, trainer, history, val_loss)
@@ -71,30 +102,68 @@ def run(cfg: Config) -> dict:
 
 def _steps(cfg: Config, trainer: Trainer, lead: bool, flush, checkpoint):
     """The training steps left, with evaluation, progress, checkpoints and dump flushes.
-    Returns (history of step records, last validation loss)."""
+    Returns (history of step records, last validation loss, the stop signal or 0)."""
+    from ..mpi.watchdog import Watchdog
+
     history, val_loss = [], float("nan")
     start = time.perf_counter()
     n = cfg.train.steps
-    for i in range(trainer.step, n):
-        rec = trainer.train_step()
-        val = float("nan")
-        last = i + 1 == n
-        if cfg.train.eval_interval and ((i + 1) % cfg.train.eval_interval == 0 or last):
-            val = val_loss = trainer.evaluate()
-        rec["val_loss"] = val
-        trainer.tracer.add_metrics(**rec)
-        history.append(rec)
-        every = cfg.run.log_interval if not sys.stdout.isatty() else 1
-        if lead and cfg.run.progress and ((i + 1) % max(every, 1) == 0 or last):
-            _progress(i, n, rec, start, sys.stdout)
-            if not math.isnan(val):
-                print(f"  val loss {val:.4f}", flush=True)
-        ci = cfg.run.checkpoint_interval
-        if ci and (i + 1) % ci == 0 and not last:
-            checkpoint()
-        if cfg.run.trace and cfg.run.flush_interval and (i + 1) % cfg.run.flush_interval == 0:
-            flush()
-    return history, val_loss
+    dog = Watchdog(cfg.run.watchdog_s, first_step=trainer.step).start()
+    try:
+        with StopSignals() as signals:
+            for i in range(trainer.step, n):
+                begin_step(i)
+                rec = trainer.train_step()
+                last = i + 1 == n
+                val = float("nan")
+                if cfg.train.eval_interval and ((i + 1) % cfg.train.eval_interval == 0 or last):
+                    beat("evaluation")
+                    val = val_loss = trainer.evaluate()
+                rec["val_loss"] = val
+                trainer.tracer.add_metrics(**rec)
+                history.append(rec)
+                if lead and cfg.run.progress:
+                    _maybe_progress(cfg, i, n, rec, start)
+                # every rank stops after the same step (the last one needs no agreement)
+                stop = 0 if last else signals.agree()
+                if stop:
+                    return history, val_loss, stop
+                _periodic(cfg, i + 1, last, flush, checkpoint)
+    finally:
+        dog.stop()
+    return history, val_loss, 0
+
+
+def _maybe_progress(cfg, i, n, rec, start):
+    every = cfg.run.log_interval if not sys.stdout.isatty() else 1
+    if (i + 1) % max(every, 1) == 0 or i + 1 == n:
+        _progress(i, n, rec, start, sys.stdout)
+        if not math.isnan(rec["val_loss"]):
+            print(f"  val loss {rec['val_loss']:.4f}", flush=True)
+
+
+def _periodic(cfg, done, last, flush, checkpoint):
+    """The checkpoint and the dump flush due after ``done`` steps."""
+    ci = cfg.run.checkpoint_interval
+    if ci and done % ci == 0 and not last:
+        beat("a checkpoint write")
+        checkpoint()
+    if cfg.run.trace and cfg.run.flush_interval and done % cfg.run.flush_interval == 0:
+        beat("a dump flush")
+        flush()
+
+
+def _stop(cfg, trainer, lead, flush, signum):
+    """Preemption: every rank has finished the same step; checkpoint, flush, say so, raise."""
+    from ..checkpoint import save_checkpoint
+
+    path = save_checkpoint(trainer, cfg.out_dir / "checkpoints")
+    if cfg.run.trace:
+        flush()
+    if lead:
+        print(f"mpipar: signal {signum}: stopped after step {trainer.step}, checkpoint {path}; "
+              f"resume with --resume auto (or latest)", flush=True)
+    raise Preempted(trainer.step, signum)
 
 
 def _progress(i, n, rec, start, stream):

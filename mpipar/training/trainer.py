@@ -18,6 +18,7 @@ from ..nn.optim import SGD, AdamW, clip_grads_, grad_norm_sq_local, lr_at
 from ..parallel.data import GradSync
 from ..parallel.pipeline.executor import PipelineExecutor, build_chunks, forward_only_schedule
 from ..parallel.tensor import TPContext
+from ..progress import beat
 from ..trace import Tracer
 from .batches import Batches, local_microbatches
 
@@ -152,6 +153,7 @@ class Trainer:
         self.sync.start()
         losses = self.executor.run(xs, ys)
         if not self.asynchronous:
+            beat("the data-parallel gradient all-reduce")
             self.sync.finish()
         return losses
 
@@ -165,6 +167,7 @@ class Trainer:
         """Clip by the global norm and step the optimizer. Returns (grad norm, lr)."""
         t = self.cfg.train
         with self.tracer.region("OPT"):
+            beat("the gradient-norm all-reduce and the optimizer step")
             norm = self.grad_norm()
             if t.grad_clip > 0:
                 clip_grads_(self.sync.norm_params(self.params) if self.sync.zero1
@@ -184,6 +187,7 @@ class Trainer:
             norm, lr = float("nan"), step_lr(cfg, self.step)
         else:
             norm, lr = self.update()
+        beat("the loss all-reduce")
         loss = self.global_loss(losses)
         self.backend.synchronize()
         tr.record("STEP", t0, tr.now())

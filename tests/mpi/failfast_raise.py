@@ -2,8 +2,10 @@
 
 Run: mpiexec -n N python tests/mpi/failfast_raise.py MODE
 MODE: "hook" (uncaught exception, failfast.install), "guard" (inside failfast.guard()),
-"exit" (sys.exit(3) inside guard()). The failing rank is the last one; the other ranks wait
-in a receive (rank 0) or a barrier that can never complete.
+"exit" (sys.exit(3) inside guard()), "start" (the last rank alone fails its start:
+failfast.agree_on_start must return 2 on every rank, the message printed once). The failing
+rank is the last one; the other ranks wait in a receive (rank 0) or a barrier that can never
+complete.
 """
 
 import sys
@@ -31,6 +33,12 @@ def work():
     world.barrier()
 
 
+if mode == "start":
+    failfast.install((ValueError,))
+    error = ValueError("config file c.toml not found") if world.rank == bad else None
+    code = failfast.agree_on_start(error, prefix="mpipar train: error: ")
+    print(f"rank {world.rank} start code {code}", flush=True)
+    sys.exit(code)
 if mode == "hook":
     failfast.install()
     work()

@@ -20,6 +20,7 @@ from collections import defaultdict
 from contextlib import contextmanager, nullcontext
 
 from ...nn.layers import Sequential
+from ...progress import beat
 from .actions import ScheduleError
 from .transfers import ACT, GRAD, Receives, Sends, tag
 
@@ -123,6 +124,7 @@ class PipelineExecutor:
         loss_scale = 1.0 if self.asynchronous else 1.0 / m
         st = StepState(inputs, targets, forward_only, loss_scale, self._receives(inputs[0]))
         for a in self.actions:
+            beat(a)  # the watchdog names the action a stalled rank is blocked in
             self._handlers[a.op](a, st)
             st.sends.release_finished()
         st.sends.wait_all()

@@ -1,0 +1,60 @@
+"""The watchdog: end the job when this rank makes no progress for ``run.watchdog_s`` seconds.
+
+A daemon thread per rank reads ``mpipar.progress`` (the last beat and what it was) once in a
+while. A rank stuck in a receive, a collective or a kernel stops beating; after the limit it
+reports itself and what it is blocked in, and aborts the job through ``failfast`` (exit
+``EXIT_STALLED``). The first step may be slower (warm-up, first allocations): it gets
+``FIRST_STEP_FACTOR`` times the limit.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from .. import progress
+from . import failfast
+
+FIRST_STEP_FACTOR = 3
+
+
+class Watchdog:
+    def __init__(self, limit_s: float, first_step: int = 0):
+        self.limit_s = float(limit_s)
+        self.first_step = first_step
+        self._stop = threading.Event()
+        self._thread = None
+
+    def start(self) -> Watchdog:
+        if self.limit_s > 0:
+            progress.beat("start of the training loop")
+            self._thread = threading.Thread(target=self._run, name="mpipar-watchdog",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def limit(self) -> float:
+        s = progress.state
+        first = s.step <= self.first_step
+        # A rank waiting on a peer (a transfer, an all-reduce) is usually not the one that
+        # stalled: it waits a little longer, so the culprit, idle longest, reports first.
+        waiting = getattr(s.what, "is_comm", False) or "all-reduce" in str(s.what)
+        return (self.limit_s * (FIRST_STEP_FACTOR if first else 1)
+                + (failfast.SECONDARY_DELAY_S if waiting else 0))
+
+    def _run(self) -> None:
+        poll = min(1.0, self.limit_s / 10)
+        while not self._stop.wait(poll):
+            s = progress.state
+            idle = time.monotonic() - s.last
+            if idle > self.limit() and not self._stop.is_set():
+                failfast.fail(f"no progress for {idle:.0f} s (run.watchdog_s = {self.limit_s:g}):"
+                              f" blocked in {_name(s.what)} of step {s.step}",
+                              code=failfast.EXIT_STALLED)
+
+
+def _name(what) -> str:
+    return f"action {what}" if hasattr(what, "is_comm") else str(what)

@@ -1,0 +1,61 @@
+"""Run the real `mpipar train` with one fault injected on one rank before one step.
+
+Run: mpiexec -n N python tests/mpi/fault_inject.py CASE RANK STEP TRAIN_ARGS...
+The driver wraps ``Trainer.train_step`` (no test hooks in production code). CASE:
+ConfigError DataError CheckpointError FileNotFoundError (the handled types), exit3
+(``sys.exit(3)``), python (a plain RuntimeError), sigkill (the rank kills itself), rundir (the
+run directory is moved away, so rank 0's next dump flush fails; the dump written so far stays
+readable at <out>.moved), stall (the rank sleeps: the watchdog must end the job), usr1 (the
+rank sends SIGUSR1 to itself only: every rank must still stop at the same step).
+Before the fault the rank prints ``fault_inject: CASE rank R step S at <unix time>`` to stderr.
+"""
+
+import os
+import shutil
+import signal
+import sys
+import time
+
+from mpi4py import MPI
+
+from mpipar.checkpoint import CheckpointError
+from mpipar.cli import main
+from mpipar.config import ConfigError
+from mpipar.datasets import DataError
+from mpipar.training.trainer import Trainer
+
+case, rank, at, train_args = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+me = MPI.COMM_WORLD.Get_rank()
+out = train_args[train_args.index("--out") + 1]
+ERRORS = {"ConfigError": ConfigError, "DataError": DataError, "CheckpointError": CheckpointError,
+          "FileNotFoundError": FileNotFoundError, "python": RuntimeError}
+
+
+def inject():
+    print(f"fault_inject: {case} rank {me} step {at} at {time.time():.3f}", file=sys.stderr,
+          flush=True)
+    if case in ERRORS:
+        raise ERRORS[case](f"injected {case} on rank {me} at step {at}")
+    if case == "exit3":
+        sys.exit(3)
+    if case == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if case == "rundir":
+        shutil.move(out, out + ".moved")
+    if case == "stall":
+        time.sleep(3600)
+    if case == "usr1":
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+
+real_step = Trainer.train_step
+
+
+def train_step(self):
+    if self.step == at and me == rank:
+        inject()
+    return real_step(self)
+
+
+Trainer.train_step = train_step
+sys.exit(main(["train", *train_args]))
