@@ -159,6 +159,7 @@ RULES = {
         "name": Text(nonempty=True), "out": Text(), "trace": Flag(), "log_interval": Int(1),
         "progress": Flag(), "checkpoint_interval": Int(1, off=0), "checkpoint_final": Flag(),
         "resume": Text(), "flush_interval": Int(1, off=0),
+        "watchdog_s": Real(0, 86400, lo_open=True, off=0),
     },
 }
 

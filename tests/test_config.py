@@ -204,7 +204,7 @@ def test_a_toml_value_of_the_wrong_type(tmp_path):
         load_config(p)
 
 
-def test_no_bad_value_reaches_the_training_loop_through_the_cli(monkeypatch, capsys):
+def test_no_bad_value_reaches_the_training_loop_through_the_cli(monkeypatch, capfd):
     """Every bad value of every field, through ``mpipar train --set``: exit 2, one line, and the
     training loop (replaced here by a trap) is never called."""
     import mpipar.training
@@ -222,7 +222,7 @@ def test_no_bad_value_reaches_the_training_loop_through_the_cli(monkeypatch, cap
             argv += ["--set", "model.kind=mlp"] if key in ("model.sizes", "model.activation",
                                                            "model.task") else []
         assert main(argv) == 2, argv
-        err = capsys.readouterr().err
+        err = capfd.readouterr().err  # failfast writes the one line straight to fd 2
         assert err.count("\n") == 1 and key in err, (argv, err)
 
 

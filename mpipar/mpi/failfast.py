@@ -168,8 +168,12 @@ def agree_on_start(error: BaseException | None, prefix: str = "error: ") -> int:
     code = 0
     if error is not None:
         code = EXIT_INPUT if _brief and isinstance(error, _brief) else EXIT_ERROR
+    import numpy as np
+
     comm = MPI.COMM_WORLD
-    codes = comm.allgather(code)
+    codes = np.zeros(comm.Get_size(), dtype=np.int64)
+    comm.Allgather(np.array([code], dtype=np.int64), codes)  # a buffer call: no pickling
+    codes = codes.tolist()
     if not any(codes):
         return 0
     first = next(r for r, c in enumerate(codes) if c)

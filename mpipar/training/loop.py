@@ -31,12 +31,8 @@ class Preempted(Exception):
 
 
 def check_run_settings(cfg: Config) -> None:
-    """The settings this module reads itself (the fault path's), before any work."""
-    from ..config import ConfigError
-
-    w = cfg.run.watchdog_s
-    if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
-        raise ConfigError(f"run.watchdog_s = {w!r}: use seconds >= 0 (0 turns the watchdog off)")
+    """Resolve ``run.resume = "auto"`` (the latest checkpoint of the run directory, if any),
+    before any work. (Every field's range, run.watchdog_s's included, is config.RULES'.)"""
     if cfg.run.resume == "auto":
         latest = cfg.out_dir / "checkpoints" / "latest"
         cfg.run.resume = "latest" if latest.is_file() else ""
