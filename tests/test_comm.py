@@ -175,3 +175,40 @@ def test_commbench_cli(tmp_path, n):
     assert bad.returncode != 0 and "cannot write the benchmark result" in bad.stderr, bad.stderr
     one = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert one.returncode == 2 and "needs at least 2 ranks" in one.stderr, one.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_collective_algorithms_bitwise_equal_on_every_rank(n):
+    p = python_script(n, "coll_algos.py", timeout=240, check=True)
+    assert p.stdout.count("coll_algos OK") == n, p.stdout
+
+
+def test_collectives_mode_and_table(monkeypatch, tmp_path):
+    import json
+
+    from mpipar.mpi import tuning
+
+    monkeypatch.setenv("MPIPAR_COLLECTIVES", "Ring")
+    assert tuning.mode() == "ring"
+    monkeypatch.setenv("MPIPAR_COLLECTIVES", "fastest")
+    with pytest.raises(ValueError, match="MPIPAR_COLLECTIVES='fastest' is not one of auto"):
+        tuning.mode()
+    # built-in defaults: the library for small messages, halves exchanged for large ones
+    assert tuning.choose("allreduce", 8, 2, tuned={}) == "library"
+    assert tuning.choose("allreduce", 64 << 20, 2, tuned={}) == "rabenseifner"
+    # a tuned table: nearest measured size (log scale), nearest communicator size
+    result = {"allreduce": {2: [(1024, {"library": 1.0, "ring": 2.0}),
+                                (1 << 20, {"library": 3.0, "ring": 1.0})]}}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(tuning.tuned_table(result, "mpich")))
+    table = tuning.load(path)
+    assert tuning.choose("allreduce", 2000, 2, tuned=table) == "library"
+    assert tuning.choose("allreduce", 600 << 10, 4, tuned=table) == "ring"
+    assert tuning.choose("allgather", 64 << 20, 2, tuned=table) == "library"  # default
+    path.write_text(json.dumps({"choices": {"allreduce": {"2": [[8, "tree"]]}}}))
+    with pytest.raises(ValueError, match="bad entry"):
+        tuning.load(path)
+    path.write_text("{")
+    with pytest.raises(ValueError, match="cannot read the collectives table"):
+        tuning.load(path)
