@@ -212,3 +212,30 @@ def test_collectives_mode_and_table(monkeypatch, tmp_path):
     path.write_text("{")
     with pytest.raises(ValueError, match="cannot read the collectives table"):
         tuning.load(path)
+
+
+def test_recv_pool_never_aliases_a_live_context():
+    """The executor's receive pool reuses a buffer only once no context references it."""
+    from mpipar.parallel.pipeline.transfers import RecvPool
+
+    pool = RecvPool()
+    shape, live = (4, 8), {}
+    # micro-batches 0..5 arrive; each context keeps its input the ways layers do
+    for mb in range(6):
+        buf = pool.take(shape, np.float64, np)
+        assert not any(np.shares_memory(buf, ctx) for ctx in live.values()), mb
+        buf[...] = mb
+        live[mb] = buf.T if mb % 3 == 0 else (buf[1:] if mb % 3 == 1 else buf)
+        del buf
+    assert pool.allocated == 6  # every context alive: no reuse
+    # backward of micro-batches 1 and 4 releases their contexts: only those buffers come back
+    freed = {id(live.pop(1).base), id(live.pop(4).base)}
+    got = [pool.take(shape, np.float64, np) for _ in range(3)]
+    assert {id(g) for g in got[:2]} == freed and pool.allocated == 7
+    for g in got:
+        g[...] = -1.0  # writing a recycled buffer leaves every live context intact
+    for mb, ctx in live.items():
+        assert np.all(ctx == mb), mb
+    del got
+    assert pool.take(shape, np.float64, np) is not None and pool.allocated == 7
+    assert pool.take((2, 2), np.float64, np).shape == (2, 2) and pool.allocated == 8
