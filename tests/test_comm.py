@@ -153,6 +153,7 @@ def test_cuda_awareness_detected_without_crashing():
 def test_commbench_cli(tmp_path, n):
     import h5py
 
+    from mpipar.mpi.collbench import COLL_DTYPE
     from mpipar.mpi.commbench import RESULT_DTYPE, parse_sizes
 
     assert parse_sizes("8,1K, 64M,2KiB") == [8, 1024, 64 << 20, 2048]
@@ -162,13 +163,33 @@ def test_commbench_cli(tmp_path, n):
     cmd = [sys.executable, "-m", "mpipar.cli", "commbench", "--sizes", "8,4K", "--iters", "3"]
     p = run_mpi(n, [*cmd, "--out", out], timeout=90, check=True)
     assert "ping-pong" in p.stdout and f"all-reduce over {n} ranks" in p.stdout, p.stdout
+    assert "reduce-scatter over" in p.stdout and "all-gather over" in p.stdout, p.stdout
     with h5py.File(out, "r") as f:
         assert f.attrs["kind"] == "commbench" and f.attrs["world_size"] == n
         for name in ("p2p", "allreduce"):
             rows = f[name][()]
             assert rows.dtype == RESULT_DTYPE and list(rows["bytes"]) == [8, 4096]
             assert np.all(rows["raw_s"] > 0) and np.all(rows["comm_s"] > 0)
-            assert f[f"{name}_raw_s"].shape == (2, 3)
+        assert f["p2p_raw_s"].shape == (2, 3)
+        for kind in ("allreduce", "reduce_scatter", "allgather"):
+            rows = f[f"collectives/{kind}"][()]
+            assert rows.dtype == COLL_DTYPE
+            assert kind == "allreduce" or np.all(rows["bytes"] % (4 * n) == 0)
+            for col in ("raw_s", "library_s", "ring_s", "rabenseifner_s", "auto_s"):
+                assert np.all(rows[col] > 0), (kind, col)
+            assert set(rows["best"]) <= {b"library", b"ring", b"rabenseifner"}
+            assert f[f"collectives/{kind}_s"].shape == (5, 2, 3)
+            factor = 2 * (n - 1) / n if kind == "allreduce" else (n - 1) / n
+            want = rows["bytes"] * factor / rows["raw_s"] / 1e9
+            assert np.allclose(rows["raw_busbw"], want)  # nccl-tests' bus bandwidth
+    if n == 2:  # --tune writes a table auto can read
+        table = tmp_path / "coll.json"
+        run_mpi(n, [*cmd, "--collectives", "allreduce", "--tune", "--table", table],
+                timeout=90, check=True)
+        from mpipar.mpi import tuning
+
+        choices = tuning.load(table)["allreduce"][2]
+        assert [b for b, _ in choices] == [8, 4096]
     if n != 2:
         return
     bad = run_mpi(2, [*cmd, "--out", tmp_path / "nodir" / "cb.h5"], timeout=60)

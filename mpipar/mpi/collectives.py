@@ -9,6 +9,8 @@ same on every rank, since all of them see the same arguments. ``library`` is MPI
 
 from __future__ import annotations
 
+import numpy as np
+
 from mpipar.mpi import algorithms as alg
 from mpipar.mpi.common import (
     TAG_LIMIT,
@@ -39,8 +41,16 @@ class Collectives:
     _seq = 0  # collectives run so far: a fresh tag each, so overlapping ones never mix
 
     def algorithm(self, kind, nbytes) -> str:
-        """The algorithm a ``kind`` collective of ``nbytes`` per rank runs with here."""
-        return self.coll_mode if self.coll_mode != "auto" else choose(kind, nbytes, self.size)
+        """The algorithm a ``kind`` collective of ``nbytes`` (``tuning.choose``) runs with here."""
+        if self.coll_mode != "auto":
+            return self.coll_mode
+        key = (kind, nbytes)
+        algo = self._choices.get(key)
+        if algo is None:
+            if len(self._choices) > 4096:
+                self._choices.clear()
+            algo = self._choices[key] = choose(kind, nbytes, self.size)
+        return algo
 
     def _ctx(self, op, like):
         if self._dup is None:
@@ -75,6 +85,13 @@ class Collectives:
 
     def allreduce(self, x, op="sum", inplace=False):
         """Elementwise reduction over the group; a new array, or x itself when ``inplace``."""
+        if inplace and op == "sum" and self._fast and type(x) is np.ndarray \
+                and x.flags.c_contiguous and self.algorithm("allreduce", x.nbytes) == "library":
+            # the hot case (in-place sums of host arrays by the library): no further checks
+            start = self.tracer.now()
+            self.mpi.Allreduce(self._MPI.IN_PLACE, x, self._sum)
+            self._rec("allreduce", start, nbytes=x.nbytes)
+            return x
         mpi_op = self._op(op)
         if inplace:
             check_contiguous(x, f"{self.axis}.allreduce(inplace=True)")

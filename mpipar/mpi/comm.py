@@ -92,6 +92,8 @@ class Comm(Collectives, PointToPoint):
         self._kinds = {}
         self._ops = {"sum": M.SUM, "mean": M.SUM, "max": M.MAX}
         self.coll_mode = collectives_mode()  # MPIPAR_COLLECTIVES: forced algorithm or "auto"
+        self._choices = {}  # (kind, bytes) -> algorithm, as auto chose it
+        self._sum = M.SUM
         self._fast_init(M)
 
     # --- helpers ---------------------------------------------------------------------------

@@ -96,7 +96,8 @@ def table() -> dict:
 
 
 def choose(kind, nbytes, p, tuned=None) -> str:
-    """The algorithm for a ``kind`` collective of ``nbytes`` (per rank input) over p ranks."""
+    """The algorithm for a ``kind`` collective of ``nbytes`` over p ranks: nccl-tests' sizes, the
+    per-rank buffer (all-reduce), the whole input (reduce-scatter) or output (all-gather)."""
     tuned = table() if tuned is None else tuned
     by_size = tuned.get(kind)
     if by_size:
