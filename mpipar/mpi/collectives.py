@@ -181,7 +181,7 @@ class Collectives:
         if algo == "library":
             self._in_out(lambda s, r: self.mpi.Reduce_scatter_block(s, r, mpi_op), xm, out)
         else:
-            self._reduce_scatter_alg(algo, xm, out, op)
+            alg.run(self._reduce_scatter_steps(algo, xm, out, op))
         if op == "mean":
             out /= self.size
         if axis != 0:
@@ -189,7 +189,9 @@ class Collectives:
         self._rec("reduce_scatter", start, nbytes=x.nbytes)
         return out
 
-    def _reduce_scatter_alg(self, algo, xm, out, op):
+    def _reduce_scatter_steps(self, algo, xm, out, op):
+        """The steps of a reduce-scatter of contiguous xm (p blocks along axis 0) into out;
+        the input is copied first, so xm is free once the first step is posted."""
         host = self._stage(xm) or not is_device(xm)
         n, p, r = xm.size, self.size, self.rank
         k = n // p
@@ -200,14 +202,59 @@ class Collectives:
             copy_into(xm.reshape(-1), data)
             c = self._ctx(op, work)
             if algo == "ring":
-                alg.run(alg.ring_reduce_scatter(c, data, tmp, alg.bounds(n, p)))
+                yield from alg.ring_reduce_scatter(c, data, tmp, alg.bounds(n, p))
                 mine = data[r * k:(r + 1) * k]
             else:
-                alg.run(alg.rabenseifner_reduce_scatter(c, data, tmp, mine))
+                yield from alg.rabenseifner_reduce_scatter(c, data, tmp, mine)
             copy_into(mine.reshape(out.shape), out)
         finally:
             release_w()
             release_t()
+
+    def ireduce_scatter(self, x, out, op="sum") -> Request:
+        """Post a reduce-scatter of contiguous x along axis 0 into ``out`` (this rank's
+        x.shape[0] / size rows, contiguous); ``wait()`` returns out. x must stay unchanged until
+        then. Advanced by ``algorithms.progress()``, like ``iallreduce``."""
+        mpi_op = self._op(op)
+        check_contiguous(x, f"{self.axis}.ireduce_scatter")
+        check_contiguous(out, f"{self.axis}.ireduce_scatter(out)")
+        check_divisible(self.axis, self.size, x, 0)
+        want = (x.shape[0] // self.size,) + tuple(x.shape[1:])
+        if tuple(out.shape) != want or out.dtype != x.dtype:
+            raise ValueError(f"{self.axis}.ireduce_scatter: out is {tuple(out.shape)} "
+                             f"{out.dtype}, expected {want} {x.dtype}")
+        if op == "mean":
+            check_float(x, "mean")
+        start = self._begin(x)
+        algo = self.algorithm("reduce_scatter", x.nbytes)
+        stage = self._stage(x)
+        bufs = [POOL.acquire(x.nbytes), POOL.acquire(out.nbytes)] if stage else []
+        if algo != "library":
+            req = alg.Stepper(self._reduce_scatter_steps(algo, x, out, op))
+        elif stage:
+            hin, hout = host_view(bufs[0], x.shape, x.dtype), host_view(bufs[1], want, x.dtype)
+            to_host(x, hin)
+            req = self.mpi.Ireduce_scatter_block(hin, hout, mpi_op)
+        else:
+            req = self.mpi.Ireduce_scatter_block(x, out, mpi_op)
+        size = self.size
+
+        def finish(status):
+            try:
+                if bufs and algo == "library":
+                    from_host(host_view(bufs[1], want, x.dtype), out)
+            finally:
+                for b in bufs:
+                    POOL.release(b)
+            if op == "mean":
+                out[...] /= size
+            return out
+
+        self._rec("reduce_scatter", start, nbytes=x.nbytes)
+        request = Request(self, req, finish, (-1, -1, x.nbytes, -1), keep=(x, out))
+        alg.PENDING[:] = [r for r in alg.PENDING if not r.done]
+        alg.PENDING.append(request)
+        return request
 
     def allgather(self, x, axis=0):
         """Concatenation of every rank's x (all the same shape) along ``axis``, in rank order."""
