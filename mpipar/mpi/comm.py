@@ -7,6 +7,10 @@
 - checks that a received message has exactly the expected byte count, so a shape or dtype
   disagreement between sender and receiver is an error, not silent garbage.
 
+Point-to-point lives in ``p2p.py`` (with a fast path for host arrays), all-reduce,
+reduce-scatter and all-gather in ``collectives.py``: each runs the library's algorithm, a ring or
+Rabenseifner's (``algorithms.py``), as ``MPIPAR_COLLECTIVES`` forces or ``tuning.py`` chooses.
+
 Device arrays are handed to MPI directly or staged through host buffers (``staging.py``);
 ``staging=True`` forces staging for NumPy arrays too, which is how the staged code path is tested
 without a GPU. A group of one rank is a ``LocalComm`` (``local.py``), never a ``Comm``.
@@ -49,6 +53,7 @@ from mpipar.mpi.staging import (
     to_host,
 )
 from mpipar.mpi.tuning import mode as collectives_mode
+from mpipar.mpi.tuning import table as collectives_table
 
 __all__ = [
     "Comm", "LocalComm", "Request", "MessageSizeError", "make_tag", "TAG_ACTIVATION",
@@ -92,6 +97,8 @@ class Comm(Collectives, PointToPoint):
         self._kinds = {}
         self._ops = {"sum": M.SUM, "mean": M.SUM, "max": M.MAX}
         self.coll_mode = collectives_mode()  # MPIPAR_COLLECTIVES: forced algorithm or "auto"
+        if self.coll_mode == "auto":
+            collectives_table()  # a broken table file fails here, before any traffic
         self._choices = {}  # (kind, bytes) -> algorithm, as auto chose it
         self._sum = M.SUM
         self._fast_init(M)
