@@ -13,8 +13,6 @@ the general path, which also produces the error messages.
 
 from __future__ import annotations
 
-from time import perf_counter
-
 import numpy as np
 
 from mpipar.mpi.common import TAG_LIMIT, MessageSizeError, check_contiguous
@@ -35,10 +33,6 @@ class PointToPoint:
         self._fast = self.staging is not True  # NumPy arrays go to MPI as they are
         self._k_send, self._k_recv = f"{self.axis}.send", f"{self.axis}.recv"
 
-    def _fast_ok(self, x, peer, tag) -> bool:
-        return (self._fast and peer is not None and type(x) is _ndarray
-                and 0 <= tag < TAG_LIMIT and x.flags.c_contiguous)
-
     def _fast_target(self, shape, dtype, xp, out):
         """The NumPy array a fast receive lands in: ``out`` if it fits, else a new one; None
         sends the call down the general path (which also explains a misfit ``out``)."""
@@ -49,12 +43,6 @@ class PointToPoint:
         if out.shape != tuple(shape) or out.dtype != dtype:
             return None
         return out
-
-    def _trace(self, kind, start, mb, chunk, nbytes, peer) -> None:
-        tr = self.tracer
-        if tr.enabled:
-            tr._events.append((kind, tr.step, mb, chunk, start, perf_counter() - tr.t0,
-                               nbytes, peer))
 
     @staticmethod
     def _check_tag(tag):
@@ -96,11 +84,12 @@ class PointToPoint:
 
     def send(self, x, dest, tag, *, mb=-1, chunk=-1) -> None:
         peer = self._peer_of.get(dest)
-        if self._fast_ok(x, peer, tag):
+        if (self._fast and peer is not None and type(x) is _ndarray and 0 <= tag < TAG_LIMIT
+                and x.flags.c_contiguous):
             tr = self.tracer
-            start = perf_counter() - tr.t0
+            start = tr.now()
             self.mpi.Send([x, self._BYTE], dest, tag)
-            self._trace(self._k_send, start, mb, chunk, x.nbytes, peer)
+            tr.record_now(self._k_send, start, mb, chunk, x.nbytes, peer)
             return
         self._send_general(x, dest, tag, mb, chunk)
 
@@ -133,11 +122,12 @@ class PointToPoint:
     def recv(self, shape, dtype, source, tag, *, mb=-1, chunk=-1, xp=None, out=None):
         """Receive into a new array, or into ``out`` (reuse avoids fresh-memory page faults)."""
         peer = self._peer_of.get(source)
-        target = self._fast_target(shape, dtype, xp, out)
-        if target is not None and self._fast_ok(target, peer, tag):
-            out = target
+        out_ = self._fast_target(shape, dtype, xp, out)
+        if (self._fast and peer is not None and type(out_) is _ndarray and 0 <= tag < TAG_LIMIT
+                and out_.flags.c_contiguous):
+            out = out_
             tr = self.tracer
-            start = perf_counter() - tr.t0
+            start = tr.now()
             status = self._status
             try:
                 self.mpi.Recv([out, self._BYTE], source, tag, status)
@@ -145,9 +135,10 @@ class PointToPoint:
                 raise self.mpi_error(exc, "recv", mb, chunk, out.nbytes, peer) from exc
             if status.Get_count(self._BYTE) != out.nbytes:
                 self._check_count(status, out.nbytes, shape, dtype, mb, chunk, peer, tag)
-            self._trace(self._k_recv, start, mb, chunk, out.nbytes, peer)
+            tr.record_now(self._k_recv, start, mb, chunk, out.nbytes, peer)
             return out
-        return self._recv_general(shape, dtype, source, tag, mb, chunk, xp, out)
+        return self._recv_general(shape, dtype, source, tag, mb, chunk, xp,
+                                  out_ if out_ is not None else out)
 
     def _recv_general(self, shape, dtype, source, tag, mb, chunk, xp, out):
         MPI = load_mpi()
@@ -176,11 +167,12 @@ class PointToPoint:
     def isend(self, x, dest, tag, *, mb=-1, chunk=-1) -> Request:
         """Post a send; x must stay alive and unchanged until ``wait`` (staging copies it now)."""
         peer = self._peer_of.get(dest)
-        if self._fast_ok(x, peer, tag):
+        if (self._fast and peer is not None and type(x) is _ndarray and 0 <= tag < TAG_LIMIT
+                and x.flags.c_contiguous):
             tr = self.tracer
-            start = perf_counter() - tr.t0
+            start = tr.now()
             req = self.mpi.Isend([x, self._BYTE], dest, tag)
-            self._trace(self._k_send, start, mb, chunk, x.nbytes, peer)
+            tr.record_now(self._k_send, start, mb, chunk, x.nbytes, peer)
             return Request(self, req, None, (mb, chunk, x.nbytes, peer), keep=x)
         return self._isend_general(x, dest, tag, mb, chunk)
 
@@ -203,16 +195,18 @@ class PointToPoint:
     def irecv(self, shape, dtype, source, tag, *, mb=-1, chunk=-1, xp=None, out=None) -> Request:
         """Post a receive; ``wait()`` returns the new array (or ``out``, filled)."""
         peer = self._peer_of.get(source)
-        target = self._fast_target(shape, dtype, xp, out)
-        if target is not None and self._fast_ok(target, peer, tag):
-            out = target
+        out_ = self._fast_target(shape, dtype, xp, out)
+        if (self._fast and peer is not None and type(out_) is _ndarray and 0 <= tag < TAG_LIMIT
+                and out_.flags.c_contiguous):
+            out = out_
             tr = self.tracer
-            start = perf_counter() - tr.t0
+            start = tr.now()
             req = self.mpi.Irecv([out, self._BYTE], source, tag)
-            self._trace(self._k_recv, start, mb, chunk, out.nbytes, peer)
+            tr.record_now(self._k_recv, start, mb, chunk, out.nbytes, peer)
             return Request(self, req, None, (mb, chunk, out.nbytes, peer), result=out,
                            expect=(shape, dtype, tag))
-        return self._irecv_general(shape, dtype, source, tag, mb, chunk, xp, out)
+        return self._irecv_general(shape, dtype, source, tag, mb, chunk, xp,
+                                  out_ if out_ is not None else out)
 
     def _irecv_general(self, shape, dtype, source, tag, mb, chunk, xp, out) -> Request:
         MPI = load_mpi()
