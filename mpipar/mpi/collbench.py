@@ -69,12 +69,13 @@ def _calls(kind, world, mpi_comm, MPI, e, xp, raw_xp):
     else:
         raw_x, raw_out, x = raw_xp.zeros(e // n, np.float32), raw_xp.zeros(e, np.float32), \
             xp.zeros(e // n, np.float32)
+        out = xp.zeros(e, np.float32)  # reused, as ZeRO-1 gathers into its flat parameters
 
         def raw():
             mpi_comm.Allgather(raw_x, raw_out)
 
         def comm():
-            world.allgather(x)
+            world.allgather(x, out=out)
 
     def forced(algo):
         def call():

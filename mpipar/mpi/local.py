@@ -82,9 +82,15 @@ class LocalComm:
         out[...] = x
         return Request(result=out)
 
-    def allgather(self, x, axis=0):
+    def allgather(self, x, axis=0, out=None):
         norm_axis(axis, x.ndim)
-        return x.copy()
+        if out is None:
+            return x.copy()
+        if axis % x.ndim != 0 or tuple(out.shape) != tuple(x.shape):
+            raise ValueError(f"{self.axis}.allgather(out=...): out is {tuple(out.shape)}, "
+                             f"expected {tuple(x.shape)} (and axis 0)")
+        out[...] = x
+        return out
 
     def reduce_scatter(self, x, axis=0, op="sum"):
         check_op(op)

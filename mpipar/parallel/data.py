@@ -205,7 +205,7 @@ class GradSync:
             return
         for buckets in self.buckets.values():
             for b in buckets:
-                b.flat_data[...] = self.comm.allgather(b.shard.data, axis=0)
+                self.comm.allgather(b.shard.data, axis=0, out=b.flat_data)
 
     def norm_params(self, params):
         """The tensors whose squares make up this rank's share of the gradient norm."""

@@ -81,6 +81,10 @@ def check_allgather(algo, k, dtype, seed):
     xs = [data(seed, r, k, dtype).reshape(1, k) for r in range(p)]
     got = world.allgather(xs[me], axis=1)
     assert np.array_equal(got, np.concatenate(xs, axis=1)), f"{algo} allgather k={k}"
+    flat = np.zeros(p * k, dtype)  # into out, from a slice of out itself (ZeRO-1's case)
+    flat[me * k:(me + 1) * k] = xs[me].reshape(-1)
+    assert world.allgather(flat[me * k:(me + 1) * k], out=flat) is flat
+    assert np.array_equal(flat, np.concatenate(xs, axis=1).reshape(-1)), f"{algo} out= k={k}"
 
 
 for algo in alg.ALGORITHMS:
