@@ -56,6 +56,12 @@ def test_local_comm_semantics():
     assert c.broadcast(x) is x and c.allreduce_scalar(2.5) == 2.5
     assert c.gather_bytes(b"abc") == [b"abc"] and (c.size, c.rank) == (1, 0)
     assert c.world_rank_of(0) == 0
+    out = np.empty_like(x)
+    assert c.allgather(x, out=out) is out and np.array_equal(out, x)
+    assert c.reduce_scatter(x, out=np.empty_like(x)) is not x
+    assert c.ireduce_scatter(x, out).wait() is out and np.array_equal(out, x)
+    with pytest.raises(ValueError, match="out is"):
+        c.allgather(x, axis=1, out=out)
     with pytest.raises(RuntimeError, match="no peer"):
         c.send(x, 0, 0)
     with pytest.raises(RuntimeError, match="no peer"):

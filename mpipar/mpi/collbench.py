@@ -64,8 +64,10 @@ def _calls(kind, world, mpi_comm, MPI, e, xp, raw_xp):
         def raw():
             mpi_comm.Reduce_scatter_block(raw_x, raw_out, MPI.SUM)
 
+        out = xp.zeros(e // n, np.float32)  # reused, as ZeRO-1's shard gradient is
+
         def comm():
-            world.reduce_scatter(x)
+            world.reduce_scatter(x, out=out)
     else:
         raw_x, raw_out, x = raw_xp.zeros(e // n, np.float32), raw_xp.zeros(e, np.float32), \
             xp.zeros(e // n, np.float32)

@@ -166,17 +166,22 @@ class Collectives:
 
     # --- reduce-scatter and all-gather ----------------------------------------------------
 
-    def reduce_scatter(self, x, axis=0, op="sum"):
-        """This rank's 1/size slice, along ``axis``, of the reduction of every rank's x."""
+    def reduce_scatter(self, x, axis=0, op="sum", out=None):
+        """This rank's 1/size slice, along ``axis``, of the reduction of every rank's x; into
+        ``out`` when given (axis 0 only, not overlapping x)."""
         mpi_op = self._op(op)
         axis = norm_axis(axis, x.ndim)
         check_divisible(self.axis, self.size, x, axis)
         if op == "mean":
             check_float(x, "mean")
-        start = self._begin(x)
         xp = xp_of(x)
+        if out is not None:
+            self._check_out("reduce_scatter", x, out, axis,
+                            (x.shape[0] // self.size,) + tuple(x.shape[1:]))
+        start = self._begin(x)
         xm = xp.ascontiguousarray(xp.moveaxis(x, axis, 0))
-        out = xp.empty((x.shape[axis] // self.size,) + xm.shape[1:], dtype=x.dtype)
+        if out is None:
+            out = xp.empty((x.shape[axis] // self.size,) + xm.shape[1:], dtype=x.dtype)
         algo = self.algorithm("reduce_scatter", x.nbytes)
         if algo == "library":
             self._in_out(lambda s, r: self.mpi.Reduce_scatter_block(s, r, mpi_op), xm, out)
@@ -261,12 +266,9 @@ class Collectives:
         into ``out`` when given (axis 0 only: a reused buffer spares fresh-memory page faults)."""
         axis = norm_axis(axis, x.ndim)
         xp = xp_of(x)
-        want = (self.size * x.shape[0],) + tuple(x.shape[1:])
         if out is not None:
-            if axis != 0 or tuple(out.shape) != want or out.dtype != x.dtype:
-                raise ValueError(f"{self.axis}.allgather(out=...): out is {tuple(out.shape)} "
-                                 f"{out.dtype}, expected {want} {x.dtype} (and axis 0)")
-            check_contiguous(out, f"{self.axis}.allgather(out=...)")
+            self._check_out("allgather", x, out, axis,
+                            (self.size * x.shape[0],) + tuple(x.shape[1:]))
         start = self._begin(x)
         xm = xp.ascontiguousarray(xp.moveaxis(x, axis, 0))
         if out is None:
@@ -300,6 +302,12 @@ class Collectives:
         finally:
             if buf is not None:
                 POOL.release(buf)
+
+    def _check_out(self, op, x, out, axis, want) -> None:
+        if axis != 0 or tuple(out.shape) != want or out.dtype != x.dtype:
+            raise ValueError(f"{self.axis}.{op}(out=...): out is {tuple(out.shape)} {out.dtype}, "
+                             f"expected {want} {x.dtype} (and axis 0)")
+        check_contiguous(out, f"{self.axis}.{op}(out=...)")
 
     def _in_out(self, call, xin, out) -> None:
         """call(send, recv) on xin and out directly, or on host copies when staging."""

@@ -92,10 +92,16 @@ class LocalComm:
         out[...] = x
         return out
 
-    def reduce_scatter(self, x, axis=0, op="sum"):
+    def reduce_scatter(self, x, axis=0, op="sum", out=None):
         check_op(op)
         check_divisible(self.axis, 1, x, norm_axis(axis, x.ndim))
-        return x.copy()
+        if out is None:
+            return x.copy()
+        if axis % x.ndim != 0 or tuple(out.shape) != tuple(x.shape):
+            raise ValueError(f"{self.axis}.reduce_scatter(out=...): out is {tuple(out.shape)}, "
+                             f"expected {tuple(x.shape)} (and axis 0)")
+        out[...] = x
+        return out
 
     def broadcast(self, x, root=0):
         check_root(self.axis, 1, root)

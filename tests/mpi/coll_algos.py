@@ -63,6 +63,8 @@ def check_reduce_scatter(algo, k, dtype, seed):
     want = np.sum(np.array(xs, np.float64), axis=0)[me:me + 1]
     got = world.reduce_scatter(xs[me], axis=0)
     close(got, want.astype(dtype), f"{algo} reduce_scatter k={k} {np.dtype(dtype).name}", dtype)
+    into = np.full_like(got, np.nan)
+    assert world.reduce_scatter(xs[me], out=into) is into and np.array_equal(into, got)
     full = world.allgather(got, axis=0)
     same_everywhere(full, f"{algo} reduce_scatter gathered k={k}")
     out = np.empty_like(got)
