@@ -6,9 +6,10 @@ the whole output for all-gather, i.e. the recorded per-rank bytes times the grou
 bandwidth (nccl-tests: algbw * 2 (n-1)/n for all-reduce, * (n-1)/n for reduce-scatter and
 all-gather, * 1 for broadcast), whose ceiling is the link's bandwidth whatever the group size.
 
-A non-blocking all-reduce (data-parallel buckets) records its post as ``<axis>.allreduce`` and its
-completion as ``<axis>.wait`` with the same bytes and no peer; the two are paired in order and the
-collective spans post to completion. That span includes the compute it overlapped, so its
+A non-blocking all-reduce or reduce-scatter (data-parallel buckets) records its post as
+``<axis>.allreduce`` / ``<axis>.reduce_scatter`` and its completion as ``<axis>.wait`` with the
+same bytes and no peer; the two are paired in order (per axis and size) and the collective spans
+post to completion. That span includes the compute it overlapped, so its
 bandwidth is a lower bound (marked ``>=``).
 """
 
@@ -21,6 +22,7 @@ import numpy as np
 from .dump import Run, load
 
 OPS = ("allreduce", "reduce_scatter", "allgather", "broadcast")
+NONBLOCKING = ("allreduce", "reduce_scatter")  # may be posts, completed by a later wait
 
 
 def bus_factor(op: str, n: int) -> float:
@@ -36,7 +38,7 @@ def _group_size(run: Run, axis: str) -> int:
 def _rank_spans(ev, steps):
     """[(kind, op, bytes, seconds, overlapped)] of one rank's collectives in ``steps``."""
     ev = ev[np.isin(ev["step"], steps)]
-    queued = defaultdict(deque)  # (axis, bytes) -> all-reduces not yet paired with a wait
+    queued = defaultdict(deque)  # (axis, bytes) -> posts not yet paired with a wait
     spans = []  # [kind, op, bytes, start, end, overlapped]
     for e in ev:
         kind = e["kind"].decode() if isinstance(e["kind"], bytes) else str(e["kind"])
@@ -44,7 +46,7 @@ def _rank_spans(ev, steps):
         nbytes = int(e["bytes"])
         if op in OPS:
             spans.append([kind, op, nbytes, float(e["start"]), float(e["end"]), False])
-            if op == "allreduce":
+            if op in NONBLOCKING:
                 queued[(axis, nbytes)].append(spans[-1])
         elif op == "wait" and int(e["peer"]) < 0 and queued[(axis, nbytes)]:
             span = queued[(axis, nbytes)].popleft()
