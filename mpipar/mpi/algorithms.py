@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpipar.mpi.staging import is_device, load_mpi, sync_device
+from mpipar.mpi.staging import load_mpi, sync_device
 
 ALGORITHMS = ("library", "ring", "rabenseifner")
 KINDS = ("allreduce", "reduce_scatter", "allgather")
@@ -252,7 +252,3 @@ def progress() -> None:
     """
     if PENDING:
         PENDING[:] = [r for r in PENDING if not r.test()]
-
-
-def device_flag(x) -> bool:
-    return is_device(x)
