@@ -56,6 +56,12 @@ def test_local_comm_semantics():
     assert c.broadcast(x) is x and c.allreduce_scalar(2.5) == 2.5
     assert c.gather_bytes(b"abc") == [b"abc"] and (c.size, c.rank) == (1, 0)
     assert c.world_rank_of(0) == 0
+    out = np.empty_like(x)
+    assert c.allgather(x, out=out) is out and np.array_equal(out, x)
+    assert c.reduce_scatter(x, out=np.empty_like(x)) is not x
+    assert c.ireduce_scatter(x, out).wait() is out and np.array_equal(out, x)
+    with pytest.raises(ValueError, match="out is"):
+        c.allgather(x, axis=1, out=out)
     with pytest.raises(RuntimeError, match="no peer"):
         c.send(x, 0, 0)
     with pytest.raises(RuntimeError, match="no peer"):
@@ -153,6 +159,7 @@ def test_cuda_awareness_detected_without_crashing():
 def test_commbench_cli(tmp_path, n):
     import h5py
 
+    from mpipar.mpi.collbench import COLL_DTYPE
     from mpipar.mpi.commbench import RESULT_DTYPE, parse_sizes
 
     assert parse_sizes("8,1K, 64M,2KiB") == [8, 1024, 64 << 20, 2048]
@@ -162,16 +169,100 @@ def test_commbench_cli(tmp_path, n):
     cmd = [sys.executable, "-m", "mpipar.cli", "commbench", "--sizes", "8,4K", "--iters", "3"]
     p = run_mpi(n, [*cmd, "--out", out], timeout=90, check=True)
     assert "ping-pong" in p.stdout and f"all-reduce over {n} ranks" in p.stdout, p.stdout
+    assert "reduce-scatter over" in p.stdout and "all-gather over" in p.stdout, p.stdout
     with h5py.File(out, "r") as f:
         assert f.attrs["kind"] == "commbench" and f.attrs["world_size"] == n
         for name in ("p2p", "allreduce"):
             rows = f[name][()]
             assert rows.dtype == RESULT_DTYPE and list(rows["bytes"]) == [8, 4096]
             assert np.all(rows["raw_s"] > 0) and np.all(rows["comm_s"] > 0)
-            assert f[f"{name}_raw_s"].shape == (2, 3)
+        assert f["p2p_raw_s"].shape == (2, 3)
+        for kind in ("allreduce", "reduce_scatter", "allgather"):
+            rows = f[f"collectives/{kind}"][()]
+            assert rows.dtype == COLL_DTYPE
+            assert kind == "allreduce" or np.all(rows["bytes"] % (4 * n) == 0)
+            for col in ("raw_s", "library_s", "ring_s", "rabenseifner_s", "auto_s"):
+                assert np.all(rows[col] > 0), (kind, col)
+            assert set(rows["best"]) <= {b"library", b"ring", b"rabenseifner"}
+            assert f[f"collectives/{kind}_s"].shape == (5, 2, 3)
+            factor = 2 * (n - 1) / n if kind == "allreduce" else (n - 1) / n
+            want = rows["bytes"] * factor / rows["raw_s"] / 1e9
+            assert np.allclose(rows["raw_busbw"], want)  # nccl-tests' bus bandwidth
+    if n == 2:  # --tune writes a table auto can read
+        table = tmp_path / "coll.json"
+        run_mpi(n, [*cmd, "--collectives", "allreduce", "--tune", "--table", table],
+                timeout=90, check=True)
+        from mpipar.mpi import tuning
+
+        choices = tuning.load(table)["allreduce"][2]
+        assert [b for b, _ in choices] == [8, 4096]
     if n != 2:
         return
     bad = run_mpi(2, [*cmd, "--out", tmp_path / "nodir" / "cb.h5"], timeout=60)
     assert bad.returncode != 0 and "cannot write the benchmark result" in bad.stderr, bad.stderr
     one = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert one.returncode == 2 and "needs at least 2 ranks" in one.stderr, one.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_collective_algorithms_bitwise_equal_on_every_rank(n):
+    p = python_script(n, "coll_algos.py", timeout=240, check=True)
+    assert p.stdout.count("coll_algos OK") == n, p.stdout
+
+
+def test_collectives_mode_and_table(monkeypatch, tmp_path):
+    import json
+
+    from mpipar.mpi import tuning
+
+    monkeypatch.setenv("MPIPAR_COLLECTIVES", "Ring")
+    assert tuning.mode() == "ring"
+    monkeypatch.setenv("MPIPAR_COLLECTIVES", "fastest")
+    with pytest.raises(ValueError, match="MPIPAR_COLLECTIVES='fastest' is not one of auto"):
+        tuning.mode()
+    # built-in defaults: the library for small messages, halves exchanged for large ones
+    assert tuning.choose("allreduce", 8, 2, tuned={}) == "library"
+    assert tuning.choose("allreduce", 64 << 20, 2, tuned={}) == "rabenseifner"
+    # a tuned table: nearest measured size (log scale), nearest communicator size
+    result = {"allreduce": {2: [(1024, {"library": 1.0, "ring": 2.0}),
+                                (1 << 20, {"library": 3.0, "ring": 1.0})]}}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(tuning.tuned_table(result, "mpich")))
+    table = tuning.load(path)
+    assert tuning.choose("allreduce", 2000, 2, tuned=table) == "library"
+    assert tuning.choose("allreduce", 600 << 10, 4, tuned=table) == "ring"
+    assert tuning.choose("allgather", 64 << 20, 2, tuned=table) == "library"  # default
+    path.write_text(json.dumps({"choices": {"allreduce": {"2": [[8, "tree"]]}}}))
+    with pytest.raises(ValueError, match="bad entry"):
+        tuning.load(path)
+    path.write_text("{")
+    with pytest.raises(ValueError, match="cannot read the collectives table"):
+        tuning.load(path)
+
+
+def test_recv_pool_never_aliases_a_live_context():
+    """The executor's receive pool reuses a buffer only once no context references it."""
+    from mpipar.parallel.pipeline.transfers import RecvPool
+
+    pool = RecvPool()
+    shape, live = (4, 8), {}
+    # micro-batches 0..5 arrive; each context keeps its input the ways layers do
+    for mb in range(6):
+        buf = pool.take(shape, np.float64, np)
+        assert not any(np.shares_memory(buf, ctx) for ctx in live.values()), mb
+        buf[...] = mb
+        live[mb] = buf.T if mb % 3 == 0 else (buf[1:] if mb % 3 == 1 else buf)
+        del buf
+    assert pool.allocated == 6  # every context alive: no reuse
+    # backward of micro-batches 1 and 4 releases their contexts: only those buffers come back
+    freed = {id(live.pop(1).base), id(live.pop(4).base)}
+    got = [pool.take(shape, np.float64, np) for _ in range(3)]
+    assert {id(g) for g in got[:2]} == freed and pool.allocated == 7
+    for g in got:
+        g[...] = -1.0  # writing a recycled buffer leaves every live context intact
+    for mb, ctx in live.items():
+        assert np.all(ctx == mb), mb
+    del got
+    assert pool.take(shape, np.float64, np) is not None and pool.allocated == 7
+    assert pool.take((2, 2), np.float64, np).shape == (2, 2) and pool.allocated == 8

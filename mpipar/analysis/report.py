@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 
+from .bandwidth import bandwidth_text
 from .breakdown import RANK_COLUMNS
 from .compare import COMPARE_COLUMNS, to_jsonable
 
@@ -163,6 +164,7 @@ def to_text(results: list, table: dict) -> str:
             "counted as communication); bubble = 1 - (F+B+W+R+LOSS, inclusive) / step:"
         )
         parts.append(rank_table_text(res))
+        parts += [t for t in [bandwidth_text(res["path"], res["steps"])] if t]
         parts.append("")
     parts.append("comparison:")
     parts.append(comparison_text(table))

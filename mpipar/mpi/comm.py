@@ -7,6 +7,10 @@
 - checks that a received message has exactly the expected byte count, so a shape or dtype
   disagreement between sender and receiver is an error, not silent garbage.
 
+Point-to-point lives in ``p2p.py`` (with a fast path for host arrays), all-reduce,
+reduce-scatter and all-gather in ``collectives.py``: each runs the library's algorithm, a ring or
+Rabenseifner's (``algorithms.py``), as ``MPIPAR_COLLECTIVES`` forces or ``tuning.py`` chooses.
+
 Device arrays are handed to MPI directly or staged through host buffers (``staging.py``);
 ``staging=True`` forces staging for NumPy arrays too, which is how the staged code path is tested
 without a GPU. A group of one rank is a ``LocalComm`` (``local.py``), never a ``Comm``.
@@ -21,6 +25,7 @@ import os
 
 import numpy as np
 
+from mpipar.mpi.collectives import Collectives
 from mpipar.mpi.common import (
     MAX_CHUNKS,
     MAX_MB,
@@ -30,12 +35,9 @@ from mpipar.mpi.common import (
     TAG_LIMIT,
     MessageSizeError,
     check_contiguous,
-    check_divisible,
-    check_float,
     check_op,
     check_root,
     make_tag,
-    norm_axis,
 )
 from mpipar.mpi.local import LocalComm
 from mpipar.mpi.p2p import PointToPoint
@@ -49,8 +51,9 @@ from mpipar.mpi.staging import (
     load_mpi,
     sync_device,
     to_host,
-    xp_of,
 )
+from mpipar.mpi.tuning import mode as collectives_mode
+from mpipar.mpi.tuning import table as collectives_table
 
 __all__ = [
     "Comm", "LocalComm", "Request", "MessageSizeError", "make_tag", "TAG_ACTIVATION",
@@ -60,7 +63,7 @@ __all__ = [
 MPI = None  # mpi4py.MPI, set when the first Comm is built
 
 
-class Comm(PointToPoint):
+class Comm(Collectives, PointToPoint):
     """One traced communicator of 2 or more ranks (a grid axis). See the module docstring."""
 
     def __init__(self, mpi_comm, axis, tracer=None, backend=None, world_ranks=None, staging=None):
@@ -93,6 +96,12 @@ class Comm(PointToPoint):
         self.wait_kind = f"{self.axis}.wait"  # the event a Request records on completion
         self._kinds = {}
         self._ops = {"sum": M.SUM, "mean": M.SUM, "max": M.MAX}
+        self.coll_mode = collectives_mode()  # MPIPAR_COLLECTIVES: forced algorithm or "auto"
+        if self.coll_mode == "auto":
+            collectives_table()  # a broken table file fails here, before any traffic
+        self._choices = {}  # (kind, bytes) -> algorithm, as auto chose it
+        self._sum = M.SUM
+        self._fast_init(M)
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -125,116 +134,13 @@ class Comm(PointToPoint):
         return self.world_ranks[local_rank]
 
     def free(self) -> None:
+        if self._dup is not None:
+            self._dup.Free()
+            self._dup = None
         if self.mpi not in (MPI.COMM_WORLD, MPI.COMM_SELF):
             self.mpi.Free()
 
     # --- collectives -----------------------------------------------------------------------
-
-    def _in_out(self, call, xin, out) -> None:
-        """call(send, recv) on xin and out directly, or on host copies when staging."""
-        if not self._stage(xin):
-            call(xin, out)
-            return
-        bin_, bout = POOL.acquire(xin.nbytes), POOL.acquire(out.nbytes)
-        try:
-            hin = host_view(bin_, xin.shape, xin.dtype)
-            hout = host_view(bout, out.shape, out.dtype)
-            to_host(xin, hin)
-            call(hin, hout)
-            from_host(hout, out)
-        finally:
-            POOL.release(bin_)
-            POOL.release(bout)
-
-    def allreduce(self, x, op="sum", inplace=False):
-        """Elementwise reduction over the group; a new array, or x itself when ``inplace``."""
-        mpi_op = self._op(op)
-        if inplace:
-            check_contiguous(x, f"{self.axis}.allreduce(inplace=True)")
-        if op == "mean":
-            check_float(x, "mean")
-        start = self._begin(x)
-        xp = xp_of(x)
-        out = x if inplace else xp.empty(x.shape, dtype=x.dtype)
-        if self._stage(x):
-            buf = POOL.acquire(x.nbytes)
-            try:
-                host = host_view(buf, x.shape, x.dtype)
-                to_host(x, host)
-                self.mpi.Allreduce(MPI.IN_PLACE, host, mpi_op)
-                from_host(host, out)
-            finally:
-                POOL.release(buf)
-        elif inplace:
-            self.mpi.Allreduce(MPI.IN_PLACE, x, mpi_op)
-        else:
-            self.mpi.Allreduce(xp.ascontiguousarray(x), out, mpi_op)
-        if op == "mean":
-            out /= self.size
-        self._rec("allreduce", start, nbytes=x.nbytes)
-        return out
-
-    def iallreduce(self, x, op="sum") -> Request:
-        """Post an in-place all-reduce of x; ``wait()`` returns x, reduced."""
-        mpi_op = self._op(op)
-        check_contiguous(x, f"{self.axis}.iallreduce")
-        if op == "mean":
-            check_float(x, "mean")
-        start = self._begin(x)
-        stage = self._stage(x)
-        buf = POOL.acquire(x.nbytes) if stage else None
-        target = x
-        if stage:
-            target = host_view(buf, x.shape, x.dtype)
-            to_host(x, target)
-        req = self.mpi.Iallreduce(MPI.IN_PLACE, target, mpi_op)
-        size = self.size
-
-        def finish(status):
-            try:
-                if stage:
-                    from_host(target, x)
-            finally:
-                if buf is not None:
-                    POOL.release(buf)
-            if op == "mean":
-                x[...] /= size
-            return x
-
-        self._rec("allreduce", start, nbytes=x.nbytes)
-        return Request(self, req, finish, (-1, -1, x.nbytes, -1), keep=target)
-
-    def allgather(self, x, axis=0):
-        """Concatenation of every rank's x (all the same shape) along ``axis``, in rank order."""
-        axis = norm_axis(axis, x.ndim)
-        start = self._begin(x)
-        xp = xp_of(x)
-        xm = xp.ascontiguousarray(xp.moveaxis(x, axis, 0))
-        out = xp.empty((self.size * xm.shape[0],) + xm.shape[1:], dtype=x.dtype)
-        self._in_out(self.mpi.Allgather, xm, out)
-        if axis != 0:
-            out = xp.ascontiguousarray(xp.moveaxis(out, 0, axis))
-        self._rec("allgather", start, nbytes=x.nbytes)
-        return out
-
-    def reduce_scatter(self, x, axis=0, op="sum"):
-        """This rank's 1/size slice, along ``axis``, of the reduction of every rank's x."""
-        mpi_op = self._op(op)
-        axis = norm_axis(axis, x.ndim)
-        check_divisible(self.axis, self.size, x, axis)
-        if op == "mean":
-            check_float(x, "mean")
-        start = self._begin(x)
-        xp = xp_of(x)
-        xm = xp.ascontiguousarray(xp.moveaxis(x, axis, 0))
-        out = xp.empty((x.shape[axis] // self.size,) + xm.shape[1:], dtype=x.dtype)
-        self._in_out(lambda s, r: self.mpi.Reduce_scatter_block(s, r, mpi_op), xm, out)
-        if op == "mean":
-            out /= self.size
-        if axis != 0:
-            out = xp.ascontiguousarray(xp.moveaxis(out, 0, axis))
-        self._rec("reduce_scatter", start, nbytes=x.nbytes)
-        return out
 
     def broadcast(self, x, root=0):
         """Overwrite x on every rank with root's x (in place); returns x."""

@@ -1,13 +1,17 @@
 """Communication benchmark: mpipar's ``Comm`` beside raw mpi4py, in the same run.
 
-Point-to-point ping-pong between world ranks 0 and 1 (one-way time and bandwidth) and all-reduce
-over all ranks (time, algorithm and bus bandwidth), for message sizes from bytes to 64 MiB.
+Point-to-point ping-pong between world ranks 0 and 1 (one-way time and bandwidth; ``Comm``
+receives into a reused buffer, as the pipeline's receive pool does), and all-reduce,
+reduce-scatter and all-gather over all ranks with every algorithm (``collbench.py``: time,
+algorithm chosen, bus bandwidth), for message sizes from bytes to 64 MiB. ``--tune`` writes the
+fastest algorithm per kind and size to the table ``Comm`` chooses from (``tuning.py``).
 Each iteration runs the raw probe and the ``Comm`` path back to back, alternating which goes
 first, and the tables report medians: shared-memory bandwidth on a small machine drifts for
 minutes at a time (DESIGN.md), so only a side-by-side ratio means anything.
 
 An iteration's time is the slowest rank's (all-reduce) or half the round trip seen by rank 0
-(ping-pong). Bus bandwidth follows the NCCL convention: algbw * 2 (n-1) / n for all-reduce.
+(ping-pong). Bus bandwidth follows nccl-tests: algbw * 2 (n-1) / n for all-reduce, (n-1) / n for
+reduce-scatter and all-gather.
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ import socket
 import time
 
 import numpy as np
+
+from mpipar.mpi import tuning
+from mpipar.mpi.algorithms import KINDS
+from mpipar.mpi.collbench import VARIANTS, bench_kind, format_kind, tune_results
 
 DEFAULT_SIZES = "8,64,512,4K,32K,256K,1M,4M,16M,64M"
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -72,13 +80,15 @@ def _pingpong(world, mpi_comm, MPI, size, iters, warmup, xp, raw_xp):
         mpi_comm.Send([raw_buf, MPI.BYTE], 0, tag)
         return 0.0
 
+    comm_in = xp.ones(size, dtype=np.uint8)  # the receive buffer, reused like the pool's
+
     def comm_once():
         if rank == 0:
             t = time.perf_counter()
             world.send(comm_buf, 1, tag)
-            world.recv((size,), np.uint8, 1, tag, xp=xp)
+            world.recv((size,), np.uint8, 1, tag, xp=xp, out=comm_in)
             return (time.perf_counter() - t) / 2
-        got = world.recv((size,), np.uint8, 0, tag, xp=xp)
+        got = world.recv((size,), np.uint8, 0, tag, xp=xp, out=comm_in)
         world.send(got, 0, tag)
         return 0.0
 
@@ -94,42 +104,12 @@ def _pingpong(world, mpi_comm, MPI, size, iters, warmup, xp, raw_xp):
     return (np.array(raw_t), np.array(comm_t)) if rank == 0 else None
 
 
-def _allreduce(world, mpi_comm, MPI, size, iters, warmup, xp, raw_xp):
-    """Per-iteration times (raw, comm) of the slowest rank, on every rank."""
-    n = max(1, size // 4)
-    raw_x = raw_xp.zeros(n, dtype=np.float32)  # zeros: repeated in-place sums stay finite
-    comm_x = xp.zeros(n, dtype=np.float32)
-    times = np.zeros((2, warmup + iters))
-
-    def raw_once():
-        mpi_comm.Barrier()
-        t = time.perf_counter()
-        mpi_comm.Allreduce(MPI.IN_PLACE, raw_x, MPI.SUM)
-        return time.perf_counter() - t
-
-    def comm_once():
-        mpi_comm.Barrier()
-        t = time.perf_counter()
-        world.allreduce(comm_x, inplace=True)
-        return time.perf_counter() - t
-
-    for i in range(warmup + iters):
-        if i % 2 == 0:
-            times[0, i] = raw_once()
-            times[1, i] = comm_once()
-        else:
-            times[1, i] = comm_once()
-            times[0, i] = raw_once()
-    # an iteration lasts as long as its slowest rank
-    mpi_comm.Allreduce(MPI.IN_PLACE, times, MPI.MAX)
-    return times[0, warmup:], times[1, warmup:]
-
-
-def preflight(out=None) -> tuple[int, str]:
+def preflight(out=None, table=None) -> tuple[int, str]:
     """(world rank, why the benchmark cannot run or ""), the same verdict on every rank.
 
-    Collective. Needs 2 or more ranks; when ``out`` is given, world rank 0 checks that the
-    result file can be written there and tells every rank (so all stop together).
+    Collective. Needs 2 or more ranks; when ``out`` (the HDF5 result) or ``table`` (--tune's
+    JSON) is given, world rank 0 checks that it can be written there and tells every rank (so all
+    stop together).
     """
     from mpi4py import MPI
 
@@ -145,6 +125,8 @@ def preflight(out=None) -> tuple[int, str]:
             check_writable(out)
         except ValueError as exc:
             error = str(exc).replace("timing dump", "benchmark result")
+    if rank == 0 and table and not error:
+        error = _check_table_path(table)
     world = Comm(MPI.COMM_WORLD.Dup(), "world", world_ranks=list(range(n)))
     try:
         error = world.broadcast_bytes(error.encode() if rank == 0 else None, trace=False).decode()
@@ -153,11 +135,26 @@ def preflight(out=None) -> tuple[int, str]:
     return rank, error
 
 
-def run_benchmark(sizes, iters=20, warmup=2, device="cpu", staging=None, tracer=None):
-    """Run both benchmarks on every rank of COMM_WORLD; rank 0 gets the result dict, others None.
+def _check_table_path(path) -> str:
+    """Why --tune cannot write its table at ``path`` ("" when it can)."""
+    import os
+    from pathlib import Path
 
-    Result: {"p2p": RESULT_DTYPE rows, "allreduce": rows, "p2p_samples": (raw, comm) arrays
-    [sizes, iters], "allreduce_samples": ..., "attrs": {...}}.
+    parent = Path(path).resolve().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not os.access(parent, os.W_OK) or (Path(path).exists() and not os.access(path, os.W_OK)):
+        return f"cannot write the collectives table {path}: choose another --table"
+    return ""
+
+
+def run_benchmark(sizes, iters=20, warmup=2, device="cpu", staging=None, tracer=None,
+                  kinds=KINDS):
+    """Run the benchmarks on every rank of COMM_WORLD; rank 0 gets the result dict, others None.
+
+    Result: {"p2p": RESULT_DTYPE rows, "p2p_samples": (raw, comm) arrays [sizes, iters],
+    "collectives": {kind: COLL_DTYPE rows}, "collective_samples": {kind: [variant, size, iter]},
+    "allreduce": RESULT_DTYPE rows (raw beside auto, for ``mpipar bench``), "attrs": {...}}.
     """
     from mpi4py import MPI
 
@@ -186,22 +183,22 @@ def run_benchmark(sizes, iters=20, warmup=2, device="cpu", staging=None, tracer=
     # the best MPI itself can do, so the ratio shows the cost of staging
     raw_xp = xp if (device == "cuda" and cuda_aware()) else np
 
-    p2p_raw, p2p_comm, ar_raw, ar_comm = [], [], [], []
+    p2p_raw, p2p_comm = [], []
     for size in sizes:
         res = _pingpong(world, mpi_comm, MPI, size, iters, warmup, xp, raw_xp)
         if res is not None:
             p2p_raw.append(res[0])
             p2p_comm.append(res[1])
         mpi_comm.Barrier()
-        r, c = _allreduce(world, mpi_comm, MPI, size, iters, warmup, xp, raw_xp)
-        ar_raw.append(r)
-        ar_comm.append(c)
+    colls, coll_samples = {}, {}
+    for kind in kinds:
+        colls[kind], coll_samples[kind] = bench_kind(kind, world, mpi_comm, MPI, sizes, iters,
+                                                     warmup, xp, raw_xp)
     blobs = world.gather_bytes(socket.gethostname().encode(), root=0, trace=False)
     hosts = [b.decode() for b in blobs] if blobs is not None else None
-    if mpi_comm.Get_rank() != 0:
-        mpi_comm.Free()
+    world.free()  # and mpi_comm with it
+    if MPI.COMM_WORLD.Get_rank() != 0:
         return None
-    mpi_comm.Free()
 
     def table(raw, comm, nbytes, bw_factor):
         rows = np.zeros(len(nbytes), dtype=RESULT_DTYPE)
@@ -210,12 +207,13 @@ def run_benchmark(sizes, iters=20, warmup=2, device="cpu", staging=None, tracer=
             rows[i] = (b, r, c, c / r, b * bw_factor / r / 1e9, b * bw_factor / c / 1e9)
         return rows
 
-    ar_bytes = [max(1, s // 4) * 4 for s in sizes]  # whole float32 elements
     return {
         "p2p": table(p2p_raw, p2p_comm, sizes, 1.0),
-        "allreduce": table(ar_raw, ar_comm, ar_bytes, 2 * (n - 1) / n),
         "p2p_samples": (np.array(p2p_raw), np.array(p2p_comm)),
-        "allreduce_samples": (np.array(ar_raw), np.array(ar_comm)),
+        "collectives": colls,
+        "collective_samples": coll_samples,
+        "allreduce": _raw_vs_auto(colls["allreduce"]) if "allreduce" in colls else None,
+        "tuned": tuning.tuned_table(tune_results(colls, n), library_version()),
         "attrs": {
             "world_size": n,
             "hostnames": hosts,
@@ -226,8 +224,51 @@ def run_benchmark(sizes, iters=20, warmup=2, device="cpu", staging=None, tracer=
             "cuda_aware": bool(cuda_aware()) if device == "cuda" else False,
             "mpi_library": library_version(),
             "start_time": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+            "collectives_mode": tuning.mode(),
+            "collectives_table": _table_source(),
+            "variants": list(VARIANTS),
         },
     }
+
+
+def _raw_vs_auto(rows):
+    out = np.zeros(len(rows), dtype=RESULT_DTYPE)
+    for i, r in enumerate(rows):
+        out[i] = (r["bytes"], r["raw_s"], r["auto_s"], r["ratio"], r["raw_busbw"],
+                  r["auto_busbw"])
+    return out
+
+
+def _table_source() -> str:
+    """Where ``auto``'s choices came from: the table file, or the built-in defaults."""
+    import os
+
+    path = os.environ.get(tuning.ENV_TABLE, "").strip()
+    if path:
+        return path
+    p = tuning.default_path()
+    return str(p) if p.is_file() else "built-in defaults"
+
+
+def write_tuned(path, result) -> None:
+    """The tuned table (JSON), merged with the communicator sizes already in the file there."""
+    from pathlib import Path
+
+    from mpipar.files import write_text_atomic
+
+    tuned = result["tuned"]
+    try:
+        old = json.loads(open(path).read())
+        tuning.validate(old, str(path))
+    except (OSError, ValueError):
+        old = None
+    if old is not None:
+        for kind, by_p in tuned["choices"].items():
+            old["choices"].setdefault(kind, {}).update(by_p)
+        old["mpi_library"] = tuned["mpi_library"]
+        tuned = old
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(tuned, indent=1) + "\n")
 
 
 def format_tables(result) -> str:
@@ -237,10 +278,9 @@ def format_tables(result) -> str:
         f"{a['mpi_library']}, device {a['device']}, staging {a['staging']}, "
         f"median of {a['iters']} interleaved iterations",
     ]
-    for name, title, bw in (
-        ("p2p", "ping-pong world ranks 0 <-> 1: one-way time", "GB/s"),
-        ("allreduce", f"all-reduce over {a['world_size']} ranks (float32, in place)", "busGB/s"),
-    ):
+    lines.append(f"collectives: MPIPAR_COLLECTIVES={a['collectives_mode']}, auto chooses from "
+                 f"{a['collectives_table']}")
+    for name, title, bw in (("p2p", "ping-pong world ranks 0 <-> 1: one-way time", "GB/s"),):
         lines += [
             "",
             title,
@@ -253,20 +293,30 @@ def format_tables(result) -> str:
                 f"{row['comm_s'] * 1e6:>10.1f} {row['ratio']:>9.2f} "
                 f"{row['raw_gbps']:>12.3f} {row['comm_gbps']:>13.3f}"
             )
+    for kind, rows in result["collectives"].items():
+        lines += format_kind(kind, rows, a["world_size"])
     return "\n".join(lines)
 
 
 def write_result(path, result) -> None:
-    """HDF5: /p2p and /allreduce (RESULT_DTYPE tables), /<name>_raw_s and /<name>_comm_s (samples
-    [size, iteration]); attributes describe the run. Written atomically (temp file, rename)."""
+    """HDF5: /p2p and /allreduce (RESULT_DTYPE tables: raw beside Comm, auto for all-reduce),
+    /p2p_raw_s and /p2p_comm_s (samples [size, iteration]), /collectives/<kind> (COLL_DTYPE) and
+    /collectives/<kind>_s (samples [variant, size, iteration], variants in the attribute
+    ``variants``), /tuned (the --tune table as JSON text); attributes describe the run. Written
+    atomically (temp file, rename)."""
     from mpipar.trace import atomic_h5
 
     with atomic_h5(path) as f:
         f.attrs["kind"] = "commbench"
         for key, value in result["attrs"].items():
             f.attrs[key] = json.dumps(value) if isinstance(value, (list, dict)) else value
-        for name in ("p2p", "allreduce"):
-            f.create_dataset(name, data=result[name])
-            raw, comm = result[f"{name}_samples"]
-            f.create_dataset(f"{name}_raw_s", data=raw)
-            f.create_dataset(f"{name}_comm_s", data=comm)
+        f.create_dataset("p2p", data=result["p2p"])
+        raw, comm = result["p2p_samples"]
+        f.create_dataset("p2p_raw_s", data=raw)
+        f.create_dataset("p2p_comm_s", data=comm)
+        if result["allreduce"] is not None:
+            f.create_dataset("allreduce", data=result["allreduce"])
+        for kind, rows in result["collectives"].items():
+            f.create_dataset(f"collectives/{kind}", data=rows)
+            f.create_dataset(f"collectives/{kind}_s", data=result["collective_samples"][kind])
+        f.attrs["tuned"] = json.dumps(result["tuned"])

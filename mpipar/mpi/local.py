@@ -4,9 +4,10 @@
 callers never test for ``None``: code that must skip work when an axis is not split tests
 ``comm.size > 1``. Every collective keeps ``Comm``'s semantics for one rank: ``allreduce``,
 ``allgather`` and ``reduce_scatter`` return a new array (or x itself for ``inplace=True``),
-``iallreduce`` and ``broadcast`` return x itself, ``gather_bytes`` / ``broadcast_bytes`` return
-this rank's bytes. Arguments are checked as ``Comm`` checks them; nothing is recorded, since
-nothing is communicated. Point-to-point raises: a one-rank group has no peer.
+``iallreduce`` and ``broadcast`` return x itself, ``ireduce_scatter`` fills ``out``,
+``gather_bytes`` / ``broadcast_bytes`` return this rank's bytes. Arguments are checked as
+``Comm`` checks them; nothing is recorded, since nothing is communicated. Point-to-point
+raises: a one-rank group has no peer.
 """
 
 from __future__ import annotations
@@ -72,14 +73,35 @@ class LocalComm:
         check_contiguous(x, f"{self.axis}.iallreduce")
         return Request(result=x)
 
-    def allgather(self, x, axis=0):
-        norm_axis(axis, x.ndim)
-        return x.copy()
+    def ireduce_scatter(self, x, out, op="sum") -> Request:
+        check_op(op)
+        check_contiguous(x, f"{self.axis}.ireduce_scatter")
+        if tuple(out.shape) != tuple(x.shape):
+            raise ValueError(f"{self.axis}.ireduce_scatter: out is {tuple(out.shape)}, "
+                             f"expected {tuple(x.shape)}")
+        out[...] = x
+        return Request(result=out)
 
-    def reduce_scatter(self, x, axis=0, op="sum"):
+    def allgather(self, x, axis=0, out=None):
+        norm_axis(axis, x.ndim)
+        if out is None:
+            return x.copy()
+        if axis % x.ndim != 0 or tuple(out.shape) != tuple(x.shape):
+            raise ValueError(f"{self.axis}.allgather(out=...): out is {tuple(out.shape)}, "
+                             f"expected {tuple(x.shape)} (and axis 0)")
+        out[...] = x
+        return out
+
+    def reduce_scatter(self, x, axis=0, op="sum", out=None):
         check_op(op)
         check_divisible(self.axis, 1, x, norm_axis(axis, x.ndim))
-        return x.copy()
+        if out is None:
+            return x.copy()
+        if axis % x.ndim != 0 or tuple(out.shape) != tuple(x.shape):
+            raise ValueError(f"{self.axis}.reduce_scatter(out=...): out is {tuple(out.shape)}, "
+                             f"expected {tuple(x.shape)} (and axis 0)")
+        out[...] = x
+        return out
 
     def broadcast(self, x, root=0):
         check_root(self.axis, 1, root)

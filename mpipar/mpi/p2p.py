@@ -3,6 +3,12 @@
 A mixin: ``Comm`` (``comm.py``) supplies ``mpi``, ``axis``, ``backend``, ``_peer``, ``_begin``,
 ``_stage`` and ``_rec``. Tags come from ``make_tag``; a received message must have exactly the
 byte count the receiver expects, so a shape or dtype disagreement is an error, not garbage.
+
+Fast path: a C-contiguous NumPy array, a valid peer and tag, no forced staging. Everything it
+needs is looked up once (``_fast_init``: peer table, ``MPI.BYTE``, one reused ``Status``, the
+trace kinds), so a small message costs the MPI call, one tuple for the trace event and, for the
+non-blocking calls, one ``Request``. Anything else (device arrays, staging, bad arguments) takes
+the general path, which also produces the error messages.
 """
 
 from __future__ import annotations
@@ -13,9 +19,30 @@ from mpipar.mpi.common import TAG_LIMIT, MessageSizeError, check_contiguous
 from mpipar.mpi.requests import Request
 from mpipar.mpi.staging import POOL, from_host, host_view, load_mpi, to_host
 
+_ndarray = np.ndarray
+
 
 class PointToPoint:
     """send / recv / isend / irecv over ``self.mpi``, staged through host buffers when asked."""
+
+    def _fast_init(self, MPI) -> None:
+        """Hoist what every message needs out of the per-call path (called by ``__init__``)."""
+        self._peer_of = dict(enumerate(self.world_ranks))
+        self._MPI, self._BYTE = MPI, MPI.BYTE
+        self._status = MPI.Status()  # one per communicator: ranks are single-threaded
+        self._fast = self.staging is not True  # NumPy arrays go to MPI as they are
+        self._k_send, self._k_recv = f"{self.axis}.send", f"{self.axis}.recv"
+
+    def _fast_target(self, shape, dtype, xp, out):
+        """The NumPy array a fast receive lands in: ``out`` if it fits, else a new one; None
+        sends the call down the general path (which also explains a misfit ``out``)."""
+        if out is None:
+            if xp is np or xp is None and self.backend is None:
+                return np.empty(shape, dtype=dtype)
+            return None
+        if out.shape != tuple(shape) or out.dtype != dtype:
+            return None
+        return out
 
     @staticmethod
     def _check_tag(tag):
@@ -56,6 +83,17 @@ class PointToPoint:
         return x, None
 
     def send(self, x, dest, tag, *, mb=-1, chunk=-1) -> None:
+        peer = self._peer_of.get(dest)
+        if (self._fast and peer is not None and type(x) is _ndarray and 0 <= tag < TAG_LIMIT
+                and x.flags.c_contiguous):
+            tr = self.tracer
+            start = tr.now()
+            self.mpi.Send([x, self._BYTE], dest, tag)
+            tr.record_now(self._k_send, start, mb, chunk, x.nbytes, peer)
+            return
+        self._send_general(x, dest, tag, mb, chunk)
+
+    def _send_general(self, x, dest, tag, mb, chunk) -> None:
         MPI = load_mpi()
         peer = self._peer(dest, "destination")
         self._check_tag(tag)
@@ -83,6 +121,26 @@ class PointToPoint:
 
     def recv(self, shape, dtype, source, tag, *, mb=-1, chunk=-1, xp=None, out=None):
         """Receive into a new array, or into ``out`` (reuse avoids fresh-memory page faults)."""
+        peer = self._peer_of.get(source)
+        out_ = self._fast_target(shape, dtype, xp, out)
+        if (self._fast and peer is not None and type(out_) is _ndarray and 0 <= tag < TAG_LIMIT
+                and out_.flags.c_contiguous):
+            out = out_
+            tr = self.tracer
+            start = tr.now()
+            status = self._status
+            try:
+                self.mpi.Recv([out, self._BYTE], source, tag, status)
+            except self._MPI.Exception as exc:
+                raise self.mpi_error(exc, "recv", mb, chunk, out.nbytes, peer) from exc
+            if status.Get_count(self._BYTE) != out.nbytes:
+                self._check_count(status, out.nbytes, shape, dtype, mb, chunk, peer, tag)
+            tr.record_now(self._k_recv, start, mb, chunk, out.nbytes, peer)
+            return out
+        return self._recv_general(shape, dtype, source, tag, mb, chunk, xp,
+                                  out_ if out_ is not None else out)
+
+    def _recv_general(self, shape, dtype, source, tag, mb, chunk, xp, out):
         MPI = load_mpi()
         peer = self._peer(source, "source")
         self._check_tag(tag)
@@ -108,6 +166,17 @@ class PointToPoint:
 
     def isend(self, x, dest, tag, *, mb=-1, chunk=-1) -> Request:
         """Post a send; x must stay alive and unchanged until ``wait`` (staging copies it now)."""
+        peer = self._peer_of.get(dest)
+        if (self._fast and peer is not None and type(x) is _ndarray and 0 <= tag < TAG_LIMIT
+                and x.flags.c_contiguous):
+            tr = self.tracer
+            start = tr.now()
+            req = self.mpi.Isend([x, self._BYTE], dest, tag)
+            tr.record_now(self._k_send, start, mb, chunk, x.nbytes, peer)
+            return Request(self, req, None, (mb, chunk, x.nbytes, peer), keep=x)
+        return self._isend_general(x, dest, tag, mb, chunk)
+
+    def _isend_general(self, x, dest, tag, mb, chunk) -> Request:
         MPI = load_mpi()
         peer = self._peer(dest, "destination")
         self._check_tag(tag)
@@ -125,6 +194,21 @@ class PointToPoint:
 
     def irecv(self, shape, dtype, source, tag, *, mb=-1, chunk=-1, xp=None, out=None) -> Request:
         """Post a receive; ``wait()`` returns the new array (or ``out``, filled)."""
+        peer = self._peer_of.get(source)
+        out_ = self._fast_target(shape, dtype, xp, out)
+        if (self._fast and peer is not None and type(out_) is _ndarray and 0 <= tag < TAG_LIMIT
+                and out_.flags.c_contiguous):
+            out = out_
+            tr = self.tracer
+            start = tr.now()
+            req = self.mpi.Irecv([out, self._BYTE], source, tag)
+            tr.record_now(self._k_recv, start, mb, chunk, out.nbytes, peer)
+            return Request(self, req, None, (mb, chunk, out.nbytes, peer), result=out,
+                           expect=(shape, dtype, tag))
+        return self._irecv_general(shape, dtype, source, tag, mb, chunk, xp,
+                                  out_ if out_ is not None else out)
+
+    def _irecv_general(self, shape, dtype, source, tag, mb, chunk, xp, out) -> Request:
         MPI = load_mpi()
         peer = self._peer(source, "source")
         self._check_tag(tag)

@@ -11,16 +11,23 @@ class Request:
     ``Request(result=x)`` is one that is already done (what a one-rank group hands out).
     """
 
-    __slots__ = ("_comm", "_req", "_finish", "_info", "_keep", "_done", "_result")
+    __slots__ = ("_comm", "_req", "_finish", "_info", "_keep", "_done", "_result", "_expect")
 
-    def __init__(self, comm=None, req=None, finish=None, info=None, keep=None, result=None):
+    def __init__(self, comm=None, req=None, finish=None, info=None, keep=None, result=None,
+                 expect=None):
         self._comm = comm
         self._req = req
         self._finish = finish  # finish(status) -> result, run once on completion
         self._info = info  # (mb, chunk, nbytes, peer) for the wait event
         self._keep = keep  # the send buffer, kept alive until completion
         self._done = req is None
-        self._result = result
+        self._result = result  # what wait() returns (finish's return value when given)
+        self._expect = expect  # (shape, dtype, tag) of a receive: its byte count is checked
+
+    @property
+    def done(self) -> bool:
+        """Known to be complete (``test`` or ``wait`` saw it finish)."""
+        return self._done
 
     def wait(self):
         if self._done:
@@ -28,7 +35,7 @@ class Request:
         MPI = load_mpi()
         comm = self._comm
         start = comm.tracer.now()
-        status = MPI.Status()
+        status = comm._status  # one reused Status per communicator
         try:
             self._req.Wait(status)
         except MPI.Exception as exc:
@@ -43,7 +50,7 @@ class Request:
             return True
         MPI = load_mpi()
         comm = self._comm
-        status = MPI.Status()
+        status = comm._status  # one reused Status per communicator
         try:
             flag = self._req.Test(status)
         except MPI.Exception as exc:
@@ -55,9 +62,12 @@ class Request:
 
     def _complete(self, status, start) -> None:
         self._done = True
+        comm = self._comm
+        mb, chunk, nbytes, peer = self._info
+        if self._expect is not None:
+            shape, dtype, tag = self._expect
+            comm._check_count(status, nbytes, shape, dtype, mb, chunk, peer, tag)
         if self._finish is not None:
             self._result = self._finish(status)
         self._keep = None
-        comm = self._comm
-        mb, chunk, nbytes, peer = self._info
-        comm.tracer.record(comm.wait_kind, start, comm.tracer.now(), mb, chunk, nbytes, peer)
+        comm.tracer.record_now(comm.wait_kind, start, mb, chunk, nbytes, peer)

@@ -177,7 +177,9 @@ class GradSync:
 
     def _launch_bucket(self, b):
         b.launched = True
-        if not self.zero1:  # ZeRO-1's reduce-scatter is blocking: done in finish()
+        if self.zero1:  # this rank's slice of the sum, into the shard's gradient
+            b.request = self.comm.ireduce_scatter(b.grad, b.shard.grad, op="sum")
+        else:
             b.request = self.comm.iallreduce(b.grad, op="mean")
 
     def finish(self) -> None:
@@ -191,12 +193,11 @@ class GradSync:
             self._launch(c)
         for buckets in self.buckets.values():
             for b in buckets:
-                if self.zero1:
-                    b.shard.grad[...] = self.comm.reduce_scatter(b.grad, axis=0, op="sum")
-                    b.shard.grad *= 1.0 / self.dp
-                elif b.request is not None:
+                if b.request is not None:
                     b.request.wait()
                     b.request = None
+                if self.zero1:
+                    b.shard.grad *= 1.0 / self.dp
 
     def after_step(self) -> None:
         """ZeRO-1: gather every rank's updated slice back into the full parameters."""
@@ -204,7 +205,7 @@ class GradSync:
             return
         for buckets in self.buckets.values():
             for b in buckets:
-                b.flat_data[...] = self.comm.allgather(b.shard.data, axis=0)
+                self.comm.allgather(b.shard.data, axis=0, out=b.flat_data)
 
     def norm_params(self, params):
         """The tensors whose squares make up this rank's share of the gradient norm."""

@@ -1,9 +1,10 @@
 """One executor for every schedule: runs a rank's action list on the chunks it holds.
 
 Receives are posted ahead (a small window per direction) and sends are non-blocking, so transfers
-overlap compute. Every received activation or gradient lands in a fresh buffer owned by its
-micro-batch: a layer's saved context keeps its input by reference, and reusing a receive buffer
-would silently corrupt the weight gradients of an earlier micro-batch still in flight.
+overlap compute. Every received activation or gradient lands in a buffer owned by its micro-batch:
+a layer's saved context keeps its input by reference, so the receive pool (``transfers.RecvPool``)
+reuses a buffer only once nothing references it (reuse of a live one would corrupt the weight
+gradients of an earlier micro-batch still in flight).
 
 The loss is computed on the last chunk right after its forward (as Megatron does), scaled by
 1 / microbatches so that the accumulated gradient is that of the mean over the whole batch.

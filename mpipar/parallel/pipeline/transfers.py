@@ -1,7 +1,13 @@
-"""The executor's messages: receives posted a window ahead, non-blocking sends released as they
-finish. One ``Receives`` and one ``Sends`` per step (they hold that step's requests)."""
+"""The executor's messages: receives posted a window ahead into pooled buffers, non-blocking
+sends released as they finish. One ``Receives`` and one ``Sends`` per step (they hold that step's
+requests); the ``RecvPool`` of a communicator outlives steps."""
 
 from __future__ import annotations
+
+import sys
+import weakref
+
+from ...mpi.algorithms import progress
 
 ACT, GRAD = 0, 1  # message kinds for tags
 RECV_WINDOW = 2  # receives posted ahead per direction
@@ -14,15 +20,64 @@ def tag(kind, mb, chunk):
     return make_tag(kind, mb, chunk)
 
 
+def _refs(bufs, i):
+    return sys.getrefcount(bufs[i])
+
+
+_FREE_REFS = _refs([object()], 0)  # the count of a buffer only the pool's list holds
+
+
+class RecvPool:
+    """Receive buffers, reused once nothing but the pool references them.
+
+    A received activation or gradient belongs to its micro-batch: layers keep their input (or
+    views of it, which reference it) in the micro-batch's saved context until its backward, and
+    the receive request holds it until ``wait``. A buffer is handed out again only when its
+    reference count says the pool's list is its last holder, so a recycled buffer can never
+    alias a live context; while any context still holds it, a new buffer is allocated. Reuse
+    spares large messages the page faults of fresh memory on every receive.
+    """
+
+    def __init__(self):
+        self._bufs = {}  # (shape, dtype, xp) -> [arrays]
+        self.allocated = 0  # buffers ever allocated (tests check reuse)
+
+    def take(self, shape, dtype, xp):
+        bufs = self._bufs.setdefault((tuple(shape), dtype, xp), [])
+        for i in range(len(bufs)):
+            if _refs(bufs, i) == _FREE_REFS:
+                return bufs[i]
+        buf = xp.empty(shape, dtype=dtype)
+        bufs.append(buf)
+        self.allocated += 1
+        return buf
+
+    def clear(self) -> None:
+        self._bufs.clear()
+
+
+_POOLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def pool_for(comm) -> RecvPool:
+    """The receive pool of ``comm`` (one per communicator, kept across steps)."""
+    pool = _POOLS.get(comm)
+    if pool is None:
+        pool = _POOLS[comm] = RecvPool()
+    return pool
+
+
 class Receives:
     """Posts a rank's RECV_F / RECV_B in the order it will need them, ``RECV_WINDOW`` ahead.
 
     ``source(op, chunk) -> (peer rank, boundary unit, tag kind)`` says where each comes from.
-    Every received array lands in a fresh buffer (``irecv`` allocates), owned by its micro-batch.
+    Every received array lands in a buffer of the communicator's ``RecvPool``, owned by its
+    micro-batch until the last reference to it goes.
     """
 
-    def __init__(self, comm, actions, source, shape, dtype, xp):
+    def __init__(self, comm, actions, source, shape, dtype, xp, pool=None):
         self.comm, self.source, self.shape, self.dtype, self.xp = comm, source, shape, dtype, xp
+        self.pool = pool if pool is not None else pool_for(comm)
         self.plan = {"RECV_F": [], "RECV_B": []}
         for a in actions:
             if a.op in self.plan:
@@ -39,9 +94,11 @@ class Receives:
             a = plan[self.next_post[op]]
             self.next_post[op] += 1
             peer, unit, kind = self.source(op, a.chunk)
+            shape = self.shape(unit)
+            out = self.pool.take(shape, self.dtype, self.xp)
             self.posted[(op, a.mb, a.chunk)] = self.comm.irecv(
-                self.shape(unit), self.dtype, peer, tag(kind, a.mb, a.chunk),
-                mb=a.mb, chunk=a.chunk, xp=self.xp)
+                shape, self.dtype, peer, tag(kind, a.mb, a.chunk),
+                mb=a.mb, chunk=a.chunk, xp=self.xp, out=out)
 
     def take(self, a):
         """The array of receive action ``a`` (waits for it); posts the next one in line."""
@@ -51,7 +108,8 @@ class Receives:
 
 
 class Sends:
-    """Non-blocking sends of one step, released as they finish so their buffers can be freed."""
+    """Non-blocking sends of one step, released as they finish so their buffers can be freed.
+    Between actions it also advances the data-parallel collectives in flight (``progress``)."""
 
     def __init__(self):
         self.requests = []
@@ -60,6 +118,7 @@ class Sends:
         self.requests.append(req)
 
     def release_finished(self):
+        progress()
         if len(self.requests) > SEND_BACKLOG:
             self.requests = [s for s in self.requests if not s.test()]
 

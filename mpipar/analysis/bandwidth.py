@@ -1,0 +1,97 @@
+"""Achieved bandwidth per collective kind (``tp.allreduce``, ``dp.reduce_scatter``, ...) in a run.
+
+From the trace events of the measured steps, per kind: how many, bytes, time, algorithm bandwidth
+(bytes / time, nccl-tests' sizes: the buffer for all-reduce, the whole input for reduce-scatter,
+the whole output for all-gather, i.e. the recorded per-rank bytes times the group size) and bus
+bandwidth (nccl-tests: algbw * 2 (n-1)/n for all-reduce, * (n-1)/n for reduce-scatter and
+all-gather, * 1 for broadcast), whose ceiling is the link's bandwidth whatever the group size.
+
+A non-blocking all-reduce or reduce-scatter (data-parallel buckets) records its post as
+``<axis>.allreduce`` / ``<axis>.reduce_scatter`` and its completion as ``<axis>.wait`` with the
+same bytes and no peer; the two are paired in order (per axis and size) and the collective spans
+post to completion. That span includes the compute it overlapped, so its
+bandwidth is a lower bound (marked ``>=``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+
+import numpy as np
+
+from .dump import Run, load
+
+OPS = ("allreduce", "reduce_scatter", "allgather", "broadcast")
+NONBLOCKING = ("allreduce", "reduce_scatter")  # may be posts, completed by a later wait
+
+
+def bus_factor(op: str, n: int) -> float:
+    if op == "allreduce":
+        return 2 * (n - 1) / n
+    return 1.0 if op == "broadcast" else (n - 1) / n
+
+
+def _group_size(run: Run, axis: str) -> int:
+    return int(run.world_size if axis == "world" else run.grid.get(axis, 1))
+
+
+def _rank_spans(ev, steps):
+    """[(kind, op, bytes, seconds, overlapped)] of one rank's collectives in ``steps``."""
+    ev = ev[np.isin(ev["step"], steps)]
+    queued = defaultdict(deque)  # (axis, bytes) -> posts not yet paired with a wait
+    spans = []  # [kind, op, bytes, start, end, overlapped]
+    for e in ev:
+        kind = e["kind"].decode() if isinstance(e["kind"], bytes) else str(e["kind"])
+        axis, _, op = kind.partition(".")
+        nbytes = int(e["bytes"])
+        if op in OPS:
+            spans.append([kind, op, nbytes, float(e["start"]), float(e["end"]), False])
+            if op in NONBLOCKING:
+                queued[(axis, nbytes)].append(spans[-1])
+        elif op == "wait" and int(e["peer"]) < 0 and queued[(axis, nbytes)]:
+            span = queued[(axis, nbytes)].popleft()
+            span[4], span[5] = float(e["end"]), True
+    return [(k, op, b, end - start, o) for k, op, b, start, end, o in spans]
+
+
+def bandwidth(run: Run | str, steps=None) -> list[dict]:
+    """One row per collective kind: count, bytes, seconds, algbw, busbw (GB/s), overlapped."""
+    if not isinstance(run, Run):
+        run = load(run)
+    steps = run.steps() if steps is None else list(steps)
+    rows = {}
+    for ev in run.events:
+        for kind, op, nbytes, seconds, overlapped in _rank_spans(ev, steps):
+            n = _group_size(run, kind.partition(".")[0])
+            size = nbytes * n if op == "allgather" else nbytes
+            r = rows.setdefault(kind, {"kind": kind, "op": op, "group": n, "count": 0,
+                                       "bytes": 0, "seconds": 0.0, "overlapped": False})
+            r["count"] += 1
+            r["bytes"] += size
+            r["seconds"] += seconds
+            r["overlapped"] |= overlapped
+    out = []
+    for kind in sorted(rows):
+        r = rows[kind]
+        algbw = r["bytes"] / r["seconds"] / 1e9 if r["seconds"] > 0 else float("nan")
+        r["algbw"], r["busbw"] = algbw, algbw * bus_factor(r["op"], r["group"])
+        out.append(r)
+    return out
+
+
+def bandwidth_text(path, steps=None) -> str:
+    """The table ``mpipar analyze`` prints under a run (empty when the run has no collectives)."""
+    rows = bandwidth(path, steps)
+    rows = [r for r in rows if r["group"] > 1]
+    if not rows:
+        return ""
+    lines = ["achieved collective bandwidth (all ranks, measured steps; GB/s, nccl-tests sizes; "
+             ">= : non-blocking, spans post to completion):",
+             f"  {'kind':<20} {'ranks':>5} {'count':>6} {'MB':>10} {'ms':>9} {'algbw':>9} "
+             f"{'busbw':>9}"]
+    for r in rows:
+        mark = ">=" if r["overlapped"] else "  "
+        lines.append(f"  {r['kind']:<20} {r['group']:>5} {r['count']:>6} "
+                     f"{r['bytes'] / 1e6:>10.3f} {r['seconds'] * 1e3:>9.3f} "
+                     f"{mark}{r['algbw']:>7.3f} {mark}{r['busbw']:>7.3f}")
+    return "\n".join(lines)

@@ -1,0 +1,156 @@
+"""Collectives for ``mpipar commbench``: raw mpi4py beside ``Comm`` with each algorithm forced.
+
+For all-reduce, reduce-scatter and all-gather, every iteration runs the raw library call and
+``Comm`` with ``library``, ``ring``, ``rabenseifner`` and ``auto`` (the choice in effect), in an
+order that rotates per iteration; a barrier starts each, and an iteration lasts as long as its
+slowest rank. Sizes follow nccl-tests: the per-rank buffer for all-reduce, the whole input for
+reduce-scatter, the whole output for all-gather; bus bandwidth = algbw * 2 (n-1)/n for all-reduce
+and algbw * (n-1)/n for the other two (algbw = bytes / time).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from mpipar.mpi.algorithms import ALGORITHMS, KINDS
+
+VARIANTS = ("raw",) + ALGORITHMS + ("auto",)
+
+COLL_DTYPE = np.dtype(
+    [
+        ("bytes", "i8"),
+        ("raw_s", "f8"),  # median time, raw mpi4py library call
+        ("library_s", "f8"),  # Comm, each algorithm forced
+        ("ring_s", "f8"),
+        ("rabenseifner_s", "f8"),
+        ("auto_s", "f8"),  # Comm with the choice in effect (table or default)
+        ("choice", "S12"),  # the algorithm auto ran
+        ("best", "S12"),  # the fastest of Comm's algorithms here (what --tune writes)
+        ("ratio", "f8"),  # auto_s / raw_s
+        ("raw_busbw", "f8"),  # GB/s (1e9 bytes/s)
+        ("auto_busbw", "f8"),
+        ("best_busbw", "f8"),
+    ]
+)
+
+
+def bus_factor(kind, n) -> float:
+    return 2 * (n - 1) / n if kind == "allreduce" else (n - 1) / n
+
+
+def elements(kind, nbytes, n) -> int:
+    """float32 elements of the per-rank buffer: whole, and a multiple of n where it splits."""
+    e = max(1, nbytes // 4)
+    return e if kind == "allreduce" else max(n, e - e % n)
+
+
+def _calls(kind, world, mpi_comm, MPI, e, xp, raw_xp):
+    """{variant: call()} for one size; buffers made once (zeros keep repeated sums finite)."""
+    n = mpi_comm.Get_size()
+    if kind == "allreduce":
+        raw_x, x = raw_xp.zeros(e, np.float32), xp.zeros(e, np.float32)
+
+        def raw():
+            mpi_comm.Allreduce(MPI.IN_PLACE, raw_x, MPI.SUM)
+
+        def comm():
+            world.allreduce(x, inplace=True)
+    elif kind == "reduce_scatter":
+        raw_x, raw_out, x = raw_xp.zeros(e, np.float32), raw_xp.zeros(e // n, np.float32), \
+            xp.zeros(e, np.float32)
+
+        def raw():
+            mpi_comm.Reduce_scatter_block(raw_x, raw_out, MPI.SUM)
+
+        out = xp.zeros(e // n, np.float32)  # reused, as ZeRO-1's shard gradient is
+
+        def comm():
+            world.reduce_scatter(x, out=out)
+    else:
+        raw_x, raw_out, x = raw_xp.zeros(e // n, np.float32), raw_xp.zeros(e, np.float32), \
+            xp.zeros(e // n, np.float32)
+        out = xp.zeros(e, np.float32)  # reused, as ZeRO-1 gathers into its flat parameters
+
+        def raw():
+            mpi_comm.Allgather(raw_x, raw_out)
+
+        def comm():
+            world.allgather(x, out=out)
+
+    def forced(algo):
+        def call():
+            world.coll_mode = algo
+            comm()
+        return call
+
+    return {"raw": raw, **{a: forced(a) for a in ALGORITHMS + ("auto",)}}
+
+
+def bench_kind(kind, world, mpi_comm, MPI, sizes, iters, warmup, xp, raw_xp):
+    """(rows of COLL_DTYPE on rank 0, samples [variant, size, iteration]) for one kind."""
+    n = mpi_comm.Get_size()
+    mode = world.coll_mode
+    samples = np.zeros((len(VARIANTS), len(sizes), iters))
+    choices = []
+    for j, size in enumerate(sizes):
+        e = elements(kind, size, n)
+        calls = _calls(kind, world, mpi_comm, MPI, e, xp, raw_xp)
+        choices.append(world.algorithm(kind, e * 4) if mode == "auto" else mode)
+        times = np.zeros((len(VARIANTS), warmup + iters))
+        for i in range(warmup + iters):
+            order = VARIANTS[i % len(VARIANTS):] + VARIANTS[:i % len(VARIANTS)]
+            for v in order:
+                mpi_comm.Barrier()
+                t = time.perf_counter()
+                calls[v]()
+                times[VARIANTS.index(v), i] = time.perf_counter() - t
+        world.coll_mode = mode
+        mpi_comm.Allreduce(MPI.IN_PLACE, times, MPI.MAX)  # the slowest rank's time
+        samples[:, j] = times[:, warmup:]
+    byte_counts = [elements(kind, s, n) * 4 for s in sizes]
+    return table(kind, n, byte_counts, samples, choices), samples
+
+
+def table(kind, n, byte_counts, samples, choices):
+    rows = np.zeros(len(byte_counts), dtype=COLL_DTYPE)
+    f = bus_factor(kind, n)
+    for j, b in enumerate(byte_counts):
+        med = {v: float(np.median(samples[k, j])) for k, v in enumerate(VARIANTS)}
+        best = min(ALGORITHMS, key=lambda a: med[a])
+        rows[j] = (b, med["raw"], med["library"], med["ring"], med["rabenseifner"], med["auto"],
+                   choices[j], best, med["auto"] / med["raw"], b * f / med["raw"] / 1e9,
+                   b * f / med["auto"] / 1e9, b * f / med[best] / 1e9)
+    return rows
+
+
+def tune_results(tables, n) -> dict:
+    """{kind: {n: [(bytes, {algorithm: seconds})]}} from the measured tables, for tuning.py."""
+    out = {}
+    for kind, rows in tables.items():
+        out[kind] = {n: [(int(r["bytes"]), {a: float(r[f"{a}_s"]) for a in ALGORITHMS})
+                         for r in rows]}
+    return out
+
+
+def format_kind(kind, rows, n) -> list[str]:
+    title = {"allreduce": "all-reduce", "reduce_scatter": "reduce-scatter",
+             "allgather": "all-gather"}[kind]
+    lines = ["", f"{title} over {n} ranks (float32; times in us; bus = nccl-tests bus GB/s)",
+             f"{'bytes':>7} {'raw':>9} {'library':>9} {'ring':>9} {'rabens.':>9} {'auto':>9} "
+             f"{'choice':>12} {'auto/raw':>8} {'raw bus':>8} {'auto bus':>8} {'best':>12}"]
+    from mpipar.mpi.commbench import format_size
+
+    for r in rows:
+        lines.append(
+            f"{format_size(int(r['bytes'])):>7} {r['raw_s'] * 1e6:>9.1f} "
+            f"{r['library_s'] * 1e6:>9.1f} {r['ring_s'] * 1e6:>9.1f} "
+            f"{r['rabenseifner_s'] * 1e6:>9.1f} {r['auto_s'] * 1e6:>9.1f} "
+            f"{r['choice'].decode():>12} {r['ratio']:>8.2f} {r['raw_busbw']:>8.3f} "
+            f"{r['auto_busbw']:>8.3f} {r['best'].decode():>12}"
+        )
+    return lines
+
+
+__all__ = ["COLL_DTYPE", "KINDS", "VARIANTS", "bench_kind", "format_kind", "tune_results"]

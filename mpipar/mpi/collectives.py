@@ -1,0 +1,326 @@
+"""All-reduce, reduce-scatter and all-gather of a ``Comm``, each by the algorithm chosen for it.
+
+A mixin: ``Comm`` (``comm.py``) supplies ``mpi``, ``axis``, ``size``, ``rank``, ``_op``,
+``_begin``, ``_stage``, ``_rec`` and ``coll_mode``. The algorithm is the forced one
+(``MPIPAR_COLLECTIVES``) or the table's choice for the kind, size and group (``tuning.py``); the
+same on every rank, since all of them see the same arguments. ``library`` is MPI's own collective;
+``ring`` and ``rabenseifner`` are ``algorithms.py``'s, run on a duplicate communicator.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mpipar.mpi import algorithms as alg
+from mpipar.mpi.common import (
+    TAG_LIMIT,
+    check_contiguous,
+    check_divisible,
+    check_float,
+    norm_axis,
+)
+from mpipar.mpi.requests import Request
+from mpipar.mpi.staging import POOL, from_host, host_view, is_device, load_mpi, to_host, xp_of
+from mpipar.mpi.tuning import choose
+
+
+def copy_into(src, dst) -> None:
+    """dst[...] = src between any mix of host and device arrays (finished on return)."""
+    if is_device(dst) and not is_device(src):
+        from_host(src, dst)
+    elif is_device(src) and not is_device(dst):
+        to_host(src, dst)
+    else:
+        dst[...] = src
+
+
+class Collectives:
+    """allreduce / iallreduce / reduce_scatter / allgather with a choice of algorithm."""
+
+    _dup = None  # the communicator the algorithms talk on (a Dup, made on first use)
+    _seq = 0  # collectives run so far: a fresh tag each, so overlapping ones never mix
+
+    def algorithm(self, kind, nbytes) -> str:
+        """The algorithm a ``kind`` collective of ``nbytes`` (``tuning.choose``) runs with here."""
+        if self.coll_mode != "auto":
+            return self.coll_mode
+        key = (kind, nbytes)
+        algo = self._choices.get(key)
+        if algo is None:
+            if len(self._choices) > 4096:
+                self._choices.clear()
+            algo = self._choices[key] = choose(kind, nbytes, self.size)
+        return algo
+
+    def _ctx(self, op, like):
+        if self._dup is None:
+            self._dup = self.mpi.Dup()  # collective: every rank reaches it at the same call
+        self._seq = self._seq % (TAG_LIMIT - 1) + 1
+        return alg.Ctx(self._dup, self._seq, alg.reducer(op, is_device(like)))
+
+    def _work(self, n, dtype, like, host):
+        """(a flat scratch array of n elements, release()) on the host or beside ``like``."""
+        if host:
+            buf = POOL.acquire(n * dtype.itemsize)
+            return host_view(buf, (n,), dtype), lambda: POOL.release(buf)
+        return xp_of(like).empty(n, dtype=dtype), lambda: None
+
+    def _allreduce_steps(self, algo, flat, op):
+        """The steps of an in-place all-reduce of ``flat``; scratch released at the end."""
+        c = self._ctx(op, flat)
+        host = not is_device(flat)
+        n = flat.size
+        if algo == "ring":
+            tmp, release = self._work(-(-n // self.size), flat.dtype, flat, host)
+            steps = alg.ring_allreduce(c, flat, tmp)
+        else:
+            tmp, release = self._work(n, flat.dtype, flat, host)
+            steps = alg.rabenseifner_allreduce(c, flat, tmp)
+        try:
+            yield from steps
+        finally:
+            release()
+
+    # --- all-reduce ------------------------------------------------------------------------
+
+    def allreduce(self, x, op="sum", inplace=False):
+        """Elementwise reduction over the group; a new array, or x itself when ``inplace``."""
+        if inplace and op == "sum" and self._fast and type(x) is np.ndarray \
+                and x.flags.c_contiguous and self.algorithm("allreduce", x.nbytes) == "library":
+            # the hot case (in-place sums of host arrays by the library): no further checks
+            start = self.tracer.now()
+            self.mpi.Allreduce(self._MPI.IN_PLACE, x, self._sum)
+            self._rec("allreduce", start, nbytes=x.nbytes)
+            return x
+        mpi_op = self._op(op)
+        if inplace:
+            check_contiguous(x, f"{self.axis}.allreduce(inplace=True)")
+        if op == "mean":
+            check_float(x, "mean")
+        start = self._begin(x)
+        xp = xp_of(x)
+        algo = self.algorithm("allreduce", x.nbytes)
+        MPI = load_mpi()
+        if algo == "library" and not inplace and not self._stage(x):
+            out = xp.empty(x.shape, dtype=x.dtype)
+            self.mpi.Allreduce(xp.ascontiguousarray(x), out, mpi_op)
+        else:
+            out = x if inplace else xp.ascontiguousarray(x).copy()
+            stage = self._stage(out)
+            buf = POOL.acquire(out.nbytes) if stage else None
+            try:
+                target = host_view(buf, out.shape, out.dtype) if stage else out
+                if stage:
+                    to_host(out, target)
+                if algo == "library":
+                    self.mpi.Allreduce(MPI.IN_PLACE, target, mpi_op)
+                else:
+                    alg.run(self._allreduce_steps(algo, target.reshape(-1), op))
+                if stage:
+                    from_host(target, out)
+            finally:
+                if buf is not None:
+                    POOL.release(buf)
+        if op == "mean":
+            out /= self.size
+        self._rec("allreduce", start, nbytes=x.nbytes)
+        return out
+
+    def iallreduce(self, x, op="sum") -> Request:
+        """Post an in-place all-reduce of x; ``wait()`` returns x, reduced. It advances whenever
+        ``algorithms.progress()`` (the executor, between actions) or ``test()`` runs."""
+        mpi_op = self._op(op)
+        check_contiguous(x, f"{self.axis}.iallreduce")
+        if op == "mean":
+            check_float(x, "mean")
+        start = self._begin(x)
+        stage = self._stage(x)
+        buf = POOL.acquire(x.nbytes) if stage else None
+        target = x
+        if stage:
+            target = host_view(buf, x.shape, x.dtype)
+            to_host(x, target)
+        algo = self.algorithm("allreduce", x.nbytes)
+        if algo == "library":
+            req = self.mpi.Iallreduce(load_mpi().IN_PLACE, target, mpi_op)
+        else:
+            req = alg.Stepper(self._allreduce_steps(algo, target.reshape(-1), op))
+        size = self.size
+
+        def finish(status):
+            try:
+                if stage:
+                    from_host(target, x)
+            finally:
+                if buf is not None:
+                    POOL.release(buf)
+            if op == "mean":
+                x[...] /= size
+            return x
+
+        self._rec("allreduce", start, nbytes=x.nbytes)
+        request = Request(self, req, finish, (-1, -1, x.nbytes, -1), keep=target)
+        alg.PENDING[:] = [r for r in alg.PENDING if not r.done]
+        alg.PENDING.append(request)
+        return request
+
+    # --- reduce-scatter and all-gather ----------------------------------------------------
+
+    def reduce_scatter(self, x, axis=0, op="sum", out=None):
+        """This rank's 1/size slice, along ``axis``, of the reduction of every rank's x; into
+        ``out`` when given (axis 0 only, not overlapping x)."""
+        mpi_op = self._op(op)
+        axis = norm_axis(axis, x.ndim)
+        check_divisible(self.axis, self.size, x, axis)
+        if op == "mean":
+            check_float(x, "mean")
+        xp = xp_of(x)
+        if out is not None:
+            self._check_out("reduce_scatter", x, out, axis,
+                            (x.shape[0] // self.size,) + tuple(x.shape[1:]))
+        start = self._begin(x)
+        xm = xp.ascontiguousarray(xp.moveaxis(x, axis, 0))
+        if out is None:
+            out = xp.empty((x.shape[axis] // self.size,) + xm.shape[1:], dtype=x.dtype)
+        algo = self.algorithm("reduce_scatter", x.nbytes)
+        if algo == "library":
+            self._in_out(lambda s, r: self.mpi.Reduce_scatter_block(s, r, mpi_op), xm, out)
+        else:
+            alg.run(self._reduce_scatter_steps(algo, xm, out, op))
+        if op == "mean":
+            out /= self.size
+        if axis != 0:
+            out = xp.ascontiguousarray(xp.moveaxis(out, 0, axis))
+        self._rec("reduce_scatter", start, nbytes=x.nbytes)
+        return out
+
+    def _reduce_scatter_steps(self, algo, xm, out, op):
+        """The steps of a reduce-scatter of contiguous xm (p blocks along axis 0) into out;
+        the input is copied first, so xm is free once the first step is posted."""
+        host = self._stage(xm) or not is_device(xm)
+        n, p, r = xm.size, self.size, self.rank
+        k = n // p
+        work, release_w = self._work(n + k, xm.dtype, xm, host)  # the input's copy, then ours
+        tmp, release_t = self._work(n if algo == "rabenseifner" else k, xm.dtype, xm, host)
+        try:
+            data, mine = work[:n], work[n:]
+            copy_into(xm.reshape(-1), data)
+            c = self._ctx(op, work)
+            if algo == "ring":
+                yield from alg.ring_reduce_scatter(c, data, tmp, alg.bounds(n, p))
+                mine = data[r * k:(r + 1) * k]
+            else:
+                yield from alg.rabenseifner_reduce_scatter(c, data, tmp, mine)
+            copy_into(mine.reshape(out.shape), out)
+        finally:
+            release_w()
+            release_t()
+
+    def ireduce_scatter(self, x, out, op="sum") -> Request:
+        """Post a reduce-scatter of contiguous x along axis 0 into ``out`` (this rank's
+        x.shape[0] / size rows, contiguous); ``wait()`` returns out. x must stay unchanged until
+        then. Advanced by ``algorithms.progress()``, like ``iallreduce``."""
+        mpi_op = self._op(op)
+        check_contiguous(x, f"{self.axis}.ireduce_scatter")
+        check_contiguous(out, f"{self.axis}.ireduce_scatter(out)")
+        check_divisible(self.axis, self.size, x, 0)
+        want = (x.shape[0] // self.size,) + tuple(x.shape[1:])
+        if tuple(out.shape) != want or out.dtype != x.dtype:
+            raise ValueError(f"{self.axis}.ireduce_scatter: out is {tuple(out.shape)} "
+                             f"{out.dtype}, expected {want} {x.dtype}")
+        if op == "mean":
+            check_float(x, "mean")
+        start = self._begin(x)
+        algo = self.algorithm("reduce_scatter", x.nbytes)
+        stage = self._stage(x)
+        bufs = [POOL.acquire(x.nbytes), POOL.acquire(out.nbytes)] if stage else []
+        if algo != "library":
+            req = alg.Stepper(self._reduce_scatter_steps(algo, x, out, op))
+        elif stage:
+            hin, hout = host_view(bufs[0], x.shape, x.dtype), host_view(bufs[1], want, x.dtype)
+            to_host(x, hin)
+            req = self.mpi.Ireduce_scatter_block(hin, hout, mpi_op)
+        else:
+            req = self.mpi.Ireduce_scatter_block(x, out, mpi_op)
+        size = self.size
+
+        def finish(status):
+            try:
+                if bufs and algo == "library":
+                    from_host(host_view(bufs[1], want, x.dtype), out)
+            finally:
+                for b in bufs:
+                    POOL.release(b)
+            if op == "mean":
+                out[...] /= size
+            return out
+
+        self._rec("reduce_scatter", start, nbytes=x.nbytes)
+        request = Request(self, req, finish, (-1, -1, x.nbytes, -1), keep=(x, out))
+        alg.PENDING[:] = [r for r in alg.PENDING if not r.done]
+        alg.PENDING.append(request)
+        return request
+
+    def allgather(self, x, axis=0, out=None):
+        """Concatenation of every rank's x (all the same shape) along ``axis``, in rank order;
+        into ``out`` when given (axis 0 only: a reused buffer spares fresh-memory page faults)."""
+        axis = norm_axis(axis, x.ndim)
+        xp = xp_of(x)
+        if out is not None:
+            self._check_out("allgather", x, out, axis,
+                            (self.size * x.shape[0],) + tuple(x.shape[1:]))
+        start = self._begin(x)
+        xm = xp.ascontiguousarray(xp.moveaxis(x, axis, 0))
+        if out is None:
+            out = xp.empty((self.size * xm.shape[0],) + xm.shape[1:], dtype=x.dtype)
+        elif xp.may_share_memory(xm, out):
+            xm = xm.copy()  # e.g. ZeRO-1's slice is a view of out; MPI forbids aliased buffers
+        algo = self.algorithm("allgather", x.nbytes * self.size)
+        if algo == "library":
+            self._in_out(self.mpi.Allgather, xm, out)
+        else:
+            self._allgather_alg(algo, xm, out)
+        if axis != 0:
+            out = xp.ascontiguousarray(xp.moveaxis(out, 0, axis))
+        self._rec("allgather", start, nbytes=x.nbytes)
+        return out
+
+    def _allgather_alg(self, algo, xm, out):
+        stage = self._stage(xm)
+        k, r = xm.size, self.rank
+        buf = POOL.acquire(out.nbytes) if stage else None
+        try:
+            flat = host_view(buf, (out.size,), out.dtype) if stage else out.reshape(-1)
+            copy_into(xm.reshape(-1), flat[r * k:(r + 1) * k])
+            c = self._ctx("sum", flat)
+            if algo == "ring":
+                alg.run(alg.ring_allgather(c, flat, alg.bounds(flat.size, self.size)))
+            else:
+                alg.run(alg.rabenseifner_allgather(c, flat))
+            if stage:
+                from_host(flat.reshape(out.shape), out)
+        finally:
+            if buf is not None:
+                POOL.release(buf)
+
+    def _check_out(self, op, x, out, axis, want) -> None:
+        if axis != 0 or tuple(out.shape) != want or out.dtype != x.dtype:
+            raise ValueError(f"{self.axis}.{op}(out=...): out is {tuple(out.shape)} {out.dtype}, "
+                             f"expected {want} {x.dtype} (and axis 0)")
+        check_contiguous(out, f"{self.axis}.{op}(out=...)")
+
+    def _in_out(self, call, xin, out) -> None:
+        """call(send, recv) on xin and out directly, or on host copies when staging."""
+        if not self._stage(xin):
+            call(xin, out)
+            return
+        bin_, bout = POOL.acquire(xin.nbytes), POOL.acquire(out.nbytes)
+        try:
+            hin = host_view(bin_, xin.shape, xin.dtype)
+            hout = host_view(bout, out.shape, out.dtype)
+            to_host(xin, hin)
+            call(hin, hout)
+            from_host(hout, out)
+        finally:
+            POOL.release(bin_)
+            POOL.release(bout)

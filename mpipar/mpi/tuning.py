@@ -1,0 +1,122 @@
+"""Which collective algorithm to run, by kind, message size and communicator size.
+
+``MPIPAR_COLLECTIVES=auto|library|ring|rabenseifner`` forces one algorithm for every collective
+(``auto``, the default, chooses). ``auto`` reads the table ``mpipar commbench --tune`` writes
+(``MPIPAR_COLLECTIVES_TABLE``, else ``~/.cache/mpipar/collectives.json`` when it exists) and
+falls back on ``DEFAULT``. Every rank must see the same table (the same file on a shared file
+system): ranks that choose differently would run different message patterns and hang.
+
+Table file (JSON): ``{"version": 1, "mpi_library": "...", "choices": {kind: {comm size:
+[[bytes, algorithm], ...]}}}``, the fastest algorithm measured at each size; a message takes the
+choice measured at the nearest size (on a log scale), a communicator size not in the table the
+nearest one measured.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from mpipar.mpi.algorithms import ALGORITHMS, KINDS
+
+ENV_MODE = "MPIPAR_COLLECTIVES"
+ENV_TABLE = "MPIPAR_COLLECTIVES_TABLE"
+MODES = ("auto",) + ALGORITHMS
+
+# Without a tuned table: the library below 512 KiB (its latency-optimised algorithms win there);
+# above it exchange halves (DESIGN.md: on 2 ranks Sendrecv plus a local add reduced 64 MB in
+# ~12 ms where MPI_Allreduce took ~33 ms). Rabenseifner moves the ring's bytes in log2 p steps.
+# All-gather copies only and the library's ring is already near the copy bandwidth: kept.
+DEFAULT = {
+    "allreduce": [(0, "library"), (512 << 10, "rabenseifner")],
+    "reduce_scatter": [(0, "library"), (512 << 10, "rabenseifner")],
+    "allgather": [(0, "library")],
+}
+
+
+def default_path() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "mpipar" / "collectives.json"
+
+
+def mode() -> str:
+    """The forced algorithm, or "auto"; a bad value is an error naming the variable."""
+    value = os.environ.get(ENV_MODE, "").strip().lower() or "auto"
+    if value not in MODES:
+        raise ValueError(f"{ENV_MODE}={value!r} is not one of {'|'.join(MODES)}")
+    return value
+
+
+def validate(table: dict, source="table") -> dict:
+    """``table["choices"]`` checked: kinds, sizes and algorithm names."""
+    choices = table.get("choices") if isinstance(table, dict) else None
+    if not isinstance(choices, dict):
+        raise ValueError(f"{source}: no 'choices' object; rerun mpipar commbench --tune")
+    out = {}
+    for kind, by_size in choices.items():
+        if kind not in KINDS:
+            raise ValueError(f"{source}: unknown collective {kind!r} (expected one of {KINDS})")
+        out[kind] = {}
+        for p, rows in by_size.items():
+            entries = []
+            for nbytes, algo in rows:
+                if algo not in ALGORITHMS or int(nbytes) < 1:
+                    raise ValueError(f"{source}: bad entry [{nbytes}, {algo!r}] for {kind} on "
+                                     f"{p} ranks (algorithms: {ALGORITHMS})")
+                entries.append((int(nbytes), algo))
+            out[kind][int(p)] = sorted(entries)
+    return out
+
+
+def load(path) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read the collectives table {path}: {exc}; rerun mpipar "
+                         f"commbench --tune or unset {ENV_TABLE}") from exc
+    return validate(data, str(path))
+
+
+_TABLE: dict | None = None
+
+
+def table() -> dict:
+    """The tuned choices ({} when there is none); loaded once per process."""
+    global _TABLE
+    if _TABLE is None:
+        path = os.environ.get(ENV_TABLE, "").strip()
+        if path:
+            _TABLE = load(path)
+        else:
+            p = default_path()
+            _TABLE = load(p) if p.is_file() else {}
+    return _TABLE
+
+
+def choose(kind, nbytes, p, tuned=None) -> str:
+    """The algorithm for a ``kind`` collective of ``nbytes`` over p ranks: nccl-tests' sizes, the
+    per-rank buffer (all-reduce), the whole input (reduce-scatter) or output (all-gather)."""
+    tuned = table() if tuned is None else tuned
+    by_size = tuned.get(kind)
+    if by_size:
+        key = min(by_size, key=lambda q: (abs(q - p), q))
+        rows = by_size[key]
+        x = math.log2(max(1, nbytes))
+        return min(rows, key=lambda e: abs(math.log2(e[0]) - x))[1]
+    algo = "library"
+    for threshold, name in DEFAULT[kind]:
+        if nbytes >= threshold:
+            algo = name
+    return algo
+
+
+def tuned_table(results: dict, library: str) -> dict:
+    """The file ``--tune`` writes from {kind: {p: [(bytes, {algorithm: seconds})]}}."""
+    choices = {
+        kind: {str(p): [[int(b), min(times, key=times.get)] for b, times in rows]
+               for p, rows in by_p.items()}
+        for kind, by_p in results.items()
+    }
+    return {"version": 1, "mpi_library": library, "choices": choices}
