@@ -15,7 +15,15 @@ from pathlib import Path
 
 import tomllib
 
-from .layout import DEFAULT_ORDER, GridError, check_axes, check_grid, parse_order
+from .layout import (
+    DEFAULT_ORDER,
+    GridError,
+    check_axes,
+    check_grid,
+    parse_order,
+    tp_batch_shards,
+    tp_grid_shape,
+)
 
 
 class ConfigError(ValueError):
@@ -65,6 +73,8 @@ class ParallelConfig:
     dp: int = 1
     pp: int = 1
     tp: int = 1
+    tp_mode: str = "1d"  # 1d (Megatron) | 2d (Optimus) | 2.5d (Tesseract) | 3d
+    tp_depth: int = 1  # 2.5d only: tp = tp_depth * q^2
     order: str = DEFAULT_ORDER  # rank order, fastest-varying axis first
     schedule: str = "1f1b"  # naive | gpipe | 1f1b | interleaved | zb-h1 | pipedream
     microbatches: int = 1
@@ -234,10 +244,16 @@ def _validate_model(m: ModelConfig, p: ParallelConfig) -> None:
     if m.kind == "gpt":
         if m.vocab_size < 2:
             raise ConfigError("model.vocab_size must be at least 2")
+        if m.tie_embeddings and p.tp_mode != "1d" and p.tp > 1:
+            raise ConfigError(f"model.tie_embeddings is for tp_mode 1d (tp_mode is "
+                              f"{p.tp_mode}): set tie_embeddings = false")
         if m.tie_embeddings and p.pp > 1:
             raise ConfigError("model.tie_embeddings needs the embedding and the LM head on one "
                               "pipeline stage: set tie_embeddings = false or pp = 1")
         return
+    if p.tp_mode != "1d" and p.tp > 1:
+        raise ConfigError(f"parallel.tp_mode = {p.tp_mode} builds the GPT only (model.kind is "
+                          f"mlp): use tp_mode 1d")
     if len(m.sizes) < 2:
         raise ConfigError("model.sizes must list at least an input and an output size")
     if m.activation not in ("relu", "gelu"):
@@ -273,5 +289,17 @@ def _validate_parallel(p: ParallelConfig, t: TrainConfig, world_size: int | None
         raise ConfigError(f"parallel.schedule_file {p.schedule_file} not found")
     if p.zero1 and p.schedule == "pipedream":
         raise ConfigError("ZeRO-1 with asynchronous PipeDream is not supported: drop zero1")
+    _grid_rule(tp_grid_shape, p.tp_mode, p.tp, p.tp_depth)
+    shards = tp_batch_shards(p.tp_mode, tp_grid_shape(p.tp_mode, p.tp, p.tp_depth))
+    mb_size = t.batch_size // (p.dp * p.microbatches)
+    if mb_size % shards:
+        raise ConfigError(f"tp_mode {p.tp_mode} with tp = {p.tp} splits each micro-batch's "
+                          f"{mb_size} sequences over {shards} ranks: make train.batch_size / "
+                          f"(dp * microbatches) a multiple of {shards}")
+    if p.tp_mode != "1d" and p.tp > 1:
+        for name in ("sequence_parallel", "zero1"):
+            if getattr(p, name):
+                raise ConfigError(f"parallel.{name} = true is for tp_mode 1d (tp_mode is "
+                                  f"{p.tp_mode}): drop it")
     if world_size is not None:
         _grid_rule(check_grid, p.dp, p.pp, p.tp, world_size)

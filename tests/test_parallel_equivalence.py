@@ -1,7 +1,7 @@
 """Contract 1: every grid computes the one-rank model's function (float64).
 
 Each case launches ``mpiexec -n dp*pp*tp`` once and runs several variants (schedule,
-micro-batches, ZeRO-1, sequence parallelism, recomputation, MLP) on that grid; world rank 0 also
+micro-batches, ZeRO-1, sequence parallelism, recomputation, MLP, 2D tensor parallelism) on that grid; world rank 0 also
 trains the one-rank model and compares the gathered step-0 gradients (<= 1e-10), the loss of each
 of 3 steps (<= 1e-9) and the weights after them (<= 1e-9). See tests/mpi/equiv_train.py.
 """
@@ -36,6 +36,10 @@ def variants(dp, pp, tp):
         out.append("1f1b:2:sp")
         if dp > 1 and pp > 1:
             out.append(f"interleaved:{pp}:v=2:sp:zero1" if pp * 2 <= 8 else f"zb-h1:{pp}:sp:zero1")
+    if tp == 4:  # 2D tensor parallelism (q = 2), alone and with pp and dp (issue 17)
+        out.append("1f1b:2:2d")
+        if pp > 1:
+            out.append(f"zb-h1:{pp + 1}:2d")
     out.append("1f1b:2:mlp")
     return out
 
