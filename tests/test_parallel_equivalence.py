@@ -1,7 +1,8 @@
 """Contract 1: every grid computes the one-rank model's function (float64).
 
 Each case launches ``mpiexec -n dp*pp*tp`` once and runs several variants (schedule,
-micro-batches, ZeRO-1, sequence parallelism, recomputation, MLP, 2D tensor parallelism) on that grid; world rank 0 also
+micro-batches, ZeRO-1, sequence parallelism, recomputation, MLP, 2D tensor parallelism
+at tp = 4) on that grid; world rank 0 also
 trains the one-rank model and compares the gathered step-0 gradients (<= 1e-10), the loss of each
 of 3 steps (<= 1e-9) and the weights after them (<= 1e-9). See tests/mpi/equiv_train.py.
 """

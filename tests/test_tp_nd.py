@@ -115,3 +115,18 @@ def test_checkpoint_written_in_2d_resumes_in_1d_and_back(tokens, tmp_path):
     back = _train(tokens, tmp_path / "d", 4, "--tp", "4", "--tp-mode", "2d", "--resume",
                   str(ck1 / "checkpoints" / "step_000003.h5"))
     assert np.max(np.abs(np.subtract(back, full[3:])) / np.abs(full[3:])) <= 1e-9
+
+
+@pytest.mark.mpi
+def test_tp_modes_experiment_quick_bytes_match_formulas(tmp_path):
+    exp = Path(__file__).resolve().parent.parent / "experiments" / "tp_modes.py"
+    res = run_mpi(1, [sys.executable, str(exp), "--quick", "--out", str(tmp_path)], timeout=240)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    built = [r for r in rows if r["MiB_step"] != "not built"]
+    assert [(r["ranks"], r["mode"]) for r in built] == [(1, "1d"), (4, "1d"), (4, "2d"),
+                                                        (8, "1d")]
+    for r in built:
+        assert r["MiB_step"] == pytest.approx(r["pred_MiB"], rel=1e-12), r
+    two_d = built[2]
+    assert abs(two_d["param_ratio"] * 4 - 1) < 0.05 and abs(two_d["act_ratio"] * 4 - 1) < 0.05

@@ -1,0 +1,101 @@
+"""Experiment 6: tensor-parallel modes side by side on the same GPT (issue 17).
+
+4 ranks: 1d (Megatron) vs 2d (Optimus, q = 2); 8 ranks: 1d vs 2.5d (q = 2, d = 2) vs 3d (q = 2);
+plus the one-rank model as the memory reference. Per rank and step: ``MiB_step`` (bytes handed to
+tp collectives, measured by the tracer) beside ``pred_MiB`` (the formula below), parameter and
+activation memory per rank and their ratio to one rank's (``param_ratio``, ``act_ratio``;
+``ideal`` = 1/tp: 1d reaches it for the weight matrices only, 2d (1/q^2 = 1/tp) for the
+matrices and every activation, its LayerNorm, bias and position vectors cut by q only), and the median step time.
+
+Formulas (payload bytes per rank per step, item = bytes per element, m micro-batches of b_m
+sequences of s tokens, hidden h, L blocks, vocabulary V):
+- 1d: m [(4L + 2) b_m s h + 3 b_m s] item (Megatron: two all-reduces forward and two backward
+  per block, embedding and head one each, the loss three scalars per token);
+- 2d: per SUMMA linear (d_in -> d_out) and micro-batch, with X = (b_m/q) s d_in/q and
+  W = d_in d_out / q^2 elements: 2q X + 2q W broadcasts + q X + q W reduced (Optimus), a bias
+  d_out/q; per LayerNorm 4 (b_m/q) s + 2h/q; the embedding b_m s h/q + (b_m/q) s h/q, positions
+  s h/q; the loss 3 (b_m/q) s + 1;
+- both: + 1 (the gradient norm's partial sum).
+2.5d and 3d are not built yet: their rows say so.
+
+Ranks outnumber the cores of a small machine: step times are oversubscribed and indicative
+only; bytes and memory are exact. Run: ``python experiments/tp_modes.py [--quick] [--out DIR]``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
+
+NAME = "tp_modes"
+COLUMNS = ["ranks", "mode", "MiB_step", "pred_MiB", "param_MiB", "param_ratio", "act_MiB",
+           "act_ratio", "ideal", "step_ms"]
+MiB = 2.0**20
+MODEL = {"model.n_layer": 4, "model.n_embd": 128, "model.n_head": 8, "model.block_size": 64,
+         "model.vocab_size": 256, "train.batch_size": 16, "train.seq_len": 64,
+         "parallel.microbatches": 2, "train.dtype": "float32"}
+QUICK = {"model.n_layer": 2, "model.n_embd": 32, "model.n_head": 8, "model.block_size": 8,
+         "model.vocab_size": 256, "train.batch_size": 8, "train.seq_len": 8,
+         "parallel.microbatches": 2, "train.dtype": "float32"}
+RUNS = [(1, "1d"), (4, "1d"), (4, "2d"), (8, "1d"), (8, "2.5d"), (8, "3d")]
+BUILT = ("1d", "2d")
+
+
+def predicted(m: dict, tp: int, mode: str) -> float:
+    item = 8 if m["train.dtype"] == "float64" else 4
+    L, h, V, s = m["model.n_layer"], m["model.n_embd"], m["model.vocab_size"], m["train.seq_len"]
+    mb = m["parallel.microbatches"]
+    b = m["train.batch_size"] // mb
+    if tp == 1:
+        return 0.0
+    if mode == "1d":
+        return (mb * ((4 * L + 2) * b * s * h + 3 * b * s) + 1) * item
+    q = round(tp ** 0.5)
+    T = b // q * s
+
+    def lin(din, dout, bias=True):
+        x, w = T * din // q, din * dout // q // q
+        return 3 * q * (x + w) + (dout // q if bias else 0)
+
+    ln = 4 * T + 2 * h // q
+    block = 2 * ln + lin(h, 3 * h) + lin(h, h) + lin(h, 4 * h) + lin(4 * h, h)
+    per_mb = b * s * h // q + T * h // q + s * h // q + L * block + ln + lin(h, V, False)
+    per_mb += 3 * T + 1
+    return (mb * per_mb + 1) * item
+
+
+def main(argv=None) -> int:
+    args = common.parser(NAME, __doc__).parse_args(argv)
+    out = common.out_dir(args, NAME)
+    m = QUICK if args.quick else MODEL
+    steps = args.steps or (2 if args.quick else 4)
+    driver = Path(__file__).resolve().parent / "tp_modes_driver.py"
+    rows, one = [], None
+    for ranks, mode in RUNS:
+        if mode not in BUILT:
+            rows.append({"ranks": ranks, "mode": mode, "MiB_step": "not built"})
+            continue
+        cmd = ["mpiexec", "-n", str(ranks), sys.executable, str(driver), "--tp", str(ranks),
+               "--mode", mode, "--steps", str(steps)]
+        for k, v in m.items():
+            cmd += ["--set", f"{k}={v}"]
+        text = common.run_command(cmd, args.timeout, f"{mode} tp={ranks}")
+        r = json.loads(next(ln for ln in text.splitlines() if ln.startswith("RESULT "))[7:])
+        one = one or r  # the first run is the one-rank model
+        rows.append({"ranks": ranks, "mode": mode, "MiB_step": r["bytes"] / MiB,
+                     "pred_MiB": predicted(m, ranks, mode) / MiB,
+                     "param_MiB": r["params"] / MiB, "param_ratio": r["params"] / one["params"],
+                     "act_MiB": r["act"] / MiB, "act_ratio": r["act"] / one["act"],
+                     "ideal": 1.0 / ranks, "step_ms": 1e3 * r["step_s"]})
+    common.write_results(out, NAME, rows, COLUMNS,
+                         meta={"model": m, "steps": steps, **common.machine_note()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
