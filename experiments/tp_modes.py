@@ -5,7 +5,8 @@ plus the one-rank model as the memory reference. Per rank and step: ``MiB_step``
 tp collectives, measured by the tracer) beside ``pred_MiB`` (the formula below), parameter and
 activation memory per rank and their ratio to one rank's (``param_ratio``, ``act_ratio``;
 ``ideal`` = 1/tp: 1d reaches it for the weight matrices only, 2d (1/q^2 = 1/tp) for the
-matrices and every activation, its LayerNorm, bias and position vectors cut by q only), and the median step time.
+matrices and every activation, its LayerNorm, bias and position vectors cut by q only), and the
+median step time.
 
 Formulas (payload bytes per rank per step, item = bytes per element, m micro-batches of b_m
 sequences of s tokens, hidden h, L blocks, vocabulary V):
@@ -14,8 +15,8 @@ sequences of s tokens, hidden h, L blocks, vocabulary V):
 - 2d: per SUMMA linear (d_in -> d_out) and micro-batch, with X = (b_m/q) s d_in/q and
   W = d_in d_out / q^2 elements: 2q X + 2q W broadcasts + q X + q W reduced (Optimus), a bias
   d_out/q; per LayerNorm 4 (b_m/q) s + 2h/q; the embedding b_m s h/q + (b_m/q) s h/q, positions
-  s h/q; the loss 3 (b_m/q) s + 1;
-- both: + 1 (the gradient norm's partial sum).
+  s h/q; the loss 3 (b_m/q) s, plus one float64 (8 bytes) per micro-batch;
+- both: + 8 bytes (the gradient norm's float64 partial sum).
 2.5d and 3d are not built yet: their rows say so.
 
 Ranks outnumber the cores of a small machine: step times are oversubscribed and indicative
@@ -54,7 +55,7 @@ def predicted(m: dict, tp: int, mode: str) -> float:
     if tp == 1:
         return 0.0
     if mode == "1d":
-        return (mb * ((4 * L + 2) * b * s * h + 3 * b * s) + 1) * item
+        return mb * ((4 * L + 2) * b * s * h + 3 * b * s) * item + 8
     q = round(tp ** 0.5)
     T = b // q * s
 
@@ -65,8 +66,8 @@ def predicted(m: dict, tp: int, mode: str) -> float:
     ln = 4 * T + 2 * h // q
     block = 2 * ln + lin(h, 3 * h) + lin(h, h) + lin(h, 4 * h) + lin(4 * h, h)
     per_mb = b * s * h // q + T * h // q + s * h // q + L * block + ln + lin(h, V, False)
-    per_mb += 3 * T + 1
-    return (mb * per_mb + 1) * item
+    per_mb += 3 * T
+    return mb * (per_mb * item + 8) + 8  # + the loss's and the norm's float64 scalars
 
 
 def main(argv=None) -> int:

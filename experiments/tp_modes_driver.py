@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main(argv=None) -> int:
+    from memory_driver import _layer_arrays, held_bytes
     from mpi4py import MPI
 
-    from memory_driver import _layer_arrays, held_bytes
     from mpipar.backend import Backend
     from mpipar.config import load_config
     from mpipar.mpi.grid import ProcessGrid
