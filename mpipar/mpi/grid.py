@@ -194,6 +194,9 @@ class ProcessGrid:
 
     def free(self) -> None:
         """Release the communicators (optional; MPI_Finalize frees them too)."""
+        for subs in self.__dict__.get("_tp_sub", {}).values():
+            for c in subs:
+                c.free()
         for c in (self.tp_comm, self.pp_comm, self.dp_comm, self.world_comm):
             c.free()
 
