@@ -39,7 +39,7 @@ def check_model(cfg: Config) -> None:
             from ..layout import tp_grid_shape
             from ..parallel.tensor_nd import check_gpt_shapes_2d
 
-            check_gpt_shapes_2d(m, tp_grid_shape(p.tp_mode, p.tp, p.tp_depth)[-1])
+            check_gpt_shapes_2d(m, tp_grid_shape(p.tp_mode, p.tp, p.tp_depth)[-1], p.tp_mode)
             check_gpt_shapes(m, 1, False, t.seq_len)
         elif m.kind == "gpt":
             check_gpt_shapes(m, p.tp, p.sequence_parallel, t.seq_len)

@@ -1,11 +1,18 @@
-"""What a model needs to know about 2D tensor parallelism on this rank (Optimus, arXiv
-2104.05343), and the factory that picks the context of ``parallel.tp_mode``.
+"""What a model needs to know about 2D / 2.5D tensor parallelism on this rank (Optimus, arXiv
+2104.05343; Tesseract, arXiv 2105.14500), and the factory that picks the context of
+``parallel.tp_mode``.
 
 The tp group of P = q^2 ranks is a q x q grid, tp rank t = (i, j) = (t // q, t % q). An
 activation (batch, seq, hidden) is cut into q x q blocks: rank (i, j) holds the sequences of
 batch block i and the hidden columns of block j. A weight (d_in, d_out) is cut the same way:
 rank (i, j) holds rows block i, columns block j. ``row`` is the communicator of the ranks sharing
 i (local rank j), ``col`` the one of the ranks sharing j (local rank i).
+
+2.5D (Tesseract) stacks d such q x q layers: tp rank t = (k, i, j), k the depth. Each layer runs
+2D on its own slab of the batch (sequences cut into d * q blocks: rank (k, i, j) holds block
+k q + i), the weights are the same q x q blocks on every layer (replicated over depth by design,
+1/q^2 per rank), and ``dep`` (the ranks sharing i and j) sums their gradients over the slabs.
+2D is the case d = 1 (``dep`` a one-rank ``LocalComm``).
 """
 
 from __future__ import annotations
@@ -13,11 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...layout import tp_grid_shape
+from ...mpi.comm import LocalComm
 from ...nn.params import ShardSpec
 from ..tensor import TPContext
 
-# grid dims of the 2D layout: the spec pairs name them
-ROW, COL = 0, 1
+# what the spec pairs name: the grid row index i and column index j (mapped to grid dims by mode)
+ROW, COL = "row", "col"
 
 
 @dataclass
@@ -26,12 +34,34 @@ class TP2DContext:
     row: object  # ranks (i, *): local rank j
     col: object  # ranks (*, j): local rank i
     q: int
+    dep: object = None  # ranks (*, i, j) in 2.5D: local rank k; a LocalComm in 2D
     mode: str = "2d"
     sequence_parallel: bool = False  # never: the 2D blocks already split every activation
 
+    def __post_init__(self):
+        if self.dep is None:
+            self.dep = LocalComm("tp_dep")
+
+    @property
+    def d(self) -> int:
+        return self.dep.size
+
     @property
     def size(self) -> int:
-        return self.q * self.q
+        return self.d * self.q * self.q
+
+    @property
+    def k(self) -> int:
+        return self.dep.rank
+
+    @property
+    def batch_shards(self) -> int:
+        return self.d * self.q
+
+    @property
+    def batch_block(self) -> int:
+        """Which of the d * q blocks of a micro-batch's sequences this rank holds."""
+        return self.k * self.q + self.i
 
     @property
     def i(self) -> int:
@@ -43,16 +73,24 @@ class TP2DContext:
 
     @property
     def rank(self) -> int:
-        return self.i * self.q + self.j
+        return (self.k * self.q + self.i) * self.q + self.j
 
     def spec(self, *pairs) -> ShardSpec:
         """A ShardSpec cutting tensor axes over grid dims: pairs (tensor axis, ROW or COL)."""
-        return ShardSpec(split=tuple(pairs), grid=(self.q, self.q))
+        dims = {ROW: 1, COL: 2} if self.mode == "2.5d" else {ROW: 0, COL: 1}
+        grid = (self.d, self.q, self.q) if self.mode == "2.5d" else (self.q, self.q)
+        return ShardSpec(split=tuple((ax, dims[g]) for ax, g in pairs), grid=grid)
+
+    def sum_replicas(self, x):
+        """Sum x over the ranks holding the same block of a column-cut vector (the column, and
+        the depth in 2.5D): what each saw of its own sequences. In place; returns x."""
+        x = self.col.allreduce(x, op="sum", inplace=True)
+        return self.dep.allreduce(x, op="sum", inplace=True) if self.d > 1 else x
 
     def divide(self, n: int, what: str) -> int:
         if n % self.q:
-            raise ValueError(f"{what} = {n} is not divisible by q = {self.q} (tp_mode 2d, tp = "
-                             f"{self.size} = q^2): choose sizes divisible by q")
+            raise ValueError(f"{what} = {n} is not divisible by q = {self.q} (tp_mode "
+                             f"{self.mode}, tp = {self.size}): choose sizes divisible by q")
         return n // self.q
 
 
@@ -69,4 +107,10 @@ def tp_context(grid, parallel):
             raise RuntimeError(f"tp sub-communicators put tp rank {grid.tp_rank} at "
                                f"({col.rank}, {row.rank})")
         return TP2DContext(comm=grid.tp_comm, row=row, col=col, q=shape[0])
-    raise ValueError(f"parallel.tp_mode = {mode!r} is not built yet: use 1d or 2d")
+    if mode == "2.5d":
+        dep, col, row = grid.tp_subcomms(shape, ("tp_dep", "tp_col", "tp_row"))
+        ctx = TP2DContext(comm=grid.tp_comm, row=row, col=col, q=shape[1], dep=dep, mode=mode)
+        if ctx.rank != grid.tp_rank:
+            raise RuntimeError(f"tp sub-communicators put tp rank {grid.tp_rank} at {ctx.rank}")
+        return ctx
+    raise ValueError(f"parallel.tp_mode = {mode!r} is not built yet: use 1d, 2d or 2.5d")

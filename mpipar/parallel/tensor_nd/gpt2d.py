@@ -15,18 +15,17 @@ from .layers2d import (
 )
 
 
-def check_gpt_shapes_2d(m, q: int) -> None:
-    """Raise ValueError naming the field and the fix: 2D cuts hidden, heads, MLP width and
-    vocabulary by q."""
+def check_gpt_shapes_2d(m, q: int, mode: str = "2d") -> None:
+    """Raise ValueError naming the field and the fix: 2D and 2.5D cut hidden, heads, MLP width
+    and vocabulary by q."""
     if m.n_embd % m.n_head:
         raise ValueError(f"model.n_embd = {m.n_embd} is not divisible by model.n_head = "
                          f"{m.n_head}: pick n_head dividing n_embd")
     for what, n in (("model.n_embd", m.n_embd), ("model.n_head", m.n_head),
                     ("model.vocab_size", m.vocab_size)):
         if n % q:
-            raise ValueError(f"{what} = {n} is not divisible by q = {q} (tp_mode 2d, tp = "
-                             f"{q * q} = q^2): choose a {what.split('.')[1]} that q divides, "
-                             f"or another tp")
+            raise ValueError(f"{what} = {n} is not divisible by q = {q} (tp_mode {mode}): "
+                             f"choose a {what.split('.')[1]} that q divides, or another tp")
 
 
 def gpt_block_2d(pf: ParamFactory, tp: TP2DContext, i: int, d: int, n_head: int) -> Layer:
@@ -54,7 +53,7 @@ def build_gpt_2d(mcfg, backend, seed, tp: TP2DContext):
     """Units: [embedding] + [block] * n_layer + [final LN and LM head], as ``build_gpt``."""
     from ...models import Model, _count_full
 
-    check_gpt_shapes_2d(mcfg, tp.q)
+    check_gpt_shapes_2d(mcfg, tp.q, tp.mode)
     if mcfg.tie_embeddings:
         raise ValueError("model.tie_embeddings is for tp_mode 1d: set tie_embeddings = false")
     d = mcfg.n_embd
@@ -68,6 +67,6 @@ def build_gpt_2d(mcfg, backend, seed, tp: TP2DContext):
                         Linear2D(pf, tp, "head", d, mcfg.vocab_size, bias=False)], name="head")
     model = Model("gpt", [embed, *blocks, final], CrossEntropy2D(tp),
                   out_widths=[d // tp.q] * (mcfg.n_layer + 1) + [mcfg.vocab_size // tp.q],
-                  batch_shards=tp.q)
+                  batch_shards=tp.batch_shards)
     model.n_params_full = _count_full(model.params())
     return model

@@ -24,8 +24,9 @@ def _rows(x):
 
 
 def _col_sum_into(tp, grad, local):
-    """grad += the sum over this column's ranks of ``local`` (their batch blocks' shares)."""
-    grad += tp.col.allreduce(local, op="sum", inplace=True)
+    """grad += the sum over this column's ranks (and depth, 2.5D) of ``local`` (their batch
+    blocks' shares)."""
+    grad += tp.sum_replicas(local)
 
 
 class Linear2D(Layer):
@@ -59,7 +60,10 @@ class Linear2D(Layer):
     def backward_weight(self, mb=0):
         x, dy = self._ctx.pop(mb)
         dy2 = _rows(dy)
-        self._w(self.w.grad)[...] += summa.atb(_rows(x), dy2, self.tp)
+        dw = summa.atb(_rows(x), dy2, self.tp)
+        if self.tp.d > 1:  # 2.5D: every depth layer holds the same blocks, each its own slab
+            self.tp.dep.allreduce(dw, op="sum", inplace=True)
+        self._w(self.w.grad)[...] += dw
         if self.b is not None:
             _col_sum_into(self.tp, self.b.grad.reshape(-1), dy2.sum(axis=0))
 
@@ -106,7 +110,7 @@ class LayerNorm2D(Layer):
         xhat, _, dy = self._ctx.pop(mb)
         dy2 = _rows(dy)
         both = xp.stack([(dy2 * xhat).sum(axis=0), dy2.sum(axis=0)])  # one message
-        both = self.tp.col.allreduce(both, op="sum", inplace=True)
+        both = self.tp.sum_replicas(both)
         self.g.grad += both[0]
         self.b.grad += both[1]
 
@@ -115,8 +119,9 @@ class Embedding2D(Layer):
     """Token embedding, table (vocab, d) cut vocab by row i and hidden by column j.
 
     Every rank gets all of the micro-batch's ids: rank (i', j) looks up (masked) every sequence
-    in its vocabulary rows, and a reduce-scatter over column j sums the q vocabulary shards and
-    hands rank (i, j) its batch block i. The backward all-gathers the gradient over the column.
+    of its depth's slab (all of them in 2D) in its vocabulary rows, and a reduce-scatter over
+    column j sums the q vocabulary shards and hands rank (i, j) its batch block i. The backward
+    all-gathers the gradient over the column (and, 2.5D, sums the table's over depth).
     """
 
     def __init__(self, pf: ParamFactory, tp: TP2DContext, name, vocab, d):
@@ -131,6 +136,8 @@ class Embedding2D(Layer):
     def forward(self, ids, mb=0):
         xp = array_module(self.table.data)
         ids = xp.asarray(ids)
+        slab = ids.shape[0] // self.tp.d
+        ids = ids[self.tp.k * slab:(self.tp.k + 1) * slab]
         outside = (ids < self.lo) | (ids >= self.hi)
         local = ids - self.lo
         local[outside] = 0
@@ -147,7 +154,13 @@ class Embedding2D(Layer):
         local, outside, dy = self._ctx.pop(mb)
         dy = self.tp.col.allgather(dy, axis=0)
         dy[outside] = 0.0
-        F.embedding_backward_weight(local, dy, self.table.grad)
+        if self.tp.d == 1:
+            F.embedding_backward_weight(local, dy, self.table.grad)
+            return
+        xp = array_module(dy)
+        g = xp.zeros_like(self.table.grad)
+        F.embedding_backward_weight(local, dy, g)
+        self.table.grad += self.tp.dep.allreduce(g, op="sum", inplace=True)
 
 
 class PositionEmbedding2D(Layer):
@@ -178,7 +191,8 @@ class PositionEmbedding2D(Layer):
 class CrossEntropy2D(CrossEntropyLoss):
     """Vocab-parallel cross-entropy on logits (batch / q, seq, vocab / q): the row's ranks hold
     a token's whole vocabulary (reduced over the row, as 1D reduces over tp); each row holds a
-    batch block, so the micro-batch mean is the mean over the column of the blocks' means."""
+    batch block, so the micro-batch mean is the mean over the column (and depth) of the blocks'
+    means."""
 
     def __init__(self, tp: TP2DContext):
         super().__init__()
@@ -191,7 +205,7 @@ class CrossEntropy2D(CrossEntropyLoss):
         return self.tp.row.allreduce(x, op=op, inplace=True)
 
     def forward(self, logits, targets, mb=0, scale=1.0) -> float:
-        nb = logits.shape[0]
-        mine = targets[self.tp.i * nb:(self.tp.i + 1) * nb]
-        loss = super().forward(logits, mine, mb, scale / self.tp.q)
-        return self.tp.col.allreduce_scalar(loss, op="sum") / self.tp.q
+        nb, n = logits.shape[0], self.tp.batch_shards
+        mine = targets[self.tp.batch_block * nb:(self.tp.batch_block + 1) * nb]
+        loss = self.tp.col.allreduce_scalar(super().forward(logits, mine, mb, scale / n), "sum")
+        return (self.tp.dep.allreduce_scalar(loss, "sum") if self.tp.d > 1 else loss) / n
