@@ -215,11 +215,11 @@ assert set(_BUILDERS) == set(MODEL_KINDS), "config.MODEL_KINDS and the builders 
 def build_model(mcfg, backend, seed=0, tp: TPContext | None = None) -> Model:
     if mcfg.kind not in _BUILDERS:
         raise ValueError(f"model.kind = {mcfg.kind!r}: use one of {', '.join(MODEL_KINDS)}")
-    if getattr(tp, "mode", "1d") != "1d":  # 2D tensor parallelism: its own layers
-        from .parallel.tensor_nd import build_gpt_2d
+    if getattr(tp, "mode", "1d") != "1d":  # 2D / 2.5D / 3D tensor parallelism: own layers
+        from .parallel.tensor_nd import build_gpt_nd
 
         if mcfg.kind != "gpt":
             raise ValueError(f"tp_mode {tp.mode} builds the GPT only (model.kind = "
                              f"{mcfg.kind!r}): use tp_mode 1d")
-        return build_gpt_2d(mcfg, backend, seed, tp)
+        return build_gpt_nd(mcfg, backend, seed, tp)
     return _BUILDERS[mcfg.kind](mcfg, backend, seed, tp)

@@ -113,4 +113,10 @@ def tp_context(grid, parallel):
         if ctx.rank != grid.tp_rank:
             raise RuntimeError(f"tp sub-communicators put tp rank {grid.tp_rank} at {ctx.rank}")
         return ctx
-    raise ValueError(f"parallel.tp_mode = {mode!r} is not built yet: use 1d, 2d or 2.5d")
+    from .context3d import TP3DContext
+
+    ci, cj, cl = grid.tp_subcomms(shape, ("tp_i", "tp_j", "tp_l"))
+    ctx = TP3DContext(comm=grid.tp_comm, ci=ci, cj=cj, cl=cl, q=shape[0])
+    if ctx.rank != grid.tp_rank:
+        raise RuntimeError(f"tp sub-communicators put tp rank {grid.tp_rank} at {ctx.rank}")
+    return ctx
