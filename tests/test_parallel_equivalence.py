@@ -62,6 +62,18 @@ def test_grid_matches_one_rank(tokens, grid):
     assert report.count("ok  ") == len(variants(dp, pp, tp)), report
 
 
+ND_MODES = ["1f1b:2:2.5d", "zb-h1:3:2.5d", "1f1b:2:3d", "gpipe:3:3d:recompute"]
+
+
+@pytest.mark.mpi
+def test_2p5d_and_3d_match_one_rank_at_8_ranks(tokens):
+    """2.5D (q = 2, d = 2) and 3D (q = 2) on dp1 pp1 tp8 (issue 17)."""
+    res = python_script(8, "equiv_train.py", tokens, 1, 1, 8, *ND_MODES, timeout=300)
+    report = "\n".join(line for line in res.stdout.splitlines() if line[:4] in ("ok  ", "FAIL"))
+    assert res.returncode == 0, f"{report}\n{res.stderr[-3000:]}"
+    assert report.count("ok  ") == len(ND_MODES), report
+
+
 PIPEDREAM = [(1, 2, 1, 4), (1, 4, 1, 6), (2, 2, 2, 3), (1, 2, 2, 1)]
 
 

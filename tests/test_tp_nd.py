@@ -1,7 +1,8 @@
-"""2D tensor parallelism (Optimus / SUMMA, issue 17): shapes refused before work, the two-axis
-ShardSpec, finite-difference checks of the 2D layers, the SUMMA byte count and memory per rank,
-and checkpoints moving between modes. Equivalence to one rank: tests/test_parallel_equivalence.py
-(the ``2d`` variants)."""
+"""2D (Optimus / SUMMA), 2.5D (Tesseract) and 3D tensor parallelism (issue 17): shapes refused
+before work, the multi-axis ShardSpec, finite-difference checks of every new layer, the byte
+count of each paper and memory per rank, checkpoints moving between modes, the experiment.
+Equivalence to one rank: tests/test_parallel_equivalence.py (``2d`` variants on the tp = 4 grids,
+2.5d and 3d at 8 ranks)."""
 
 import json
 import sys
@@ -49,6 +50,12 @@ def test_tp_grid_shapes(mode, tp, depth, shape):
      "divisible by q = 3"),
     ({"parallel.tp": "4", "parallel.tp_mode": "2d", "train.batch_size": "3"},
      "multiple of 2"),
+    ({"parallel.tp": "8", "parallel.tp_mode": "3d", "train.batch_size": "4",
+      "model.n_embd": "18", "model.n_head": "2"}, "model.n_embd = 18 is not divisible by 4"),
+    ({"parallel.tp": "8", "parallel.tp_mode": "3d", "train.batch_size": "2"}, "multiple of 4"),
+    ({"parallel.tp": "8", "parallel.tp_mode": "2.5d", "parallel.tp_depth": "2",
+      "train.batch_size": "4", "model.n_head": "3", "model.n_embd": "48"},
+     r"model.n_head = 3 is not divisible by q = 2 \(tp_mode 2.5d\)"),
     ({"parallel.tp": "4", "parallel.tp_mode": "2d", "parallel.sequence_parallel": "true",
       "train.batch_size": "2"}, "sequence_parallel = true is for tp_mode 1d"),
     ({"parallel.tp": "4", "parallel.tp_mode": "2d", "model.kind": "mlp",
@@ -78,18 +85,23 @@ def test_two_axis_shard_spec_round_trip():
     np.testing.assert_array_equal(take_shard(np.arange(8.0), nested, 2, 4), [4.0, 5.0])
 
 
-@pytest.mark.mpi
-def test_2d_layers_match_finite_differences():
-    res = python_script(4, "tp2d_gradcheck.py", timeout=180)
-    assert res.returncode == 0, res.stdout + res.stderr[-3000:]
-    assert res.stdout.count("ok  ") == 6, res.stdout
+MODES = [(4, "2d"), (8, "2.5d"), (8, "3d")]
 
 
 @pytest.mark.mpi
-def test_2d_bytes_match_summa_and_memory_is_a_quarter(tokens):
-    res = python_script(4, "tp2d_count.py", tokens, 2, timeout=180)
+@pytest.mark.parametrize("n, mode", MODES, ids=[m for _, m in MODES])
+def test_nd_layers_match_finite_differences(n, mode):
+    res = python_script(n, "tp_nd_gradcheck.py", mode, timeout=240)
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
-    assert "ok L=2" in res.stdout
+    assert res.stdout.count("ok  ") == (7 if mode == "3d" else 6), res.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n, mode", MODES, ids=[m for _, m in MODES])
+def test_nd_bytes_match_the_papers_and_memory_shrinks(tokens, n, mode):
+    res = python_script(n, "tp_nd_count.py", tokens, 2, mode, timeout=240)
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+    assert f"ok {mode} L=2" in res.stdout
 
 
 def _train(tokens, out, n, *extra):

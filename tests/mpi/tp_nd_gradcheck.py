@@ -1,10 +1,12 @@
-"""Run under mpiexec -n 4: finite-difference checks of the 2D layers' split backward.
+"""Run under mpiexec: finite-difference checks of the 2D / 2.5D / 3D layers' split backward.
 
-For each new layer (Linear2D, LayerNorm2D, Embedding2D, PositionEmbedding2D) and the 2D loss:
+usage: tp_nd_gradcheck.py MODE   (2d at 4 ranks; 2.5d (d = 2) and 3d at 8 ranks)
+For each new layer (linear, fused q/k/v linear, LayerNorm, embedding, positions) and the loss:
 L = sum over ranks of <layer(x)_block, R_block> (one collective scalar). Each rank in turn
-perturbs sampled entries of its own input block and parameter shards (the other ranks run the
-same forwards unperturbed), and compares central differences with backward_input /
-backward_weight. Also checks the 2D loss against the one-rank loss on the gathered logits.
+perturbs sampled entries of its own input block (the other ranks run the same forwards
+unperturbed); parameters are perturbed as entries of the full tensor, on every rank holding a
+copy; central differences are compared with backward_input / backward_weight. The loss is
+compared with the one-rank loss on the full logits.
 """
 
 import sys
@@ -21,31 +23,34 @@ from mpipar.config import load_config  # noqa: E402
 from mpipar.mpi.grid import ProcessGrid  # noqa: E402
 from mpipar.nn.layers import ParamFactory  # noqa: E402
 from mpipar.nn.losses import CrossEntropyLoss  # noqa: E402
+from mpipar.parallel.tensor_nd import layers2d as L2  # noqa: E402
+from mpipar.parallel.tensor_nd import layers3d as L3  # noqa: E402
 from mpipar.parallel.tensor_nd import tp_context  # noqa: E402
-from mpipar.parallel.tensor_nd.layers2d import (  # noqa: E402
-    CrossEntropy2D,
-    Embedding2D,
-    LayerNorm2D,
-    Linear2D,
-    PositionEmbedding2D,
-)
 
+MODE = sys.argv[1]
 world = MPI.COMM_WORLD
 backend = Backend("cpu", "float64")
-cfg = load_config(None, {"parallel.tp": 4, "parallel.tp_mode": "2d", "train.batch_size": 4})
-grid = ProcessGrid(1, 1, 4, world=world, backend=backend)
+P = world.Get_size()
+cfg = load_config(None, {"parallel.tp": P, "parallel.tp_mode": MODE, "train.batch_size": 4,
+                         "parallel.tp_depth": 2 if MODE == "2.5d" else 1})
+grid = ProcessGrid(1, 1, P, world=world, backend=backend)
 tp = tp_context(grid, cfg.parallel)
 pf = ParamFactory(backend, seed=3, tp_rank=tp.rank, tp_size=tp.size, std=0.5)
-B, S, D, V = 4, 3, 8, 12
-q, i, j = tp.q, tp.i, tp.j
+B, S, D, V = 4, 3, 8, 16
 rng = np.random.default_rng(0)  # the same full tensors on every rank
 
 
-def block(full, rows=True, cols=True):
-    """This rank's (batch i, hidden j) block of a full (B, S, D) tensor."""
-    nb, nc = full.shape[0] // q, full.shape[-1] // q
-    out = full[i * nb:(i + 1) * nb] if rows else full
-    return np.ascontiguousarray(out[..., j * nc:(j + 1) * nc] if cols else out)
+def block(full, parity=0, rows=True):
+    """This rank's block of a full (B, S, D) tensor: (batch block, hidden block) of the layout
+    (2D / 2.5D: batch block k q + i, hidden j; 3D parity 0: i q + j, l; parity 1: i q + l, j)."""
+    if MODE == "3d":
+        hid, piece = ("l", "j") if parity == 0 else ("j", "l")
+        nb_blocks, bb, hb = tp.q ** 2, tp.batch_block(parity), tp.coord(hid)
+    else:
+        nb_blocks, bb, hb = tp.batch_shards, tp.batch_block, tp.j
+    nb, nc = full.shape[0] // nb_blocks, full.shape[-1] // tp.q
+    out = full[bb * nb:(bb + 1) * nb] if rows else full
+    return np.ascontiguousarray(out[..., hb * nc:(hb + 1) * nc])
 
 
 def err(num, ana):
@@ -106,21 +111,36 @@ def check(name, layer, x, r, probe_x=True):
 
 ok = True
 xf = rng.normal(size=(B, S, D))
-ok &= check("Linear2D", Linear2D(pf, tp, "lin", D, 2 * D), block(xf),
-            block(rng.normal(size=(B, S, 2 * D))))
-ok &= check("Linear2D fused qkv", Linear2D(pf, tp, "qkv", D, 3 * D, w_shape=(D, 3, D),
-                                           w_split=((0, 0), (2, 1)), b_shape=(3, D),
-                                           b_split=((1, 1),)),
-            block(xf), block(rng.normal(size=(B, S, 3 * D))))
-ln = LayerNorm2D(pf, tp, "ln", D)
-ln.g.data += block(rng.normal(size=(1, 1, D)), rows=False).reshape(-1)
-ln.b.data += block(rng.normal(size=(1, 1, D)), rows=False).reshape(-1)
-ok &= check("LayerNorm2D", ln, block(xf), block(rng.normal(size=(B, S, D))))
+R1, R2, R3 = (rng.normal(size=(B, S, n * D)) for n in (1, 2, 3))
+if MODE == "3d":
+    layers = [
+        ("Linear3D parity 0", L3.Linear3D(pf, tp, "lin", D, 2 * D, 0), block(xf), block(R2, 1)),
+        ("Linear3D parity 1", L3.Linear3D(pf, tp, "lin1", D, D, 1), block(xf, 1), block(R1)),
+        ("Linear3D fused qkv", L3.Linear3D(pf, tp, "qkv", D, 3 * D, 0, w_shape=(D, 3, D),
+                                           axes=(0, 2), b_shape=(3, D), b_axis=1),
+         block(xf), block(R3, 1)),
+        ("LayerNorm3D", L3.LayerNorm3D(pf, tp, "ln", D), block(xf), block(R1)),
+        ("Embedding3D", L3.Embedding3D(pf, tp, "emb", V, D), None, block(R1)),
+        ("PositionEmbedding3D", L3.PositionEmbedding3D(pf, tp, "pos", 5, D), block(xf),
+         block(R1)),
+    ]
+else:
+    layers = [
+        ("Linear2D", L2.Linear2D(pf, tp, "lin", D, 2 * D), block(xf), block(R2)),
+        ("Linear2D fused qkv", L2.Linear2D(pf, tp, "qkv", D, 3 * D, w_shape=(D, 3, D),
+                                           w_split=((0, "row"), (2, "col")), b_shape=(3, D),
+                                           b_split=((1, "col"),)), block(xf), block(R3)),
+        ("LayerNorm2D", L2.LayerNorm2D(pf, tp, "ln", D), block(xf), block(R1)),
+        ("Embedding2D", L2.Embedding2D(pf, tp, "emb", V, D), None, block(R1)),
+        ("PositionEmbedding2D", L2.PositionEmbedding2D(pf, tp, "pos", 5, D), block(xf),
+         block(R1)),
+    ]
 ids = rng.integers(0, V, size=(B, S))
-ok &= check("Embedding2D", Embedding2D(pf, tp, "emb", V, D), ids,
-            block(rng.normal(size=(B, S, D))), probe_x=False)
-ok &= check("PositionEmbedding2D", PositionEmbedding2D(pf, tp, "pos", 5, D), block(xf),
-            block(rng.normal(size=(B, S, D))))
+for name, layer, x, r in layers:
+    for p in layer.params():  # LayerNorm: gains and biases away from 1 and 0
+        if p.role == "norm":
+            p.load_full(rng.normal(size=p.full_shape))
+    ok &= check(f"{MODE} {name}", layer, ids if x is None else x, r, probe_x=x is not None)
 
 # the loss: value equal to one rank's on the full logits, gradient by finite differences
 logits = rng.normal(size=(B, S, V))
@@ -128,13 +148,14 @@ tg = rng.integers(0, V, size=(B, S))
 ref = CrossEntropyLoss()
 ref_loss = ref.forward(logits, tg, mb=0, scale=0.5)
 ref_grad = ref.backward(mb=0)
-ce = CrossEntropy2D(tp)
-mine = ce.forward(block(logits), tg, mb=0, scale=0.5)
+ce = (L3.CrossEntropy3D if MODE == "3d" else L2.CrossEntropy2D)(tp)
+parity = 1 if MODE == "3d" else 0
+mine = ce.forward(block(logits, parity), tg, mb=0, scale=0.5)
 g = ce.backward(mb=0)
-lerr = max(abs(mine - ref_loss) / ref_loss, rel_err(g, block(ref_grad)))
+lerr = max(abs(mine - ref_loss) / ref_loss, rel_err(g, block(ref_grad, parity)))
 lerr = world.allreduce(lerr, op=MPI.MAX)
 ok &= lerr < 1e-12
 if world.Get_rank() == 0:
-    print(f"{'ok  ' if lerr < 1e-12 else 'FAIL'} CrossEntropy2D vs one rank: {lerr:.1e}")
+    print(f"{'ok  ' if lerr < 1e-12 else 'FAIL'} {MODE} loss vs one rank: {lerr:.1e}")
 if not world.allreduce(ok, op=MPI.LAND):
     sys.exit(1)
