@@ -135,7 +135,8 @@ class ProcessGrid:
         """Sub-communicators of the tp group laid out as a ``shape`` grid (2D: (q, q), 2.5D:
         (d, q, q), 3D: (q, q, q)), tp rank = row-major index. Entry k is the communicator along
         grid dim k (the ranks sharing every other coordinate), ordered by coordinate k, traced
-        under ``names[k]``. Collective over the tp group; built once per shape and kept."""
+        under ``names[k]`` (name them "tp.<x>": the analysis counts "tp.*" events as tp
+        communication). Collective over the tp group; built once per shape and kept."""
         import numpy as np
 
         key = (tuple(shape), tuple(names))

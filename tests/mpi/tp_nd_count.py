@@ -66,35 +66,35 @@ def expected_2d() -> Counter:
 
     def dep(n):
         if d > 1:
-            c[("tp_dep.allreduce", n)] += 1
+            c[("tp.dep.allreduce", n)] += 1
 
     def lin(din, dout, bias=True):
         x, w = T * din // q * f, din // q * dout // q * f
-        c[("tp_row.broadcast", x)] += 2 * q
-        c[("tp_col.broadcast", w)] += 2 * q
-        c[("tp_row.reduce_scatter", q * x)] += 1
-        c[("tp_col.reduce_scatter", q * w)] += 1
+        c[("tp.row.broadcast", x)] += 2 * q
+        c[("tp.col.broadcast", w)] += 2 * q
+        c[("tp.row.reduce_scatter", q * x)] += 1
+        c[("tp.col.reduce_scatter", q * w)] += 1
         dep(w)
         if bias:
-            c[("tp_col.allreduce", dout // q * f)] += 1
+            c[("tp.col.allreduce", dout // q * f)] += 1
             dep(dout // q * f)
 
     def ln():
-        c[("tp_row.allreduce", T * f)] += 2
-        c[("tp_row.allreduce", 2 * T * f)] += 1
-        c[("tp_col.allreduce", 2 * h // q * f)] += 1
+        c[("tp.row.allreduce", T * f)] += 2
+        c[("tp.row.allreduce", 2 * T * f)] += 1
+        c[("tp.col.allreduce", 2 * h // q * f)] += 1
         dep(2 * h // q * f)
 
-    c[("tp_col.reduce_scatter", b // d * s * h // q * f)] += 1  # token embedding
-    c[("tp_col.allgather", T * h // q * f)] += 1
+    c[("tp.col.reduce_scatter", b // d * s * h // q * f)] += 1  # token embedding
+    c[("tp.col.allgather", T * h // q * f)] += 1
     dep(V // q * h // q * f)
-    c[("tp_col.allreduce", s * h // q * f)] += 1  # positions
+    c[("tp.col.allreduce", s * h // q * f)] += 1  # positions
     dep(s * h // q * f)
     for _ in range(L):
         ln(), lin(h, 3 * h), lin(h, h), ln(), lin(h, 4 * h), lin(4 * h, h)
     ln(), lin(h, V, bias=False)
-    c[("tp_row.allreduce", T * f)] += 3  # loss: row max, target logit, sum of exponentials
-    c[("tp_col.allreduce", f)] += 1  # loss: the batch blocks' means
+    c[("tp.row.allreduce", T * f)] += 3  # loss: row max, target logit, sum of exponentials
+    c[("tp.col.allreduce", f)] += 1  # loss: the batch blocks' means
     dep(f)
     return c
 
@@ -104,35 +104,35 @@ def expected_3d() -> Counter:
     c = Counter()
 
     def lin(din, dout, parity, bias=True):
-        a, cc = ("tp_l", "tp_j") if parity == 0 else ("tp_j", "tp_l")
+        a, cc = ("tp.l", "tp.j") if parity == 0 else ("tp.j", "tp.l")
         x, w, y = T * din // q * f, din // (q * q) * dout // q * f, T * dout // q * f
         c[(f"{cc}.allgather", x)] += 2  # forward, and again for the weight gradient
-        c[("tp_i.allgather", w)] += 2  # forward, backward
+        c[("tp.i.allgather", w)] += 2  # forward, backward
         c[(f"{a}.reduce_scatter", q * y)] += 1
         c[(f"{a}.allgather", y)] += 1
         c[(f"{cc}.reduce_scatter", q * x)] += 1
-        c[("tp_i.reduce_scatter", q * w)] += 1
+        c[("tp.i.reduce_scatter", q * w)] += 1
         if bias:
-            c[("tp_i.allreduce", dout // q * f)] += 1
+            c[("tp.i.allreduce", dout // q * f)] += 1
 
     def ln():
-        c[("tp_l.allreduce", T * f)] += 2
-        c[("tp_l.allreduce", 2 * T * f)] += 1
-        c[("tp_i.allreduce", 2 * h // q * f)] += 1
-        c[("tp_j.allreduce", 2 * h // q * f)] += 1
+        c[("tp.l.allreduce", T * f)] += 2
+        c[("tp.l.allreduce", 2 * T * f)] += 1
+        c[("tp.i.allreduce", 2 * h // q * f)] += 1
+        c[("tp.j.allreduce", 2 * h // q * f)] += 1
 
-    c[("tp_i.reduce_scatter", b * s * h // q * f)] += 1
-    c[("tp_j.reduce_scatter", q * T * h // q * f)] += 1
-    c[("tp_j.allgather", T * h // q * f)] += 1
-    c[("tp_i.allgather", q * T * h // q * f)] += 1
-    c[("tp_i.allreduce", s * h // q * f)] += 1  # positions
-    c[("tp_j.allreduce", s * h // q * f)] += 1
+    c[("tp.i.reduce_scatter", b * s * h // q * f)] += 1
+    c[("tp.j.reduce_scatter", q * T * h // q * f)] += 1
+    c[("tp.j.allgather", T * h // q * f)] += 1
+    c[("tp.i.allgather", q * T * h // q * f)] += 1
+    c[("tp.i.allreduce", s * h // q * f)] += 1  # positions
+    c[("tp.j.allreduce", s * h // q * f)] += 1
     for _ in range(L):
         ln(), lin(h, 3 * h, 0), lin(h, h, 1), ln(), lin(h, 4 * h, 0), lin(4 * h, h, 1)
     ln(), lin(h, V, 0, bias=False)
-    c[("tp_j.allreduce", T * f)] += 3
-    c[("tp_i.allreduce", f)] += 1
-    c[("tp_l.allreduce", f)] += 1
+    c[("tp.j.allreduce", T * f)] += 3
+    c[("tp.i.allreduce", f)] += 1
+    c[("tp.l.allreduce", f)] += 1
     return c
 
 

@@ -40,7 +40,7 @@ class TP2DContext:
 
     def __post_init__(self):
         if self.dep is None:
-            self.dep = LocalComm("tp_dep")
+            self.dep = LocalComm("tp.dep")
 
     @property
     def d(self) -> int:
@@ -102,20 +102,20 @@ def tp_context(grid, parallel):
         return TPContext.from_comm(grid.tp_comm, parallel.sequence_parallel)
     shape = tp_grid_shape(mode, grid.tp_size, getattr(parallel, "tp_depth", 1))
     if mode == "2d":
-        col, row = grid.tp_subcomms(shape, ("tp_col", "tp_row"))
+        col, row = grid.tp_subcomms(shape, ("tp.col", "tp.row"))
         if (col.rank, row.rank) != divmod(grid.tp_rank, shape[1]):
             raise RuntimeError(f"tp sub-communicators put tp rank {grid.tp_rank} at "
                                f"({col.rank}, {row.rank})")
         return TP2DContext(comm=grid.tp_comm, row=row, col=col, q=shape[0])
     if mode == "2.5d":
-        dep, col, row = grid.tp_subcomms(shape, ("tp_dep", "tp_col", "tp_row"))
+        dep, col, row = grid.tp_subcomms(shape, ("tp.dep", "tp.col", "tp.row"))
         ctx = TP2DContext(comm=grid.tp_comm, row=row, col=col, q=shape[1], dep=dep, mode=mode)
         if ctx.rank != grid.tp_rank:
             raise RuntimeError(f"tp sub-communicators put tp rank {grid.tp_rank} at {ctx.rank}")
         return ctx
     from .context3d import TP3DContext
 
-    ci, cj, cl = grid.tp_subcomms(shape, ("tp_i", "tp_j", "tp_l"))
+    ci, cj, cl = grid.tp_subcomms(shape, ("tp.i", "tp.j", "tp.l"))
     ctx = TP3DContext(comm=grid.tp_comm, ci=ci, cj=cj, cl=cl, q=shape[0])
     if ctx.rank != grid.tp_rank:
         raise RuntimeError(f"tp sub-communicators put tp rank {grid.tp_rank} at {ctx.rank}")
