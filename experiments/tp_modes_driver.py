@@ -5,9 +5,9 @@ usage: mpiexec -n N python experiments/tp_modes_driver.py --tp T --mode MODE --s
 
 Per rank: the bytes handed to tensor-parallel collectives per step (every ``tp.*`` event of
 the tracer: the whole tp group's, 2D's ``tp.row.*`` / ``tp.col.*``, 3D's ``tp.i.*`` ...), the
-parameter bytes, the activation bytes held after the forward of one micro-batch (saved contexts, de-duplicated by buffer, as
-experiments/memory_driver.py counts them), and the median step time (step 0 skipped). World rank
-0 prints one line ``RESULT {json}`` with the mean and max over ranks.
+parameter bytes, the activation bytes held after the forward of one micro-batch (saved
+contexts, de-duplicated by buffer, as experiments/memory_driver.py counts them), and the median
+step time (step 0 skipped). World rank 0 prints one line ``RESULT {json}`` with the mean and max over ranks.
 """
 
 from __future__ import annotations
