@@ -7,7 +7,8 @@ Per rank: the bytes handed to tensor-parallel collectives per step (every ``tp.*
 the tracer: the whole tp group's, 2D's ``tp.row.*`` / ``tp.col.*``, 3D's ``tp.i.*`` ...), the
 parameter bytes, the activation bytes held after the forward of one micro-batch (saved
 contexts, de-duplicated by buffer, as experiments/memory_driver.py counts them), and the median
-step time (step 0 skipped). World rank 0 prints one line ``RESULT {json}`` with the mean and max over ranks.
+step time (step 0 skipped). World rank 0 prints one line ``RESULT {json}`` with the mean and
+max over ranks.
 """
 
 from __future__ import annotations
