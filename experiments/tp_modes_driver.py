@@ -26,14 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def main(argv=None) -> int:
     from memory_driver import _layer_arrays, held_bytes
-    from mpi4py import MPI
 
     from mpipar.backend import Backend
     from mpipar.config import load_config
     from mpipar.mpi.grid import ProcessGrid
+    from mpipar.mpi.world import world_size_and_rank
     from mpipar.trace import Tracer
-    from mpipar.training import Trainer
-    from mpipar.training.loop import prepare_data
+    from mpipar.training import Trainer, preflight, prepare_data
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--tp", type=int, required=True)
@@ -45,14 +44,15 @@ def main(argv=None) -> int:
     over.update({"parallel.tp": a.tp, "parallel.tp_mode": a.mode, "run.trace": True,
                  "train.steps": a.steps, "train.eval_interval": 0})
     cfg = load_config(None, over)
-    world = MPI.COMM_WORLD
+    world_size, rank = world_size_and_rank()
+    schedule = preflight(cfg, world_size)
     backend = Backend("cpu", cfg.train.dtype)
-    tracer = Tracer(enabled=True, backend=backend, rank=world.Get_rank())
-    grid = ProcessGrid(1, 1, a.tp, world=world, tracer=tracer, backend=backend)
-    tr = Trainer(cfg, grid, tracer, backend, prepare_data(cfg, grid))
+    tracer = Tracer(enabled=True, backend=backend, rank=rank)
+    grid = ProcessGrid(1, 1, a.tp, tracer=tracer, backend=backend)
+    tr = Trainer(cfg, grid, tracer, backend, prepare_data(cfg, grid), schedule=schedule)
     times = []
     for _ in range(a.steps):
-        world.Barrier()
+        grid.world_comm.barrier()
         t0 = time.perf_counter()
         tr.train_step()
         times.append(time.perf_counter() - t0)
@@ -70,9 +70,10 @@ def main(argv=None) -> int:
     act = held_bytes(arrays)
     mine = {"bytes": nbytes, "params": sum(p.data.nbytes for p in tr.params), "act": act,
             "step_s": float(np.median(times[1:] if len(times) > 1 else times))}
-    allr = world.gather(mine, root=0)
-    if world.Get_rank() == 0:
-        out = {"tp": a.tp, "mode": a.mode, "ranks": world.Get_size(),
+    blobs = grid.world_comm.gather_bytes(json.dumps(mine).encode(), root=0, trace=False)
+    if rank == 0:
+        allr = [json.loads(b) for b in blobs]
+        out = {"tp": a.tp, "mode": a.mode, "ranks": world_size,
                "n_params_full": tr.model.n_params_full}
         for k in mine:
             out[k] = float(np.mean([r[k] for r in allr]))
