@@ -32,7 +32,7 @@ import numpy as np
 
 from .backend import to_numpy
 from .files import write_text_atomic
-from .nn.params import take_shard
+from .nn.params import assemble, take_shard
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # 1: no checksums (loaded with a warning)
@@ -69,9 +69,19 @@ def unpack_arrays(blob: bytes) -> dict:
 # ----- save -----------------------------------------------------------------------------------
 
 def _gather_full(tensor, spec, tp_comm):
+    if spec.split:  # 2D / 2.5D / 3D: every rank's block, placed by the spec
+        shards = to_numpy(tp_comm.allgather(tensor[None], axis=0))
+        return assemble(shards, spec, _full_shape(spec, tensor.shape))
     if spec.axis is None or tp_comm.size == 1:
         return to_numpy(tensor)
     return to_numpy(tp_comm.allgather(tensor, axis=spec.axis))
+
+
+def _full_shape(spec, shard_shape):
+    shape = list(shard_shape)
+    for ax, d in spec.split:
+        shape[ax] *= spec.grid[d]
+    return tuple(shape)
 
 
 def _optimizer_state_by_param(trainer) -> dict:

@@ -16,7 +16,15 @@ from pathlib import Path
 import tomllib
 
 from .fieldrules import Choice, Flag, Int, IntList, Real, RuleError, Text, check
-from .layout import DEFAULT_ORDER, GridError, check_axes, check_grid, parse_order
+from .layout import (
+    DEFAULT_ORDER,
+    GridError,
+    check_axes,
+    check_grid,
+    parse_order,
+    tp_batch_shards,
+    tp_grid_shape,
+)
 
 
 class ConfigError(ValueError):
@@ -66,6 +74,8 @@ class ParallelConfig:
     dp: int = 1
     pp: int = 1
     tp: int = 1
+    tp_mode: str = "1d"  # 1d (Megatron) | 2d (Optimus) | 2.5d (Tesseract) | 3d
+    tp_depth: int = 1  # 2.5d only: tp = tp_depth * q^2
     order: str = DEFAULT_ORDER  # rank order, fastest-varying axis first
     schedule: str = "1f1b"  # naive | gpipe | 1f1b | interleaved | zb-h1 | pipedream
     microbatches: int = 1
@@ -153,6 +163,7 @@ RULES = {
         "schedule_file": Text(), "partition": Choice(("uniform", "params", "cost", "explicit")),
         "boundaries": IntList(0), "recompute": Flag(), "sequence_parallel": Flag(),
         "zero1": Flag(), "bucket_mb": Real(0, 2**20, lo_open=True), "overlap_grad_sync": Flag(),
+        "tp_mode": Choice(("1d", "2d", "2.5d", "3d")), "tp_depth": Int(1),
     },
     "data": {"path": Text(), "max_bytes": Int(1024)},
     "run": {
@@ -311,6 +322,9 @@ def _grid_rule(check, *args) -> None:
 
 def _validate_model(m: ModelConfig, p: ParallelConfig, t: TrainConfig) -> None:
     if m.kind != "gpt":
+        if p.tp_mode != "1d" and p.tp > 1:
+            raise ConfigError(f"parallel.tp_mode = {p.tp_mode} builds the GPT only (model.kind "
+                              f"is mlp): use tp_mode 1d")
         return
     if m.n_embd % m.n_head:
         raise ConfigError(f"model.n_embd = {m.n_embd} is not divisible by model.n_head = "
@@ -318,6 +332,9 @@ def _validate_model(m: ModelConfig, p: ParallelConfig, t: TrainConfig) -> None:
     if t.seq_len > m.block_size:
         raise ConfigError(f"train.seq_len = {t.seq_len} is longer than the context "
                           f"model.block_size = {m.block_size}: lower seq_len or raise block_size")
+    if m.tie_embeddings and p.tp_mode != "1d" and p.tp > 1:
+        raise ConfigError(f"model.tie_embeddings is for tp_mode 1d (tp_mode is "
+                          f"{p.tp_mode}): set tie_embeddings = false")
     if m.tie_embeddings and p.pp > 1:
         raise ConfigError("model.tie_embeddings needs the embedding and the LM head on one "
                           "pipeline stage: set tie_embeddings = false or pp = 1")
@@ -342,8 +359,25 @@ def _validate_parallel(p: ParallelConfig, t: TrainConfig, world_size: int | None
     if p.zero1 and p.schedule == "pipedream":
         raise ConfigError("ZeRO-1 with asynchronous PipeDream is not supported: drop zero1")
     _validate_boundaries(p)
+    _validate_tp_mode(p, t)
     if world_size is not None:
         _grid_rule(check_grid, p.dp, p.pp, p.tp, world_size)
+
+
+def _validate_tp_mode(p: ParallelConfig, t: TrainConfig) -> None:
+    """2d / 2.5d / 3d: the grid shape, the batch split over it, and what they do not support."""
+    _grid_rule(tp_grid_shape, p.tp_mode, p.tp, p.tp_depth)
+    shards = tp_batch_shards(p.tp_mode, tp_grid_shape(p.tp_mode, p.tp, p.tp_depth))
+    mb_size = t.batch_size // (p.dp * p.microbatches)
+    if mb_size % shards:
+        raise ConfigError(f"tp_mode {p.tp_mode} with tp = {p.tp} splits each micro-batch's "
+                          f"{mb_size} sequences over {shards} ranks: make train.batch_size / "
+                          f"(dp * microbatches) a multiple of {shards}")
+    if p.tp_mode != "1d" and p.tp > 1:
+        for name in ("sequence_parallel", "zero1"):
+            if getattr(p, name):
+                raise ConfigError(f"parallel.{name} = true is for tp_mode 1d (tp_mode is "
+                                  f"{p.tp_mode}): drop it")
 
 
 def _validate_boundaries(p: ParallelConfig) -> None:

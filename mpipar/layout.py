@@ -46,3 +46,57 @@ def parse_order(order: str) -> tuple[str, str, str]:
             f"permutation, fastest-varying first (e.g. {DEFAULT_ORDER!r})"
         )
     return parts  # type: ignore[return-value]
+
+
+TP_MODES = ("1d", "2d", "2.5d", "3d")
+
+
+def _iroot(n: int, k: int) -> int | None:
+    r = round(n ** (1.0 / k))
+    for c in (r - 1, r, r + 1):
+        if c >= 1 and c ** k == n:
+            return c
+    return None
+
+
+def tp_grid_shape(mode: str, tp: int, depth: int = 1) -> tuple[int, ...]:
+    """The shape of the tensor-parallel group for ``parallel.tp_mode``: 1d (tp,), 2d (q, q) with
+    tp = q^2, 2.5d (d, q, q) with tp = d q^2, 3d (q, q, q) with tp = q^3. Raises ``GridError``
+    naming the value to change."""
+    if mode not in TP_MODES:
+        raise GridError(f"parallel.tp_mode = {mode!r}: use one of {', '.join(TP_MODES)}")
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise GridError(f"parallel.tp_depth = {depth!r} must be an integer >= 1")
+    if depth != 1 and mode != "2.5d":
+        raise GridError(f"parallel.tp_depth = {depth} only applies to tp_mode 2.5d (tp_mode is "
+                        f"{mode}): drop --tp-depth or use --tp-mode 2.5d")
+    if mode == "1d":
+        return (tp,)
+    if mode == "3d":
+        q = _iroot(tp, 3)
+        if q is None:
+            raise GridError(f"tp_mode 3d needs tp = q^3 (1, 8, 27, 64, ...), got tp = {tp}: "
+                            f"use a cube")
+        return (q, q, q)
+    if tp % depth:
+        raise GridError(f"tp_mode 2.5d needs tp = tp_depth * q^2, but tp = {tp} does not "
+                        f"divide by tp_depth = {depth}")
+    q = _iroot(tp // depth, 2)
+    if q is None:
+        what = "tp" if mode == "2d" else f"tp / tp_depth = {tp} / {depth}"
+        raise GridError(f"tp_mode {mode} needs {what} = q^2 (1, 4, 9, 16, ...), got "
+                        f"{tp // depth}: use a square")
+    return (q, q) if mode == "2d" else (depth, q, q)
+
+
+def tp_batch_shards(mode: str, shape: tuple) -> int:
+    """Over how many ranks a tp mode splits the sequences of a micro-batch (activations are
+    (batch, seq, hidden) with the batch cut): 1d none, 2d q (grid rows), 2.5d d * q (depth and
+    rows), 3d q * q."""
+    if mode == "1d":
+        return 1
+    if mode == "2d":
+        return shape[0]
+    if mode == "2.5d":
+        return shape[0] * shape[1]
+    return shape[0] * shape[1]

@@ -40,11 +40,13 @@ class Model:
     # last-axis width of each unit's output on this rank (what a pipeline sends after that unit)
     out_widths: list = field(default_factory=list)
     seq_shards: int = 1  # >1: activations between units hold 1/seq_shards of the sequence (SP)
+    batch_shards: int = 1  # >1: ... hold 1/batch_shards of the sequences (2D tp: batch block)
 
     def boundary_shape(self, unit: int, batch: int, seq_len: int | None = None) -> tuple:
         """Shape of the activation leaving ``unit`` (and of its gradient) for a micro-batch."""
         if self.kind == "gpt":
-            return (batch, seq_len // self.seq_shards, self.out_widths[unit])
+            return (batch // self.batch_shards, seq_len // self.seq_shards,
+                    self.out_widths[unit])
         return (batch, self.out_widths[unit])
 
     def params(self, units=None):
@@ -213,4 +215,11 @@ assert set(_BUILDERS) == set(MODEL_KINDS), "config.MODEL_KINDS and the builders 
 def build_model(mcfg, backend, seed=0, tp: TPContext | None = None) -> Model:
     if mcfg.kind not in _BUILDERS:
         raise ValueError(f"model.kind = {mcfg.kind!r}: use one of {', '.join(MODEL_KINDS)}")
+    if getattr(tp, "mode", "1d") != "1d":  # 2D / 2.5D / 3D tensor parallelism: own layers
+        from .parallel.tensor_nd import build_gpt_nd
+
+        if mcfg.kind != "gpt":
+            raise ValueError(f"tp_mode {tp.mode} builds the GPT only (model.kind = "
+                             f"{mcfg.kind!r}): use tp_mode 1d")
+        return build_gpt_nd(mcfg, backend, seed, tp)
     return _BUILDERS[mcfg.kind](mcfg, backend, seed, tp)

@@ -1,7 +1,8 @@
 """Contract 1: every grid computes the one-rank model's function (float64).
 
 Each case launches ``mpiexec -n dp*pp*tp`` once and runs several variants (schedule,
-micro-batches, ZeRO-1, sequence parallelism, recomputation, MLP) on that grid; world rank 0 also
+micro-batches, ZeRO-1, sequence parallelism, recomputation, MLP, 2D tensor parallelism
+at tp = 4) on that grid; world rank 0 also
 trains the one-rank model and compares the gathered step-0 gradients (<= 1e-10), the loss of each
 of 3 steps (<= 1e-9) and the weights after them (<= 1e-9). See tests/mpi/equiv_train.py.
 """
@@ -36,6 +37,10 @@ def variants(dp, pp, tp):
         out.append("1f1b:2:sp")
         if dp > 1 and pp > 1:
             out.append(f"interleaved:{pp}:v=2:sp:zero1" if pp * 2 <= 8 else f"zb-h1:{pp}:sp:zero1")
+    if tp == 4:  # 2D tensor parallelism (q = 2), alone and with pp and dp (issue 17)
+        out.append("1f1b:2:2d")
+        if pp > 1:
+            out.append(f"zb-h1:{pp + 1}:2d")
     out.append("1f1b:2:mlp")
     return out
 
@@ -55,6 +60,18 @@ def test_grid_matches_one_rank(tokens, grid):
     report = "\n".join(line for line in res.stdout.splitlines() if line[:4] in ("ok  ", "FAIL"))
     assert res.returncode == 0, f"{report}\n{res.stderr[-3000:]}"
     assert report.count("ok  ") == len(variants(dp, pp, tp)), report
+
+
+ND_MODES = ["1f1b:2:2.5d", "zb-h1:3:2.5d", "1f1b:2:3d", "gpipe:3:3d:recompute"]
+
+
+@pytest.mark.mpi
+def test_2p5d_and_3d_match_one_rank_at_8_ranks(tokens):
+    """2.5D (q = 2, d = 2) and 3D (q = 2) on dp1 pp1 tp8 (issue 17)."""
+    res = python_script(8, "equiv_train.py", tokens, 1, 1, 8, *ND_MODES, timeout=300)
+    report = "\n".join(line for line in res.stdout.splitlines() if line[:4] in ("ok  ", "FAIL"))
+    assert res.returncode == 0, f"{report}\n{res.stderr[-3000:]}"
+    assert report.count("ok  ") == len(ND_MODES), report
 
 
 PIPEDREAM = [(1, 2, 1, 4), (1, 4, 1, 6), (2, 2, 2, 3), (1, 2, 2, 1)]

@@ -10,6 +10,7 @@ SHORT = {
     "batch_size": "train.batch_size", "seq_len": "train.seq_len", "lr": "train.lr",
     "out": "run.out", "data": "data.path", "resume": "run.resume",
     "dp": "parallel.dp", "pp": "parallel.pp", "tp": "parallel.tp",
+    "tp_mode": "parallel.tp_mode", "tp_depth": "parallel.tp_depth",
     "schedule": "parallel.schedule", "microbatches": "parallel.microbatches",
     "virtual_stages": "parallel.virtual_stages", "schedule_file": "parallel.schedule_file",
 }

@@ -104,6 +104,7 @@ class ProcessGrid:
         else:
             ranks = list(range(self.world_size))
             self.world_comm = Comm(world.Dup(), "world", tracer, backend, world_ranks=ranks)
+        self._tracer, self._backend = tracer, backend  # for the tp sub-communicators
         self.dp_comm = self._split(world, "dp", tracer, backend)
         self.pp_comm = self._split(world, "pp", tracer, backend)
         self.tp_comm = self._split(world, "tp", tracer, backend)
@@ -129,6 +130,42 @@ class ProcessGrid:
         if mpi_comm.Get_rank() != me[k] or mpi_comm.Get_size() != len(groups[color]):
             raise RuntimeError(f"{axis} split gave rank {mpi_comm.Get_rank()}, expected {me[k]}")
         return Comm(mpi_comm, axis, tracer, backend, world_ranks=groups[color])
+
+    def tp_subcomms(self, shape: tuple, names: tuple) -> list:
+        """Sub-communicators of the tp group laid out as a ``shape`` grid (2D: (q, q), 2.5D:
+        (d, q, q), 3D: (q, q, q)), tp rank = row-major index. Entry k is the communicator along
+        grid dim k (the ranks sharing every other coordinate), ordered by coordinate k, traced
+        under ``names[k]`` (name them "tp.<x>": the analysis counts "tp.*" events as tp
+        communication). Collective over the tp group; built once per shape and kept."""
+        import numpy as np
+
+        key = (tuple(shape), tuple(names))
+        cache = self.__dict__.setdefault("_tp_sub", {})
+        if key in cache:
+            return cache[key]
+        if int(np.prod(shape)) != self.tp_size:
+            raise GridError(f"tp grid {tuple(shape)} has {int(np.prod(shape))} ranks but tp = "
+                            f"{self.tp_size}")
+        me = np.unravel_index(self.tp_rank, shape)
+        out = []
+        for k, n in enumerate(shape):
+            if n == 1:
+                out.append(LocalComm(names[k], self._tracer, self._backend, world_rank=self.rank))
+                continue
+            # colour: the coordinates other than k; key: coordinate k (local rank = coordinate)
+            others = tuple(int(c) for i, c in enumerate(me) if i != k)
+            color = int(np.ravel_multi_index(others, tuple(s for i, s in enumerate(shape)
+                                                           if i != k))) if others else 0
+            mpi_comm = self.tp_comm.mpi.Split(color, int(me[k]))
+            members = []
+            for c in range(n):
+                idx = list(me)
+                idx[k] = c
+                members.append(self.tp_comm.world_ranks[int(np.ravel_multi_index(idx, shape))])
+            out.append(Comm(mpi_comm, names[k], self._tracer, self._backend,
+                            world_ranks=members))
+        cache[key] = out
+        return out
 
     @property
     def coords(self) -> tuple[int, int, int]:
@@ -158,6 +195,9 @@ class ProcessGrid:
 
     def free(self) -> None:
         """Release the communicators (optional; MPI_Finalize frees them too)."""
+        for subs in self.__dict__.get("_tp_sub", {}).values():
+            for c in subs:
+                c.free()
         for c in (self.tp_comm, self.pp_comm, self.dp_comm, self.world_comm):
             c.free()
 

@@ -268,7 +268,10 @@ def _run(item) -> None:
 def counts_in_norm(p) -> bool:
     """Whether this rank's shard of ``p`` counts in the global gradient norm: a sharded
     parameter always (each tp rank holds different elements), a replicated one only on tp rank 0
-    (every tp rank holds the same copy)."""
+    (every tp rank holds the same copy); on a 2D/2.5D/3D tp grid, the copy at coordinate 0 of
+    the grid dims it is replicated over (``ShardSpec.owns``)."""
+    if p.spec.split:
+        return p.spec.owns(p.tp_rank)
     return p.spec.axis is not None or p.tp_rank == 0
 
 

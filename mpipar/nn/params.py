@@ -24,10 +24,37 @@ class ShardSpec:
 
     axis: int | None = None
     partial_grad: bool = False
+    # multi-dimensional tensor parallelism (2D / 2.5D / 3D): ``grid`` is the shape of the tp
+    # group (tp rank = row-major index over it) and ``split`` lists (tensor axis, grid dim) pairs:
+    # the tensor axis is cut into grid[dim] blocks and the rank keeps block coords[dim]. Pairs
+    # naming the same tensor axis nest (the first cut, then the second inside its block). The
+    # tensor is replicated over the grid dims no pair names. ``axis`` stays None for these.
+    split: tuple = ()
+    grid: tuple = ()
 
     @property
     def replicated(self) -> bool:
-        return self.axis is None
+        return self.axis is None and not self.split
+
+    def coords(self, rank: int) -> tuple:
+        """This tp rank's coordinates on ``grid`` (row-major)."""
+        return tuple(int(c) for c in np.unravel_index(rank, self.grid))
+
+    def owns(self, rank: int) -> bool:
+        """Whether this rank's copy counts once (gradient norm): coordinate 0 on every grid dim
+        the tensor is replicated over."""
+        used = {d for _, d in self.split}
+        return all(c == 0 for k, c in enumerate(self.coords(rank)) if k not in used)
+
+    def block_index(self, full_shape, rank: int) -> tuple:
+        """The slices of the full tensor this rank keeps."""
+        index = [slice(0, n) for n in full_shape]
+        c = self.coords(rank)
+        for ax, d in self.split:
+            lo, hi = index[ax].start, index[ax].stop
+            lo2, hi2 = shard_bounds(hi - lo, c[d], self.grid[d], f"axis {ax}")
+            index[ax] = slice(lo + lo2, lo + hi2)
+        return tuple(index)
 
 
 REPLICATED = ShardSpec()
@@ -64,12 +91,23 @@ def shard_bounds(n: int, rank: int, size: int, what: str = "dimension") -> tuple
 
 
 def take_shard(full, spec: ShardSpec, rank: int, size: int, what: str = "parameter"):
+    if spec.split:
+        return full[spec.block_index(full.shape, rank)]
     if spec.axis is None or size == 1:
         return full
     lo, hi = shard_bounds(full.shape[spec.axis], rank, size, what)
     index = [slice(None)] * full.ndim
     index[spec.axis] = slice(lo, hi)
     return full[tuple(index)]
+
+
+def assemble(shards, spec: ShardSpec, full_shape):
+    """The full tensor from every tp rank's shard (``shards[r]``: rank r's), by ``spec.split``.
+    Replicated grid dims give equal copies; the last one written wins."""
+    out = np.empty(full_shape, dtype=np.asarray(shards[0]).dtype)
+    for r, s in enumerate(shards):
+        out[spec.block_index(full_shape, r)] = s
+    return out
 
 
 class Parameter:

@@ -17,7 +17,7 @@ from ..models import build_model
 from ..nn.optim import SGD, AdamW, clip_grads_, grad_norm_sq_local, lr_at
 from ..parallel.data import GradSync
 from ..parallel.pipeline.executor import PipelineExecutor, build_chunks, forward_only_schedule
-from ..parallel.tensor import TPContext
+from ..parallel.tensor_nd import tp_context
 from ..progress import beat
 from ..trace import Tracer
 from .batches import Batches, local_microbatches
@@ -85,7 +85,7 @@ class Trainer:
                  schedule=None):
         self.cfg, self.grid, self.tracer, self.backend = cfg, grid, tracer, backend
         p = cfg.parallel
-        self.tp = TPContext.from_comm(grid.tp_comm, p.sequence_parallel)
+        self.tp = tp_context(grid, p)  # 1D (Megatron) or 2D (parallel.tp_mode)
         self.model = build_model(cfg.model, backend, seed=cfg.train.seed, tp=self.tp)
         if schedule is None:
             from .preflight import make_schedule

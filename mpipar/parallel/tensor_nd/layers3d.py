@@ -1,0 +1,196 @@
+"""The 3D layers (arXiv 2105.14450): linear, LayerNorm, embeddings and the vocab-parallel loss on
+a q x q x q cube. Same contract as ``nn.layers``; the weightless layers run unchanged.
+
+A linear of input parity p (hidden dim a, token-piece dim c; see ``context3d``) and weight block
+(rows a, columns c), its rows cut once more over i:
+  forward   X = all-gather over c of x (tokens block i), W = all-gather over i of the weight
+            piece, y = reduce-scatter over a of X @ W (tokens): parity 1 - p;
+  backward  dY = all-gather over a of dy, dx = reduce-scatter over c of dY @ W^T;
+            dW = reduce-scatter over i of X^T dY (X gathered again: nothing q times larger
+            is kept between passes except dY, from B to W).
+Vectors along the hidden axis (biases, LayerNorm, positions) are cut by one dim only and
+replicated over the two others by design; their gradients are summed over those here.
+"""
+
+from __future__ import annotations
+
+from ...backend import array_module
+from ...nn import functional as F
+from ...nn.layers import Layer, ParamFactory
+from ...nn.losses import CrossEntropyLoss
+from .context3d import PARITY, TP3DContext
+
+
+def _rows(x):
+    return x.reshape(-1, x.shape[-1])
+
+
+class Linear3D(Layer):
+    """y = x @ W (+ b) by the 3D product. ``w_shape``/``axes`` describe a fused weight (q/k/v:
+    full (d, 3, d), rows on axis 0, columns on axis 2)."""
+
+    def __init__(self, pf: ParamFactory, tp: TP3DContext, name, d_in, d_out, parity, bias=True,
+                 w_shape=None, axes=(0, 1), b_shape=None, b_axis=0):
+        super().__init__(name)
+        self.tp = tp
+        self.a, self.c = PARITY[parity]  # hidden dim in, token-piece dim in (= hidden out)
+        rows, cols = axes
+        self.w = pf.make(f"{name}.weight", w_shape or (d_in, d_out), "weight",
+                         tp.spec((rows, self.a), (rows, "i"), (cols, self.c)))
+        self.b = (pf.make(f"{name}.bias", b_shape or (d_out,), "bias",
+                          tp.spec((b_axis, self.c)), init="zeros") if bias else None)
+        self.own_params = [self.w] + ([self.b] if bias else [])
+
+    def _weight(self):
+        w = self.tp.ci.allgather(self.w.data, axis=0)
+        return w.reshape(w.shape[0], -1)
+
+    def forward(self, x, mb=0):
+        self._ctx[mb] = [x, None]
+        xg = self.tp.along(self.c).allgather(x, axis=0)
+        y = _rows(xg) @ self._weight()
+        y = self.tp.along(self.a).reduce_scatter(y.reshape(*xg.shape[:-1], -1), axis=0)
+        if self.b is not None:
+            y += self.b.data.reshape(-1)
+        return y
+
+    def backward_input(self, dy, mb=0):
+        dyg = self.tp.along(self.a).allgather(dy, axis=0)
+        self._ctx[mb][1] = dyg
+        dx = _rows(dyg) @ self._weight().T
+        return self.tp.along(self.c).reduce_scatter(dx.reshape(*dyg.shape[:-1], -1), axis=0)
+
+    def backward_weight(self, mb=0):
+        x, dyg = self._ctx.pop(mb)
+        xg = self.tp.along(self.c).allgather(x, axis=0)
+        dyg2 = _rows(dyg)
+        dw = self.tp.ci.reduce_scatter(_rows(xg).T @ dyg2, axis=0)
+        self.w.grad.reshape(dw.shape)[...] += dw
+        if self.b is not None:  # dY holds all of tokens block i: sum the q blocks over i
+            self.b.grad.reshape(-1)[...] += self.tp.sum_over(dyg2.sum(axis=0), "i")
+
+
+class LayerNorm3D(Layer):
+    """LayerNorm of parity-0 activations (hidden cut over l): moments all-reduced over l."""
+
+    def __init__(self, pf: ParamFactory, tp: TP3DContext, name, d, eps=1e-5):
+        super().__init__(name)
+        self.tp, self.d, self.eps = tp, d, eps
+        self.hid, self.piece = PARITY[0]
+        spec = tp.spec((0, self.hid))
+        self.g = pf.make(f"{name}.weight", (d,), "norm", spec, init="ones")
+        self.b = pf.make(f"{name}.bias", (d,), "norm", spec, init="zeros")
+        self.own_params = [self.g, self.b]
+
+    def _mean(self, s):
+        return self.tp.along(self.hid).allreduce(s, op="sum", inplace=True) / self.d
+
+    def forward(self, x, mb=0):
+        xp = array_module(x)
+        x2 = _rows(x)
+        xc = x2 - self._mean(xp.ascontiguousarray(x2.sum(axis=1)))[:, None]
+        rstd = 1.0 / xp.sqrt(self._mean(xp.ascontiguousarray((xc * xc).sum(axis=1))) + self.eps)
+        xhat = xc * rstd[:, None]
+        self._ctx[mb] = [xhat, rstd, None]
+        return (xhat * self.g.data + self.b.data).reshape(x.shape)
+
+    def backward_input(self, dy, mb=0):
+        xp = array_module(dy)
+        ctx = self._ctx[mb]
+        ctx[2] = dy
+        xhat, rstd = ctx[0], ctx[1]
+        g = _rows(dy) * self.g.data
+        m = self._mean(xp.stack([g.sum(axis=1), (g * xhat).sum(axis=1)]))
+        return (rstd[:, None] * (g - m[0][:, None] - xhat * m[1][:, None])).reshape(dy.shape)
+
+    def backward_weight(self, mb=0):
+        xp = array_module(self.g.grad)
+        xhat, _, dy = self._ctx.pop(mb)
+        dy2 = _rows(dy)
+        both = self.tp.sum_over(xp.stack([(dy2 * xhat).sum(axis=0), dy2.sum(axis=0)]),
+                                "i", self.piece)
+        self.g.grad += both[0]
+        self.b.grad += both[1]
+
+
+class Embedding3D(Layer):
+    """Token embedding, table (vocab, d): vocab cut over j then i (q^2 blocks), hidden over l.
+    Each rank looks up every sequence in its vocabulary block; reduce-scatters over i then j sum
+    the q^2 blocks and leave rank (i, j, l) tokens block i, piece j (parity 0)."""
+
+    def __init__(self, pf: ParamFactory, tp: TP3DContext, name, vocab, d):
+        super().__init__(name)
+        self.tp = tp
+        self.table = pf.make(f"{name}.weight", (vocab, d), "embedding",
+                             tp.spec((0, "j"), (0, "i"), (1, "l")))
+        self.own_params = [self.table]
+        rows = self.table.spec.block_index(self.table.full_shape, tp.rank)[0]
+        self.lo, self.hi = rows.start, rows.stop
+
+    def forward(self, ids, mb=0):
+        xp = array_module(self.table.data)
+        ids = xp.asarray(ids)
+        outside = (ids < self.lo) | (ids >= self.hi)
+        local = ids - self.lo
+        local[outside] = 0
+        y = F.embedding_forward(local, self.table.data)
+        y[outside] = 0.0
+        self._ctx[mb] = [local, outside, None]
+        return self.tp.cj.reduce_scatter(self.tp.ci.reduce_scatter(y, axis=0), axis=0)
+
+    def backward_input(self, dy, mb=0):
+        self._ctx[mb][2] = dy
+        return None
+
+    def backward_weight(self, mb=0):
+        local, outside, dy = self._ctx.pop(mb)
+        dy = self.tp.ci.allgather(self.tp.cj.allgather(dy, axis=0), axis=0)
+        dy[outside] = 0.0
+        F.embedding_backward_weight(local, dy, self.table.grad)
+
+
+class PositionEmbedding3D(Layer):
+    """y = x + P[:s] on parity 0, P (max_len, d) cut over l; its gradient summed over i, j."""
+
+    def __init__(self, pf: ParamFactory, tp: TP3DContext, name, max_len, d):
+        super().__init__(name)
+        self.tp = tp
+        self.pos = pf.make(f"{name}.weight", (max_len, d), "embedding", tp.spec((1, "l")))
+        self.own_params = [self.pos]
+
+    def forward(self, x, mb=0):
+        if x.shape[1] > self.pos.shape[0]:
+            raise ValueError(f"sequence of {x.shape[1]} exceeds the context of "
+                             f"{self.pos.shape[0]}: lower seq_len or raise block_size")
+        return x + self.pos.data[:x.shape[1]]
+
+    def backward_input(self, dy, mb=0):
+        self._ctx[mb] = dy
+        return dy
+
+    def backward_weight(self, mb=0):
+        xp = array_module(self.pos.grad)
+        dy = self._ctx.pop(mb)
+        self.pos.grad[:dy.shape[1]] += self.tp.sum_over(xp.ascontiguousarray(dy.sum(axis=0)),
+                                                        "i", "j")
+
+
+class CrossEntropy3D(CrossEntropyLoss):
+    """Vocab-parallel cross-entropy on parity-1 logits (tokens block i, piece l; vocab block j):
+    reduced over j; the micro-batch mean is the mean of the q^2 token blocks' means."""
+
+    def __init__(self, tp: TP3DContext):
+        super().__init__()
+        self.tp = tp
+
+    def _offset(self, v_local: int) -> int:
+        return self.tp.cj.rank * v_local
+
+    def _reduce(self, x, op):
+        return self.tp.cj.allreduce(x, op=op, inplace=True)
+
+    def forward(self, logits, targets, mb=0, scale=1.0) -> float:
+        nb, n, blk = logits.shape[0], self.tp.batch_shards, self.tp.batch_block(1)
+        loss = super().forward(logits, targets[blk * nb:(blk + 1) * nb], mb, scale / n)
+        loss = self.tp.cl.allreduce_scalar(self.tp.ci.allreduce_scalar(loss, "sum"), "sum")
+        return loss / n
