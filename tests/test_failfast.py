@@ -29,7 +29,10 @@ def test_nonzero_exit_aborts_job():
 def test_a_start_failing_on_one_rank_ends_every_rank_with_one_message():
     p = python_script(4, "failfast_raise.py", "start", timeout=60)
     assert p.returncode == 2, p.stderr
-    assert sorted(p.stdout.split("\n")[:-1]) == [f"rank {r} start code 2" for r in range(4)]
+    # mpiexec forwards each rank's stdout on its own; lines of ranks printing at once may
+    # arrive run together, so look for each rank's line rather than split on newlines
+    for r in range(4):
+        assert p.stdout.count(f"rank {r} start code 2") == 1, p.stdout
     assert p.stderr.count("config file c.toml not found") == 1, p.stderr
     assert "mpipar train: error: rank 3 (host " in p.stderr
 
