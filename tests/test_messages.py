@@ -18,9 +18,9 @@ from mpipar.trace import EVENT_DTYPE, write_dump
 CONFIG = REPO / "experiments" / "configs" / "tiny.toml"
 
 
-def _error(capsys, argv) -> str:
+def _error(capfd, argv) -> str:
     assert main(argv) == 2, argv
-    err = capsys.readouterr().err
+    err = capfd.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
     return err
 
@@ -52,15 +52,15 @@ def test_a_broken_toml_line_names_the_file(tmp_path):
         load_config(p)
 
 
-def test_cli_binary_config_is_one_line(tmp_path, capsys):
+def test_cli_binary_config_is_one_line(tmp_path, capfd):
     p = tmp_path / "bin.toml"
     p.write_bytes(b"\x00\xff\xfe" * 100)
-    assert "bin.toml is not UTF-8" in _error(capsys, ["train", "--config", str(p)])
+    assert "bin.toml is not UTF-8" in _error(capfd, ["train", "--config", str(p)])
 
 
 # ----- dumps -----------------------------------------------------------------------------------
 
-def test_a_bit_flipped_dump_through_analyze(tmp_path, capsys):
+def test_a_bit_flipped_dump_through_analyze(tmp_path, capfd):
     path = tmp_path / "trace.h5"
     ev = np.zeros(4, dtype=EVENT_DTYPE)
     ev["kind"] = b"F"
@@ -71,7 +71,7 @@ def test_a_bit_flipped_dump_through_analyze(tmp_path, capsys):
     raw = bytearray(path.read_bytes())
     raw[offset] = 0xC3  # the start of a two-byte UTF-8 sequence, cut short
     path.write_bytes(bytes(raw))
-    err = _error(capsys, ["analyze", str(path)])
+    err = _error(capfd, ["analyze", str(path)])
     assert str(path) in err and "damaged timing dump" in err and "re-run" in err
 
 
@@ -86,9 +86,9 @@ def test_a_bit_flipped_dump_through_analyze(tmp_path, capsys):
     (["--costs", "B=-1"], "--costs B=-1"),
     (["--costs", "F=inf"], "--costs F=inf"),
 ])
-def test_schedule_refuses_absurd_arguments_quickly(capsys, argv, words):
+def test_schedule_refuses_absurd_arguments_quickly(capfd, argv, words):
     t0 = time.perf_counter()
-    err = _error(capsys, ["schedule", *argv])
+    err = _error(capfd, ["schedule", *argv])
     assert words in err and time.perf_counter() - t0 < 5
 
 
@@ -120,14 +120,14 @@ def dump(tmp_path):
     (["--peak", "nan"], "--peak = nan"),
     (["--step", "-1"], "--step = -1"),
 ])
-def test_analyze_refuses_absurd_flags(capsys, dump, argv, words):
-    assert words in _error(capsys, ["analyze", str(dump), *argv])
+def test_analyze_refuses_absurd_flags(capfd, dump, argv, words):
+    assert words in _error(capfd, ["analyze", str(dump), *argv])
 
 
-def test_plots_into_an_unwritable_folder(capsys, dump, tmp_path):
+def test_plots_into_an_unwritable_folder(capfd, dump, tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("x")  # a folder below a file cannot exist, even for root
-    err = _error(capsys, ["analyze", str(dump), "--plots", str(blocker / "plots")])
+    err = _error(capfd, ["analyze", str(dump), "--plots", str(blocker / "plots")])
     assert f"cannot write plots into {blocker / 'plots'}" in err and "--plots DIR" in err
     from mpipar.analysis import plots
 
