@@ -8,8 +8,10 @@ import pytest
 from mpipar.parallel.pipeline.actions import Action, Schedule, ScheduleError
 from mpipar.parallel.pipeline.check import check_schedule
 from mpipar.parallel.pipeline.generators import (
+    MULTI_CHUNK,
     SCHEDULES,
     build_schedule,
+    default_virtual_stages,
     validate,
     weight_versions,
 )
@@ -20,7 +22,7 @@ def grid():
     for kind in SCHEDULES:
         for pp in range(1, 9):
             for m in sorted({1, 2, 3, pp, pp + 1, 2 * pp, 3 * pp + 1}):
-                for v in ((2, 3) if kind == "interleaved" else (1,)):
+                for v in ((2, 3) if kind in MULTI_CHUNK else (default_virtual_stages(kind),)):
                     try:
                         validate(kind, pp, m, v)
                     except ScheduleError:
@@ -41,7 +43,7 @@ def test_every_generator_passes_the_checker():
 @pytest.mark.parametrize("kind", SCHEDULES)
 def test_pp1_is_plain_gradient_accumulation(kind):
     m = 1 if kind == "naive" else 4
-    s = build_schedule(kind, 1, m, 2 if kind == "interleaved" else 1)
+    s = build_schedule(kind, 1, m, default_virtual_stages(kind))
     check_schedule(s)
     assert not any(a.is_comm for a in s.ranks[0])
 
@@ -69,7 +71,11 @@ def test_parse_reports_line_and_column():
 @pytest.mark.parametrize(
     "args, match",
     [
-        (("bogus", 2, 4), "valid schedules: naive, gpipe, 1f1b, interleaved, zb-h1, pipedream"),
+        (("bogus", 2, 4), "valid schedules: naive, gpipe, 1f1b, interleaved, zb-h1, pipedream, "
+                          "zb-h2, zb-v, looped-bfs, v-half, v-min, dualpipev"),
+        (("zb-v", 2, 4), "set virtual_stages=2"),
+        (("looped-bfs", 2, 4, 1), "virtual_stages >= 2.*gpipe"),
+        (("dualpipev", 4, 7, 2), "microbatches >= 2 \\* pp = 8"),
         (("1f1b", 2, 0), "microbatches must be a positive integer"),
         (("interleaved", 2, 4, 1), "virtual_stages >= 2"),
         (("interleaved", 4, 6, 2), "multiple of pp=4.*microbatches=4 or 8"),

@@ -9,13 +9,14 @@ HELP = "show a pipeline schedule: timeline chart, bubble fraction, peak activati
 
 def add_arguments(p) -> None:
     p.add_argument(
-        "--kind", help="naive, gpipe, 1f1b, interleaved, zb-h1 or pipedream (default 1f1b)"
+        "--kind", help="naive, gpipe, 1f1b, interleaved, zb-h1, pipedream, zb-h2, zb-v, "
+        "looped-bfs, v-half, v-min or dualpipev (default 1f1b)"
     )
     p.add_argument("--pp", type=int, default=4, help="pipeline ranks (default 4)")
     p.add_argument("--microbatches", "-m", type=int, default=8, help="micro-batches (default 8)")
     p.add_argument("--virtual-stages", "--virtual", "-v", dest="virtual_stages", type=int,
-                   default=None, help="model chunks per rank (interleaved; default 2 there, "
-                   "else 1); --virtual is the older name of the same flag")
+                   default=None, help="model chunks per rank (default 2 for interleaved, "
+                   "looped-bfs and the V-shaped schedules, else 1); --virtual is the older name of the same flag")
     p.add_argument("--file", help="load a schedule from this text file instead (see --actions)")
     p.add_argument("--costs", default="",
                    help="cost model, e.g. F=1,B=1,W=1,BW=2,comm=0,UPDATE=0 (per stage)")
@@ -44,7 +45,7 @@ def run(args) -> int:
     from mpipar.parallel.pipeline.actions import Schedule, ScheduleError
     from mpipar.parallel.pipeline.chart import save_png, text_chart
     from mpipar.parallel.pipeline.check import check_schedule
-    from mpipar.parallel.pipeline.generators import build_schedule
+    from mpipar.parallel.pipeline.generators import build_schedule, default_virtual_stages
     from mpipar.parallel.pipeline.simulate import resolve_costs, simulate, textbook_bubble
 
     try:
@@ -57,7 +58,7 @@ def run(args) -> int:
             kind = args.kind or "1f1b"
             virtual_stages = args.virtual_stages
             if virtual_stages is None:
-                virtual_stages = 2 if kind == "interleaved" else 1
+                virtual_stages = default_virtual_stages(kind)
             s = build_schedule(kind, args.pp, args.microbatches, virtual_stages)
         check_schedule(s)
         result = simulate(s, costs)
