@@ -16,7 +16,8 @@ def add_arguments(p) -> None:
     p.add_argument("--microbatches", "-m", type=int, default=8, help="micro-batches (default 8)")
     p.add_argument("--virtual-stages", "--virtual", "-v", dest="virtual_stages", type=int,
                    default=None, help="model chunks per rank (default 2 for interleaved, "
-                   "looped-bfs and the V-shaped schedules, else 1); --virtual is the older name of the same flag")
+                   "looped-bfs and the V-shaped schedules, else 1); --virtual is the older name "
+                   "of the same flag")
     p.add_argument("--file", help="load a schedule from this text file instead (see --actions)")
     p.add_argument("--costs", default="",
                    help="cost model, e.g. F=1,B=1,W=1,BW=2,comm=0,UPDATE=0 (per stage)")

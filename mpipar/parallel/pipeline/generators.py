@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from . import dualpipe, greedy, zbv
 from .actions import (
     Action,
     Schedule,
@@ -20,7 +21,6 @@ from .actions import (
     recvs_before,
     sends_after,
 )
-from . import dualpipe, greedy, zbv
 from .replay import UNIT_COSTS, Replay
 
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "pipedream", "zb-h2", "zb-v",
