@@ -30,6 +30,7 @@ def variants(dp, pp, tp):
                 f"zb-h1:{pp + 1}", f"gpipe:{pp}:recompute", "naive:1"]
         if pp * 2 <= 8:
             out += [f"interleaved:{pp}:v=2", f"interleaved:{2 * pp}:v=2:recompute"]
+    out += new_schedule_variants(dp, pp, tp)
     if dp > 1:
         out.append("1f1b:2:zero1")
     if tp > 1:
@@ -38,6 +39,26 @@ def variants(dp, pp, tp):
             out.append(f"interleaved:{pp}:v=2:sp:zero1" if pp * 2 <= 8 else f"zb-h1:{pp}:sp:zero1")
     out.append("1f1b:2:mlp")
     return out
+
+
+def new_schedule_variants(dp, pp, tp):
+    """The 2023-2025 schedules (issue 16): all of them with micro-batches below, equal to and
+    above pp (where the schedule allows), with and without recompute, on the pure pipelines pp=2
+    and pp=4; and one case each inside the dp and tp grids of up to 8 ranks (kept few: each
+    variant costs a run on its grid)."""
+    if pp == 1:
+        return []
+    if (dp, tp) == (1, 1):
+        lo = max(pp - 1, 1)
+        return [f"zb-h2:{lo}", f"zb-h2:{2 * pp}:recompute", f"zb-v:{pp}:v=2",
+                f"zb-v:{2 * pp}:v=2:recompute", f"zb-v:{lo}:v=2", f"looped-bfs:{pp + 1}:v=2",
+                f"looped-bfs:{lo}:v=2:recompute", f"v-half:{pp}:v=2:recompute",
+                f"v-half:{2 * pp + 1}:v=2", f"v-min:{pp + 1}:v=2", f"dualpipev:{2 * pp}:v=2",
+                f"dualpipev:{2 * pp + 1}:v=2:recompute"]
+    return {(2, 4, 1): [f"zb-v:{2 * pp}:v=2", f"dualpipev:{2 * pp}:v=2:recompute"],
+            (1, 4, 2): [f"zb-h2:{pp + 1}:sp", f"v-half:{pp}:v=2"],
+            (2, 2, 2): [f"looped-bfs:{pp}:v=2:zero1", f"v-min:{pp}:v=2:recompute"],
+            (1, 2, 4): [f"dualpipev:{2 * pp}:v=2"]}.get((dp, pp, tp), [])
 
 
 GRIDS = [(1, 1, 1),

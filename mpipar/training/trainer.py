@@ -92,7 +92,8 @@ class Trainer:
             schedule = make_schedule(cfg)
         self.schedule = schedule
         self.bounds = chunk_bounds(cfg, self.model, self.schedule)
-        self.chunks = build_chunks(self.model, self.bounds, grid.pp_rank, p.pp)
+        self.chunks = build_chunks(self.model, self.bounds, grid.pp_rank, p.pp,
+                                   rank_of=self.schedule.rank_of)
         self.params = self.model.params(self.chunks.values())
         # tied embeddings: the head shares the table; params() de-duplicates by identity
         chunk_params = {c: ch.params() for c, ch in self.chunks.items()}
@@ -137,7 +138,8 @@ class Trainer:
         """The batch-mean loss, known on every rank (reported by the last stage's tp rank 0)."""
         g = self.grid
         mine = 0.0
-        if g.is_last_stage and g.tp_rank == 0:
+        holds_loss = g.pp_rank == self.schedule.rank_of(self.schedule.n_chunks - 1)
+        if holds_loss and g.tp_rank == 0:  # the last chunk's rank (rank 0 in a V)
             mine = sum(losses.values()) / self.cfg.parallel.microbatches / g.dp_size
         return g.world_comm.allreduce_scalar(mine, op="sum")
 
@@ -199,7 +201,7 @@ class Trainer:
         cfg = self.cfg
         if self.eval_executor is None:
             s = forward_only_schedule(cfg.parallel.pp, cfg.parallel.microbatches,
-                                      self.schedule.virtual_stages)
+                                      self.schedule.virtual_stages, self.schedule.placement)
             self.eval_executor = PipelineExecutor(
                 self.model, self.chunks, s, self.grid.pp_rank, comm=self.grid.pp_comm,
                 tracer=None, backend=self.backend)
