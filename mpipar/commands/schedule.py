@@ -93,8 +93,24 @@ def run(args) -> int:
         print(f"bubble fraction (textbook): {tb:.4f}{note}")
     print("peak activations (micro-batch x chunk held, per rank): "
           + " ".join(str(x) for x in result.peak_activations))
+    _print_published(s, result)
     if args.png:
         print(f"wrote {args.png}")
     if args.save:
         print(f"wrote {args.save}")
     return 0
+
+
+def _print_published(s, result) -> None:
+    """The papers' figures for the 2023-2025 schedules (F = B = W), beside the simulated ones."""
+    from mpipar.parallel.pipeline.formulas import peak_stage_activations, published, span_bubble
+
+    pub = published(s.kind, s.pp, s.microbatches, s.virtual_stages)
+    print(f"placement: {s.placement}; peak activations in whole-stage micro-batches: "
+          f"{peak_stage_activations(result, s.virtual_stages):g}; span bubble (simulated, "
+          f"1 - busy / longest rank span): {span_bubble(result):.4f}")
+    if pub is not None:
+        approx = "" if pub["exact"] else "~"
+        sync = "n/a" if pub["sync"] is None else f"{pub['sync']:.4f}"
+        print(f"published ({pub['source']}, F = B = W): span bubble {approx}{pub['span']:.4f}, "
+              f"synchronous-step bubble {sync}, peak {approx}{pub['peak']:g}")
