@@ -308,7 +308,8 @@ def test_dualpipev_memory_and_bubble():
         for m in (2 * pp, 3 * pp):
             sync, _, peak = sim("dualpipev", pp, m)
             assert peak == pp + 0.5  # DeepSeek: PP + 1 chunk activations, PP = 2 pp chunks
-            assert sync == pytest.approx((pp - 1) / (6 * m + pp - 1), abs=1e-12)
+            # F&B in sequence, waiting for both inputs: ZB-H1's bubble (derived, formulas.py)
+            assert sync == pytest.approx((pp - 1) / (3 * m + pp - 1), abs=1e-12)
 
 
 def test_v_placement():
@@ -366,3 +367,12 @@ def test_dualpipev_pairs_forward_and_backward_of_other_micro_batches():
     pairs = [(a, b) for a, b in zip(comp, comp[1:])
              if a.op == "F" and b.op in ("B", "BW") and a.chunk != b.chunk and a.mb != b.mb]
     assert len(pairs) >= 2
+    assert s.pairs and all(s.ranks[r][i].op == "F" for r, i in s.pairs)
+    # nothing between the halves; the text form writes F&B and reads it back
+    assert "F3.0&BW1.3" in s.format() and Schedule.parse(s.format()) == s
+    bad = Schedule.parse(s.format().replace("F3.0&BW1.3", "F3.0 BW1.3"))
+    check_schedule(bad)  # unpaired, still a valid schedule
+    broken = Schedule.parse(s.format())
+    broken.pairs.append((0, 0))
+    with pytest.raises(ScheduleError, match="F&B of two different micro-batches"):
+        check_schedule(broken)

@@ -18,6 +18,9 @@ schedule's *placement*:
   ``RECV_B(mb, c)``: receive the output-gradient of chunk c from the rank of chunk c+1.
 - ``UPDATE(mb, c)``: asynchronous PipeDream only: apply mb's gradient to chunk c's weights now.
 
+``F3.0&B1.7`` is a paired action (DualPipe's F&B): the forward of one micro-batch and the backward
+of another, issued together (``Schedule.pairs``); here they run one after the other.
+
 The text form (``Schedule.format`` / ``Schedule.parse``) is one header line and one line per rank::
 
     schedule kind=1f1b pp=2 virtual=1 microbatches=2 asynchronous=false placement=loop
@@ -112,6 +115,9 @@ class Schedule:
     ranks: list[list[Action]] = field(default_factory=list)
     asynchronous: bool = False  # PipeDream: no flush, weight stashing, UPDATE actions
     placement: str = "loop"  # which rank holds which chunk: "loop" or "v" (module doc)
+    # paired actions (DualPipe's F&B: a forward and a backward of other micro-batches issued as
+    # one, overlapped on a GPU, run in sequence here): (rank, index of the F; the B follows)
+    pairs: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def n_chunks(self) -> int:
@@ -138,8 +144,17 @@ class Schedule:
 
     def format(self) -> str:
         lines = [self.header()]
+        paired = set(self.pairs)
         for r, acts in enumerate(self.ranks):
-            lines.append(f"rank {r}: " + " ".join(str(a) for a in acts))
+            words, i = [], 0
+            while i < len(acts):
+                if (r, i) in paired and i + 1 < len(acts):
+                    words.append(f"{acts[i]}&{acts[i + 1]}")  # F&B: one paired action
+                    i += 2
+                else:
+                    words.append(str(acts[i]))
+                    i += 1
+            lines.append(f"rank {r}: " + " ".join(words))
         return "\n".join(lines) + "\n"
 
     def __str__(self) -> str:
@@ -149,6 +164,7 @@ class Schedule:
     def parse(text: str) -> Schedule:
         header: dict[str, str] | None = None
         ranks: dict[int, list[Action]] = {}
+        pairs: list[tuple[int, int]] = []
         for lineno, raw in enumerate(text.splitlines(), start=1):
             line = raw.split("#", 1)[0].rstrip()
             if not line.strip():
@@ -156,8 +172,9 @@ class Schedule:
             if header is None:
                 header = _parse_header(line, lineno)
                 continue
-            r, acts = _parse_rank_line(line, lineno, ranks)
+            r, acts, paired = _parse_rank_line(line, lineno, ranks)
             ranks[r] = acts
+            pairs += [(r, i) for i in paired]
         if header is None:
             raise ScheduleError(
                 "empty schedule: expected a header line such as "
@@ -181,6 +198,7 @@ class Schedule:
             ranks=[ranks[r] for r in range(pp)],
             asynchronous=header["asynchronous"],
             placement=header["placement"],
+            pairs=sorted(pairs),
         )
 
     def save(self, path) -> None:
@@ -245,7 +263,7 @@ def _parse_header(line: str, lineno: int) -> dict:
     return out
 
 
-def _parse_rank_line(line: str, lineno: int, seen: dict) -> tuple[int, list[Action]]:
+def _parse_rank_line(line: str, lineno: int, seen: dict) -> tuple[int, list[Action], list[int]]:
     m = re.match(r"\s*rank\s+(\d+)\s*:", line)
     if not m:
         raise ScheduleError(
@@ -254,14 +272,20 @@ def _parse_rank_line(line: str, lineno: int, seen: dict) -> tuple[int, list[Acti
     r = int(m.group(1))
     if r in seen:
         raise ScheduleError(f"line {lineno}: rank {r} appears twice")
-    acts = []
+    acts, paired = [], []
     for tok in re.finditer(r"\S+", line[m.end():]):
+        col = m.end() + tok.start() + 1
+        halves = tok.group().split("&")
+        if len(halves) > 2:
+            raise ScheduleError(f"line {lineno}, column {col}: a paired action joins two "
+                                f"actions (F&B), got {tok.group()!r}")
+        if len(halves) == 2:
+            paired.append(len(acts))
         try:
-            acts.append(parse_action(tok.group()))
+            acts += [parse_action(h) for h in halves]
         except ScheduleError as exc:
-            col = m.end() + tok.start() + 1
             raise ScheduleError(f"line {lineno}, column {col}: {exc}") from None
-    return r, acts
+    return r, acts, paired
 
 
 def matching(a: Action) -> Action:

@@ -35,6 +35,7 @@ def check_schedule(s: Schedule) -> None:
         raise ScheduleError(f"schedule has pp={s.pp} but {len(s.ranks)} rank lists")
     check_placement(s.placement, s.virtual_stages)
     index = _check_actions(s)
+    _check_pairs(s)
     _check_counts(s, index)
     _check_local_order(s, index)
     _check_deadlock(s)
@@ -80,6 +81,20 @@ def _check_actions(s: Schedule) -> dict[Action, tuple[int, int]]:
                 raise ScheduleError(f"{where}: duplicate of {_where(r0, i0, a)}")
             index[a] = (r, i)
     return index
+
+
+def _check_pairs(s: Schedule) -> None:
+    """A paired action is an F followed by a backward (B or BW) of another micro-batch."""
+    for r, i in s.pairs:
+        acts = s.ranks[r] if 0 <= r < s.pp else []
+        if i + 1 >= len(acts):
+            raise ScheduleError(f"paired action at rank {r}, action {i}: no such action")
+        f, b = acts[i], acts[i + 1]
+        if f.op != "F" or b.op not in ("B", "BW") or f.mb == b.mb:
+            raise ScheduleError(
+                f"{_where(r, i, f)}: a paired action is F&B of two different micro-batches, "
+                f"got {f}&{b}"
+            )
 
 
 def _check_counts(s: Schedule, index: dict) -> None:

@@ -7,6 +7,8 @@ the second chunk with the weight gradient split off (zero bubble), then the main
 forward of one chunk is paired with a backward of the other (``F&B``, overlapped on a GPU, run one
 after the other here), then the cool-down with more split backwards and the deferred W's.
 
+A paired F&B is a tuple (F, B) in the compute order; the schedule records it (``Schedule.pairs``,
+``F3.0&B1.7`` in the text form): its receives come before it and its sends after it.
 A backward is a plain BW unless the phase splits it ("enable_zb"), in which case it is a B whose W
 joins a first-in first-out queue drained by the W steps. Needs microbatches >= 2 pp.
 """
@@ -24,26 +26,31 @@ class _RankOrder:
         self.next_f = {self.c0: 0, self.c1: 0}
         self.next_b = {self.c0: 0, self.c1: 0}
         self.w_queue: deque[Action] = deque()
-        self.acts: list[Action] = []
+        self.acts: list = []  # Actions, and (F, B) tuples for the paired F&B actions
 
     def f(self, c):
         self.acts.append(Action("F", self.next_f[c], c))
         self.next_f[c] += 1
 
-    def b(self, c, split=False):
+    def b(self, c, split=False, paired=False):
+        """A backward of chunk c; ``paired``: with the forward just issued, as one F&B action."""
         mb = self.next_b[c]
         self.next_b[c] += 1
         if split:
-            self.acts.append(Action("B", mb, c))
+            act = Action("B", mb, c)
             self.w_queue.append(Action("W", mb, c))
         else:
-            self.acts.append(Action("BW", mb, c))
+            act = Action("BW", mb, c)
+        if paired:
+            self.acts[-1] = (self.acts[-1], act)
+        else:
+            self.acts.append(act)
 
     def w(self):
         self.acts.append(self.w_queue.popleft())
 
 
-def _rank_order(pp: int, m: int, r: int) -> list[Action]:
+def _rank_order(pp: int, m: int, r: int) -> list:
     o = _RankOrder(pp, r)
     c0, c1 = o.c0, o.c1
     for _ in range((pp - r - 1) * 2):  # 1: forwards of the first chunk
@@ -55,15 +62,15 @@ def _rank_order(pp: int, m: int, r: int) -> list[Action]:
         o.b(c1, split=True)
         o.w()
         o.f(c1)
-    for _ in range(m - 2 * pp + r + 1):  # 4: the main phase, F&B pairs
+    for i in range(m - 2 * pp + r + 1):  # 4: the main phase, F&B pairs
         o.f(c0)
-        o.b(c1)
+        o.b(c1, paired=not (i == 0 and r == pp - 1))  # DeepSeek: not at the V's tip, first
         o.f(c1)
-        o.b(c0)
+        o.b(c0, paired=True)
     for _ in range(pp - r - 1):  # 5: B of the second chunk, then an F&B pair
         o.b(c1)
         o.f(c1)
-        o.b(c0)
+        o.b(c0, paired=True)
     split, n6 = False, r + 1
     for i in range(n6):  # 6: both chunks' backwards; the second half splits off W
         if i == n6 // 2 and r % 2 == 1:

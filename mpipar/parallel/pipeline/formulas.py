@@ -66,7 +66,10 @@ def published(kind: str, pp: int, m: int, v: int = 2) -> dict | None:
                 "source": "Qi et al. 2024 (V-Min), table 1"}
     if kind == "dualpipev" and m >= 2 * p:
         # DeepSeek DualPipe README: bubble (PP/2-1)(F&B + B - 3W) with PP = 2p chunks, 0 when
-        # F&B (run in sequence here) = F + B and F = B = W; activations PP+1 chunks = p + 1/2.
-        return {"sync": (p - 1) / (6 * m + p - 1), "span": 0.0, "peak": p + 0.5,
+        # F&B = F + B and F = B = W; activations PP+1 chunks = p + 1/2 stages (exact here).
+        # Run in sequence, a pair waits for the inputs of both halves (its communication is
+        # issued together): the synchronous-step bubble is then ZB-H1's, (p-1)/(3m+p-1) (derived
+        # here, not published), and the span bubble is not zero.
+        return {"sync": (p - 1) / (3 * m + p - 1), "span": 0.0, "peak": p + 0.5,
                 "exact": False, "source": "DeepSeek DualPipe README"}
     return None

@@ -51,10 +51,10 @@ def build_schedule(kind: str, pp: int, microbatches: int, virtual_stages: int = 
     validate(kind, pp, microbatches, virtual_stages)
     orders = _ORDERS[kind](pp, microbatches, virtual_stages)
     placement = placement_of(kind)
-    ranks = _add_communication(pp, pp * virtual_stages, orders, placement,
-                               early_receives=kind in EARLY_RECEIVES)
+    ranks, pairs = _place(pp, pp * virtual_stages, orders, placement,
+                          early_receives=kind in EARLY_RECEIVES)
     return Schedule(kind, pp, virtual_stages, microbatches, ranks,
-                    asynchronous=(kind == "pipedream"), placement=placement)
+                    asynchronous=(kind == "pipedream"), placement=placement, pairs=pairs)
 
 
 def validate(kind: str, pp: int, microbatches: int, virtual_stages: int = 1) -> None:
@@ -265,8 +265,16 @@ _ORDERS = {
 # Communication placement.
 
 
+def _parts(item) -> list[Action]:
+    """A compute order's item: one Action, or a tuple (F, B) run as one paired action."""
+    return list(item) if isinstance(item, tuple) else [item]
+
+
 class _Placement(Replay):
-    """Replays the compute orders, deciding where each send and receive goes (see below)."""
+    """Replays the compute orders, deciding where each send and receive goes (see below).
+
+    A paired item (F, B) of the compute order (DualPipeV's F&B) is one unit: the receives of
+    both halves come before it and the sends of both after it, so nothing separates the two."""
 
     greedy = False  # one compute per rank per round, then messages again
 
@@ -281,24 +289,29 @@ class _Placement(Replay):
         self.received: list[set[Action]] = [set() for _ in range(pp)]
         self.clock = [0.0] * pp  # estimated time each rank reaches its current point
         self.arrival: dict[Action, float] = {}  # receive -> time its data was made
+        self.pairs: list[tuple[int, int]] = []  # (rank, index of the F of a paired action)
 
     def needed(self, r: int) -> list[Action]:
         if self.done(r):
             return []
-        return [x for x in recvs_before(self.current(r), self.n_chunks, self.rank_of)
+        return [x for a in _parts(self.current(r))
+                for x in recvs_before(a, self.n_chunks, self.rank_of)
                 if x not in self.received[r]]
 
     def can_run(self, r: int, a: Action) -> bool:
         # computes once its receives are done and its sends are out
         return not self.needed(r) and not self.pending[r]
 
-    def run(self, r: int, a: Action) -> None:
-        self.out[r].append(a)
-        ready = max([self.clock[r]] + [self.arrival[x]
-                                       for x in recvs_before(a, self.n_chunks, self.rank_of)])
-        self.clock[r] = ready + UNIT_COSTS[a.op] / self.v
-        for s in sends_after(a, self.n_chunks, self.rank_of):
-            self.pending[r][s] = self.clock[r]
+    def run(self, r: int, item) -> None:
+        if isinstance(item, tuple):
+            self.pairs.append((r, len(self.out[r])))
+        for a in _parts(item):
+            self.out[r].append(a)
+            ready = max([self.clock[r]] + [self.arrival[x] for x in
+                                           recvs_before(a, self.n_chunks, self.rank_of)])
+            self.clock[r] = ready + UNIT_COSTS[a.op] / self.v
+            for s in sends_after(a, self.n_chunks, self.rank_of):
+                self.pending[r][s] = self.clock[r]
 
     def before_round(self) -> bool:
         """Exchange the oldest message whose receiver needs it now."""
@@ -370,6 +383,17 @@ def _add_communication(pp: int, n_chunks: int, orders: list[list[Action]],
     made. A rank computes once its receives are done and its sends are out. Only if nothing else
     can move does a rank go on with sends still pending (the send then follows a later compute).
     """
+    return _place(pp, n_chunks, orders, placement, early_receives)[0]
+
+
+def _place(pp, n_chunks, orders, placement="loop", early_receives=False):
+    """(per-rank action lists, paired actions as (rank, index of the F)): see above."""
     if pp == 1:  # every chunk on one rank: plain gradient accumulation, nothing to send
-        return [list(o) for o in orders]
-    return _Placement(pp, n_chunks, orders, placement, early_receives).play()
+        flat, pairs = [], []
+        for item in orders[0]:
+            if isinstance(item, tuple):
+                pairs.append((0, len(flat)))
+            flat += _parts(item)
+        return [flat], pairs
+    placed = _Placement(pp, n_chunks, orders, placement, early_receives)
+    return placed.play(), sorted(placed.pairs)
