@@ -72,6 +72,7 @@ class ParallelConfig:
     schedule_file: str = ""  # a user-written schedule (mpipar schedule --help shows the format)
     partition: str = "uniform"  # uniform | params | explicit
     boundaries: list = field(default_factory=list)  # explicit stage starts (unit indices)
+    layout: str = ""  # GPT stages in Megatron's form, e.g. "Et*3|t*3L" (overrides partition)
     recompute: bool = False  # activation recomputation
     sequence_parallel: bool = False
     zero1: bool = False  # shard optimizer state over dp

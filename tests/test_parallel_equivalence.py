@@ -50,11 +50,14 @@ def new_schedule_variants(dp, pp, tp):
         return []
     if (dp, tp) == (1, 1):
         lo = max(pp - 1, 1)
+        # uneven stages from a layout string, the last one heavy (6 blocks: E t*6 L)
+        heavy = ([f"1f1b:{pp + 1}:layout=Et|t*5L", "zb-v:4:v=2:layout=E,t|t|t|t*3L"] if pp == 2
+                 else [f"zb-h1:{pp + 1}:layout=Et|(t|)*2,t*3L"])
         return [f"zb-h2:{lo}", f"zb-h2:{2 * pp}:recompute", f"zb-v:{pp}:v=2",
                 f"zb-v:{2 * pp}:v=2:recompute", f"zb-v:{lo}:v=2", f"looped-bfs:{pp + 1}:v=2",
                 f"looped-bfs:{lo}:v=2:recompute", f"v-half:{pp}:v=2:recompute",
                 f"v-half:{2 * pp + 1}:v=2", f"v-min:{pp + 1}:v=2", f"dualpipev:{2 * pp}:v=2",
-                f"dualpipev:{2 * pp + 1}:v=2:recompute"]
+                f"dualpipev:{2 * pp + 1}:v=2:recompute"] + heavy
     return {(2, 4, 1): [f"zb-v:{2 * pp}:v=2", f"dualpipev:{2 * pp}:v=2:recompute"],
             (1, 4, 2): [f"zb-h2:{pp + 1}:sp", f"v-half:{pp}:v=2"],
             (2, 2, 2): [f"looped-bfs:{pp}:v=2:zero1", f"v-min:{pp}:v=2:recompute"],

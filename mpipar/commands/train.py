@@ -14,6 +14,7 @@ SHORT = {
     "dp": "parallel.dp", "pp": "parallel.pp", "tp": "parallel.tp",
     "schedule": "parallel.schedule", "microbatches": "parallel.microbatches",
     "virtual_stages": "parallel.virtual_stages", "schedule_file": "parallel.schedule_file",
+    "layout": "parallel.layout",
 }
 FLAGS = {"recompute": "parallel.recompute", "sequence_parallel": "parallel.sequence_parallel",
          "zero1": "parallel.zero1", "no_trace": "run.trace", "quiet": "run.progress"}

@@ -34,6 +34,10 @@ def chunk_bounds(cfg: Config, model, schedule) -> dict:
     from ..parallel.pipeline.partition import chunk_layers
 
     p = cfg.parallel
+    if p.layout:  # uneven stages as the user wrote them (checked in preflight)
+        from ..parallel.pipeline.stage_layout import layout_bounds
+
+        return layout_bounds(p.layout, cfg.model.n_layer, schedule.n_chunks)
     kw = {"method": p.partition}
     if p.partition in ("params", "cost"):
         kw["weights"] = [sum(q.size * q.tp_size if q.spec.axis is not None else q.size
