@@ -6,6 +6,8 @@ trains the one-rank model and compares the gathered step-0 gradients (<= 1e-10),
 of 3 steps (<= 1e-9) and the weights after them (<= 1e-9). See tests/mpi/equiv_train.py.
 """
 
+from pathlib import Path
+
 import pytest
 from mpi_util import python_script
 
@@ -30,7 +32,7 @@ def variants(dp, pp, tp):
                 f"zb-h1:{pp + 1}", f"gpipe:{pp}:recompute", "naive:1"]
         if pp * 2 <= 8:
             out += [f"interleaved:{pp}:v=2", f"interleaved:{2 * pp}:v=2:recompute"]
-    out += new_schedule_variants(dp, pp, tp)
+    out += new_schedule_variants(dp, pp, tp) + torch_csv_variants(dp, pp, tp)
     if dp > 1:
         out.append("1f1b:2:zero1")
     if tp > 1:
@@ -62,6 +64,24 @@ def new_schedule_variants(dp, pp, tp):
             (1, 4, 2): [f"zb-h2:{pp + 1}:sp", f"v-half:{pp}:v=2"],
             (2, 2, 2): [f"looped-bfs:{pp}:v=2:zero1", f"v-min:{pp}:v=2:recompute"],
             (1, 2, 4): [f"dualpipev:{2 * pp}:v=2"]}.get((dp, pp, tp), [])
+
+
+TORCH = Path(__file__).resolve().parent.parent / "experiments" / "data" / "torch"
+
+
+def torch_csv_variants(dp, pp, tp):
+    """torch.distributed.pipelining's own schedules (experiments/torch_schedules.py wrote the
+    CSVs), compute-only and with torch's sends and receives, run by mpipar's executor."""
+    if (dp, tp) != (1, 1) or pp not in (2, 4):
+        return []
+    names = sorted(TORCH.glob(f"*_pp{pp}_m*.csv"))
+    if pp == 4:  # the V-shaped ones; pp = 2 runs them all
+        names = [n for n in names if n.name.startswith(("zb-v", "dualpipev"))]
+    out = []
+    for path in names:
+        m = int(path.stem.split("_m")[1].split("_")[0])
+        out.append(f"torch-{path.stem}:{m}:v=2:csv={path}")
+    return out
 
 
 GRIDS = [(1, 1, 1),

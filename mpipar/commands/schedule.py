@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 HELP = "show a pipeline schedule: timeline chart, bubble fraction, peak activations (no MPI)"
 
@@ -18,11 +19,13 @@ def add_arguments(p) -> None:
                    default=None, help="model chunks per rank (default 2 for interleaved, "
                    "looped-bfs and the V-shaped schedules, else 1); --virtual is the older name "
                    "of the same flag")
-    p.add_argument("--file", help="load a schedule from this text file instead (see --actions)")
+    p.add_argument("--file", help="load a schedule from this text file instead (see --actions); "
+                   "a .csv file is read as torch.distributed.pipelining's schedule CSV")
     p.add_argument("--costs", default="",
                    help="cost model, e.g. F=1,B=1,W=1,BW=2,comm=0,UPDATE=0 (per stage)")
     p.add_argument("--png", help="also write a Gantt chart to this PNG file")
-    p.add_argument("--save", help="write the schedule's action lists to this text file")
+    p.add_argument("--save", help="write the schedule's action lists to this text file (.csv: "
+                   "torch.distributed.pipelining's CSV, with communication)")
     p.add_argument("--actions", action="store_true", help="print the action lists too")
     p.add_argument("--width", type=int, default=120, help="chart width in characters")
 
@@ -54,7 +57,12 @@ def run(args) -> int:
         if args.file:
             if args.kind:
                 raise ScheduleError("give either --file or --kind, not both")
-            s = Schedule.load(args.file)
+            if args.file.endswith(".csv"):  # torch.distributed.pipelining's CSV
+                from mpipar.parallel.pipeline.torch_csv import load_torch_csv
+
+                s = load_torch_csv(args.file)
+            else:
+                s = Schedule.load(args.file)
         else:
             kind = args.kind or "1f1b"
             virtual_stages = args.virtual_stages
@@ -63,7 +71,11 @@ def run(args) -> int:
             s = build_schedule(kind, args.pp, args.microbatches, virtual_stages)
         check_schedule(s)
         result = simulate(s, costs)
-        if args.save:
+        if args.save and args.save.endswith(".csv"):  # torch's CSV, with sends and receives
+            from mpipar.parallel.pipeline.torch_csv import format_torch_csv
+
+            Path(args.save).write_text(format_torch_csv(s, "compute_comms"))
+        elif args.save:
             s.save(args.save)
         if args.png:
             save_png(result, s, args.png)

@@ -19,8 +19,13 @@ def make_schedule(cfg: Config):
     from ..parallel.pipeline.generators import build_schedule
 
     p = cfg.parallel
-    if p.schedule_file:
+    if p.schedule_file.endswith(".csv"):  # torch.distributed.pipelining's schedule CSV
+        from ..parallel.pipeline.torch_csv import load_torch_csv
+
+        s = load_torch_csv(p.schedule_file)
+    elif p.schedule_file:
         s = Schedule.load(p.schedule_file)
+    if p.schedule_file:
         if (s.pp, s.microbatches) != (p.pp, p.microbatches):
             raise ConfigError(f"schedule file {p.schedule_file} is for pp={s.pp}, microbatches="
                               f"{s.microbatches}; the run has pp={p.pp}, microbatches="

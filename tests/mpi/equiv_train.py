@@ -1,7 +1,8 @@
 """Run under mpiexec: every variant on this grid gives the one-rank losses and gradients.
 
 usage: equiv_train.py DATA.h5 DP PP TP VARIANT [VARIANT ...]
-VARIANT: schedule:microbatches[:v=V][:zero1][:sp][:recompute][:mlp][:layout=STRING]
+VARIANT: schedule:microbatches[:v=V][:zero1][:sp][:recompute][:mlp][:layout=STRING][:csv=PATH]
+(csv=PATH: run torch's schedule CSV at PATH; the schedule name is then only a label)
 World rank 0 also trains the one-rank model (on MPI.COMM_SELF) and compares, in float64:
 gathered gradients of step 0 (relative error <= 1e-10) and the loss of every step (<= 1e-9).
 """
@@ -29,13 +30,16 @@ def make_cfg(data, dp, pp, tp, variant, batch=None):
     flags = set(parts[2:])
     v = next((int(f[2:]) for f in flags if f.startswith("v=")), 1)
     layout = next((f[7:] for f in flags if f.startswith("layout=")), "")
+    csv = next((f[4:] for f in flags if f.startswith("csv=")), "")
     over = {
         "train.dtype": "float64", "train.steps": STEPS,
         "train.batch_size": batch or 2 * dp * int(m),
         "train.seq_len": 8, "train.lr": 1e-2, "train.warmup_steps": 0, "train.grad_clip": 0.5,
         "train.eval_interval": 0, "train.seed": 5,
-        "parallel.dp": dp, "parallel.pp": pp, "parallel.tp": tp, "parallel.schedule": sched,
+        "parallel.dp": dp, "parallel.pp": pp, "parallel.tp": tp,
+        "parallel.schedule": "1f1b" if csv else sched,
         "parallel.microbatches": m, "parallel.virtual_stages": v, "parallel.layout": layout,
+        "parallel.schedule_file": csv,
         "parallel.zero1": "zero1" in flags, "parallel.sequence_parallel": "sp" in flags,
         "parallel.recompute": "recompute" in flags, "parallel.bucket_mb": 0.01,
         "run.trace": False, "data.path": data, "model.init_std": 0.2,
