@@ -28,6 +28,9 @@ def add_arguments(p) -> None:
                    "torch.distributed.pipelining's CSV, with communication)")
     p.add_argument("--actions", action="store_true", help="print the action lists too")
     p.add_argument("--width", type=int, default=120, help="chart width in characters")
+    p.add_argument("--layout-from", metavar="DUMP",
+                   help="print the layout string (--layout) that balances the per-unit compute "
+                   "times measured in this timing dump over --pp x --virtual-stages stages")
 
 
 def parse_costs(text: str) -> dict:
@@ -45,7 +48,22 @@ def parse_costs(text: str) -> dict:
     return costs
 
 
+def _layout_from(args) -> int:
+    from mpipar.analysis.dump import DumpError, load
+    from mpipar.analysis.stage_costs import suggest_layout
+
+    try:
+        text = suggest_layout(load(args.layout_from), args.pp * (args.virtual_stages or 1))
+    except (DumpError, ValueError, OSError) as exc:
+        print(f"mpipar schedule: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"layout: {text}")
+    return 0
+
+
 def run(args) -> int:
+    if args.layout_from:
+        return _layout_from(args)
     from mpipar.parallel.pipeline.actions import Schedule, ScheduleError
     from mpipar.parallel.pipeline.chart import save_png, text_chart
     from mpipar.parallel.pipeline.check import check_schedule
