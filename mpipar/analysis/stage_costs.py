@@ -25,7 +25,8 @@ def chunk_times(run) -> dict[int, float]:
         c = run.coord(r)
         if c["dp"] or c["tp"]:
             continue
-        sel = ev[np.isin(ev["kind"], COMPUTE_KINDS) & np.isin(ev["step"], keep) & (ev["chunk"] >= 0)]
+        sel = ev[np.isin(ev["kind"], COMPUTE_KINDS) & np.isin(ev["step"], keep)
+                 & (ev["chunk"] >= 0)]
         for chunk in np.unique(sel["chunk"]):
             part = sel[sel["chunk"] == chunk]
             out[int(chunk)] = float(np.sum(part["end"] - part["start"])) / max(len(keep), 1)
