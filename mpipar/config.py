@@ -272,7 +272,7 @@ def _validate_parallel(p: ParallelConfig, t: TrainConfig, world_size: int | None
             f"{p.dp * p.microbatches}")
     if p.schedule_file and not Path(p.schedule_file).is_file():
         raise ConfigError(f"parallel.schedule_file {p.schedule_file} not found")
-    if p.zero1 and p.schedule == "pipedream":
-        raise ConfigError("ZeRO-1 with asynchronous PipeDream is not supported: drop zero1")
+    if p.zero1 and p.schedule in ("pipedream", "pipedream-2bw"):
+        raise ConfigError(f"ZeRO-1 with {p.schedule} is not supported: drop zero1")
     if world_size is not None:
         _grid_rule(check_grid, p.dp, p.pp, p.tp, world_size)

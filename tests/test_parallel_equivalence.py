@@ -59,10 +59,11 @@ def new_schedule_variants(dp, pp, tp):
                 f"zb-v:{2 * pp}:v=2:recompute", f"zb-v:{lo}:v=2", f"looped-bfs:{pp + 1}:v=2",
                 f"looped-bfs:{lo}:v=2:recompute", f"v-half:{pp}:v=2:recompute",
                 f"v-half:{2 * pp + 1}:v=2", f"v-min:{pp + 1}:v=2", f"dualpipev:{2 * pp}:v=2",
-                f"dualpipev:{2 * pp + 1}:v=2:recompute"] + heavy
+                f"dualpipev:{2 * pp + 1}:v=2:recompute", f"pipedream-2bw:{pp + 1}"] + heavy
     return {(2, 4, 1): [f"zb-v:{2 * pp}:v=2", f"dualpipev:{2 * pp}:v=2:recompute"],
             (1, 4, 2): [f"zb-h2:{pp + 1}:sp", f"v-half:{pp}:v=2"],
-            (2, 2, 2): [f"looped-bfs:{pp}:v=2:zero1", f"v-min:{pp}:v=2:recompute"],
+            (2, 2, 2): [f"looped-bfs:{pp}:v=2:zero1", f"v-min:{pp}:v=2:recompute",
+                        f"pipedream-2bw:{pp}:sp"],
             (1, 2, 4): [f"dualpipev:{2 * pp}:v=2"]}.get((dp, pp, tp), [])
 
 

@@ -376,3 +376,47 @@ def test_dualpipev_pairs_forward_and_backward_of_other_micro_batches():
     broken.pairs.append((0, 0))
     with pytest.raises(ScheduleError, match="F&B of two different micro-batches"):
         check_schedule(broken)
+
+
+def test_pipedream_2bw_applies_gradients_one_step_late(tmp_path):
+    """PipeDream-2BW's weight versions on one rank: W(k+1) = W(k) - lr g_k(W(k-1)), W(-1) = W(0)
+    (SGD without momentum, so the replay is one line). Grids are checked against this one rank
+    in tests/test_parallel_equivalence.py."""
+    import numpy as np
+
+    from mpipar.backend import Backend
+    from mpipar.config import load_config
+    from mpipar.datasets import prepare_synthetic
+    from mpipar.mpi.grid import ProcessGrid
+    from mpipar.trace import Tracer
+    from mpipar.training import Trainer, step_lr
+
+    data = tmp_path / "d.h5"
+    prepare_synthetic(data, "markov", 5000, 256, seed=0)
+
+    def trainer(schedule):
+        cfg = load_config(None, {
+            "train.dtype": "float64", "train.steps": 3, "train.batch_size": 4,
+            "train.seq_len": 8, "train.lr": 0.1, "train.warmup_steps": 0, "train.grad_clip": 0,
+            "train.eval_interval": 0, "train.optimizer": "sgd", "train.momentum": 0.0,
+            "train.weight_decay": 0.0, "parallel.schedule": schedule,
+            "parallel.microbatches": 2, "run.trace": False, "data.path": str(data),
+            "model.n_layer": 2, "model.n_embd": 16, "model.n_head": 4, "model.block_size": 8})
+        b = Backend("cpu", "float64")
+        return Trainer(cfg, ProcessGrid(1, 1, 1, backend=b), Tracer(enabled=False), b, str(data))
+
+    tbw, ref = trainer("pipedream-2bw"), trainer("1f1b")
+    weights = [[p.data.copy() for p in ref.params]]
+    for k in range(3):
+        for p, w in zip(ref.params, weights[max(k - 1, 0)]):  # the older buffer
+            p.data[...] = w
+        ref.step = k
+        ref.forward_backward()
+        lr = step_lr(ref.cfg, k)
+        weights.append([w - lr * p.grad for w, p in zip(weights[k], ref.params)])
+        tbw.train_step()
+    assert all(np.array_equal(p.data, w) for p, w in zip(tbw.params, weights[3]))
+    plain = trainer("1f1b")
+    for _ in range(3):
+        plain.train_step()
+    assert not all(np.array_equal(p.data, w) for p, w in zip(plain.params, weights[3]))

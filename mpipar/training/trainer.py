@@ -120,6 +120,10 @@ class Trainer:
         self.eval_executor = None
         self.batches = Batches(cfg, data_path)
         self.step = 0
+        # PipeDream-2BW: the gradients of step k are taken at the weights before step k-1's
+        # update (double buffering) and applied to the current ones: one step of delay
+        self.delayed = self.schedule.kind == "pipedream-2bw"
+        self.previous = None  # made at the first step (after any resume): W(-1) = W(0)
 
     # -- pieces of a step
     def _local_microbatches(self, x, y):
@@ -156,7 +160,16 @@ class Trainer:
         for p in self.params:
             p.zero_grad()
         self.sync.start()
+        if self.delayed:  # 2BW: run on the older buffer, then the current weights come back
+            if self.previous is None:
+                self.previous = [p.data.copy() for p in self.params]
+            current = [p.data for p in self.params]
+            for p, w in zip(self.params, self.previous):
+                p.data = w
         losses = self.executor.run(xs, ys)
+        if self.delayed:
+            for p, w in zip(self.params, current):
+                p.data = w
         if not self.asynchronous:
             self.sync.finish()
         return losses
@@ -176,6 +189,9 @@ class Trainer:
                 clip_grads_(self.sync.norm_params(self.params) if self.sync.zero1
                             else self.params, t.grad_clip, norm)
             lr = step_lr(self.cfg, self.step)
+            if self.delayed:  # the current weights become the older buffer
+                for buf, p in zip(self.previous, self.params):
+                    buf[...] = p.data
             self.opt.step(lr)
             self.sync.after_step()
         return norm, lr

@@ -86,7 +86,8 @@ def main():
         cfg = make_cfg(data, dp, pp, tp, variant)
         losses, grads, params = run(cfg, world)
         if world.Get_rank() == 0:
-            ref_cfg = make_cfg(data, 1, 1, 1, "1f1b:1" + (":mlp" if "mlp" in variant else ""),
+            ref = "pipedream-2bw:1" if variant.startswith("pipedream-2bw") else "1f1b:1"
+            ref_cfg = make_cfg(data, 1, 1, 1, ref + (":mlp" if "mlp" in variant else ""),
                                batch=cfg.train.batch_size)
             ref_losses, ref_grads, ref_params = run(ref_cfg, MPI.COMM_SELF)
             assert set(grads) == set(ref_grads), (set(grads) ^ set(ref_grads))

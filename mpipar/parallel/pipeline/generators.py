@@ -24,7 +24,7 @@ from .actions import (
 from .replay import UNIT_COSTS, Replay
 
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "pipedream", "zb-h2", "zb-v",
-             "looped-bfs", "v-half", "v-min", "dualpipev")
+             "looped-bfs", "v-half", "v-min", "dualpipev", "pipedream-2bw")
 # Schedules whose two chunks per rank sit in a V (actions.py); every other one places in a loop.
 V_SHAPED = ("zb-v", "v-half", "v-min", "dualpipev")
 MULTI_CHUNK = ("interleaved", "looped-bfs")  # virtual_stages >= 2, loop placement
@@ -258,6 +258,9 @@ _ORDERS = {
     "v-half": greedy.v_half,
     "v-min": greedy.v_min,
     "dualpipev": dualpipe.dualpipev,
+    # PipeDream-2BW's numerics (the trainer's one-step-delayed update) on the 1F1B order; the
+    # pipeline still drains at each step here
+    "pipedream-2bw": _1f1b,
 }
 
 
