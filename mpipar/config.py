@@ -66,7 +66,8 @@ class ParallelConfig:
     pp: int = 1
     tp: int = 1
     order: str = DEFAULT_ORDER  # rank order, fastest-varying axis first
-    schedule: str = "1f1b"  # naive | gpipe | 1f1b | interleaved | zb-h1 | pipedream
+    schedule: str = "1f1b"  # naive | gpipe | 1f1b | interleaved | zb-h1 | pipedream | zb-h2 |
+    # zb-v | looped-bfs | v-half | v-min | dualpipev | pipedream-2bw (generators.SCHEDULES)
     microbatches: int = 1
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved)
     schedule_file: str = ""  # a user-written schedule (mpipar schedule --help shows the format)
