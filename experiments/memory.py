@@ -1,4 +1,5 @@
-"""Experiment 2: peak activation memory of GPipe, 1F1B, interleaved, ZB-H1 and recomputation.
+"""Experiment 2: peak activation memory of GPipe, 1F1B, interleaved, ZB-H1, the 2023-2025
+schedules (ZB-H2, ZB-V, V-Half, V-Min, looped BFS, DualPipeV) and recomputation.
 
 Each variant trains 2 steps at pp = 4, m = 8 (the GPT of experiments/configs/exp_bubble.toml)
 under ``experiments/memory_driver.py`` (started here with mpiexec), which samples every rank's
@@ -41,7 +42,10 @@ def variants(quick: bool):
                 ("1f1b+recompute", "1f1b", 1, True)]
     return [("gpipe", "gpipe", 1, False), ("1f1b", "1f1b", 1, False),
             ("interleaved v=2", "interleaved", 2, False), ("zb-h1", "zb-h1", 1, False),
-            ("gpipe+recompute", "gpipe", 1, True), ("1f1b+recompute", "1f1b", 1, True)]
+            ("gpipe+recompute", "gpipe", 1, True), ("1f1b+recompute", "1f1b", 1, True),
+            ("zb-h2", "zb-h2", 1, False), ("zb-v", "zb-v", 2, False),
+            ("v-half", "v-half", 2, False), ("v-min", "v-min", 2, False),
+            ("looped-bfs v=2", "looped-bfs", 2, False), ("dualpipev", "dualpipev", 2, False)]
 
 
 def dump_in_flight(events, step: int) -> int:

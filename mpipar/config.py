@@ -77,12 +77,14 @@ class ParallelConfig:
     tp_mode: str = "1d"  # 1d (Megatron) | 2d (Optimus) | 2.5d (Tesseract) | 3d
     tp_depth: int = 1  # 2.5d only: tp = tp_depth * q^2
     order: str = DEFAULT_ORDER  # rank order, fastest-varying axis first
-    schedule: str = "1f1b"  # naive | gpipe | 1f1b | interleaved | zb-h1 | pipedream
+    schedule: str = "1f1b"  # naive | gpipe | 1f1b | interleaved | zb-h1 | pipedream | zb-h2 |
+    # zb-v | looped-bfs | v-half | v-min | dualpipev | pipedream-2bw (generators.SCHEDULES)
     microbatches: int = 1
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved)
     schedule_file: str = ""  # a user-written schedule (mpipar schedule --help shows the format)
     partition: str = "uniform"  # uniform | params | explicit
     boundaries: list = field(default_factory=list)  # explicit stage starts (unit indices)
+    layout: str = ""  # GPT stages in Megatron's form, e.g. "Et*3|t*3L" (overrides partition)
     recompute: bool = False  # activation recomputation
     sequence_parallel: bool = False
     zero1: bool = False  # shard optimizer state over dp
@@ -163,7 +165,7 @@ RULES = {
         "schedule_file": Text(), "partition": Choice(("uniform", "params", "cost", "explicit")),
         "boundaries": IntList(0), "recompute": Flag(), "sequence_parallel": Flag(),
         "zero1": Flag(), "bucket_mb": Real(0, 2**20, lo_open=True), "overlap_grad_sync": Flag(),
-        "tp_mode": Choice(("1d", "2d", "2.5d", "3d")), "tp_depth": Int(1),
+        "tp_mode": Choice(("1d", "2d", "2.5d", "3d")), "tp_depth": Int(1), "layout": Text(),
     },
     "data": {"path": Text(), "max_bytes": Int(1024)},
     "run": {
@@ -356,8 +358,8 @@ def _validate_parallel(p: ParallelConfig, t: TrainConfig, world_size: int | None
             f"{p.dp * p.microbatches}")
     if p.schedule_file and not Path(p.schedule_file).is_file():
         raise ConfigError(f"parallel.schedule_file {p.schedule_file} not found")
-    if p.zero1 and p.schedule == "pipedream":
-        raise ConfigError("ZeRO-1 with asynchronous PipeDream is not supported: drop zero1")
+    if p.zero1 and p.schedule in ("pipedream", "pipedream-2bw"):
+        raise ConfigError(f"ZeRO-1 with {p.schedule} is not supported: drop zero1")
     _validate_boundaries(p)
     _validate_tp_mode(p, t)
     if world_size is not None:

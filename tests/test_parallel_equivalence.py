@@ -7,6 +7,8 @@ trains the one-rank model and compares the gathered step-0 gradients (<= 1e-10),
 of 3 steps (<= 1e-9) and the weights after them (<= 1e-9). See tests/mpi/equiv_train.py.
 """
 
+from pathlib import Path
+
 import pytest
 from mpi_util import python_script
 
@@ -31,6 +33,7 @@ def variants(dp, pp, tp):
                 f"zb-h1:{pp + 1}", f"gpipe:{pp}:recompute", "naive:1"]
         if pp * 2 <= 8:
             out += [f"interleaved:{pp}:v=2", f"interleaved:{2 * pp}:v=2:recompute"]
+    out += new_schedule_variants(dp, pp, tp) + torch_csv_variants(dp, pp, tp)
     if dp > 1:
         out.append("1f1b:2:zero1")
     if tp > 1:
@@ -42,6 +45,48 @@ def variants(dp, pp, tp):
         if pp > 1:
             out.append(f"zb-h1:{pp + 1}:2d")
     out.append("1f1b:2:mlp")
+    return out
+
+
+def new_schedule_variants(dp, pp, tp):
+    """The 2023-2025 schedules (issue 16): all of them with micro-batches below, equal to and
+    above pp (where the schedule allows), with and without recompute, on the pure pipelines pp=2
+    and pp=4; and one case each inside the dp and tp grids of up to 8 ranks (kept few: each
+    variant costs a run on its grid)."""
+    if pp == 1:
+        return []
+    if (dp, tp) == (1, 1):
+        lo = max(pp - 1, 1)
+        # uneven stages from a layout string, the last one heavy (6 blocks: E t*6 L)
+        heavy = ([f"1f1b:{pp + 1}:layout=Et|t*5L", "zb-v:4:v=2:layout=E,t|t|t|t*3L"] if pp == 2
+                 else [f"zb-h1:{pp + 1}:layout=Et|(t|)*2,t*3L"])
+        return [f"zb-h2:{lo}", f"zb-h2:{2 * pp}:recompute", f"zb-v:{pp}:v=2",
+                f"zb-v:{2 * pp}:v=2:recompute", f"zb-v:{lo}:v=2", f"looped-bfs:{pp + 1}:v=2",
+                f"looped-bfs:{lo}:v=2:recompute", f"v-half:{pp}:v=2:recompute",
+                f"v-half:{2 * pp + 1}:v=2", f"v-min:{pp + 1}:v=2", f"dualpipev:{2 * pp}:v=2",
+                f"dualpipev:{2 * pp + 1}:v=2:recompute", f"pipedream-2bw:{pp + 1}"] + heavy
+    return {(2, 4, 1): [f"zb-v:{2 * pp}:v=2", f"dualpipev:{2 * pp}:v=2:recompute"],
+            (1, 4, 2): [f"zb-h2:{pp + 1}:sp", f"v-half:{pp}:v=2"],
+            (2, 2, 2): [f"looped-bfs:{pp}:v=2:zero1", f"v-min:{pp}:v=2:recompute",
+                        f"pipedream-2bw:{pp}:sp"],
+            (1, 2, 4): [f"dualpipev:{2 * pp}:v=2"]}.get((dp, pp, tp), [])
+
+
+TORCH = Path(__file__).resolve().parent.parent / "experiments" / "data" / "torch"
+
+
+def torch_csv_variants(dp, pp, tp):
+    """torch.distributed.pipelining's own schedules (experiments/torch_schedules.py wrote the
+    CSVs), compute-only and with torch's sends and receives, run by mpipar's executor."""
+    if (dp, tp) != (1, 1) or pp not in (2, 4):
+        return []
+    names = sorted(TORCH.glob(f"*_pp{pp}_m*.csv"))
+    if pp == 4:  # the V-shaped ones; pp = 2 runs them all
+        names = [n for n in names if n.name.startswith(("zb-v", "dualpipev"))]
+    out = []
+    for path in names:
+        m = int(path.stem.split("_m")[1].split("_")[0])
+        out.append(f"torch-{path.stem}:{m}:v=2:csv={path}")
     return out
 
 

@@ -4,26 +4,34 @@ from __future__ import annotations
 
 import math
 import sys
+from pathlib import Path
 
 HELP = "show a pipeline schedule: timeline chart, bubble fraction, peak activations (no MPI)"
 
 
 def add_arguments(p) -> None:
     p.add_argument(
-        "--kind", help="naive, gpipe, 1f1b, interleaved, zb-h1 or pipedream (default 1f1b)"
+        "--kind", help="naive, gpipe, 1f1b, interleaved, zb-h1, pipedream, zb-h2, zb-v, "
+        "looped-bfs, v-half, v-min or dualpipev (default 1f1b)"
     )
     p.add_argument("--pp", type=int, default=4, help="pipeline ranks (default 4)")
     p.add_argument("--microbatches", "-m", type=int, default=8, help="micro-batches (default 8)")
     p.add_argument("--virtual-stages", "--virtual", "-v", dest="virtual_stages", type=int,
-                   default=None, help="model chunks per rank (interleaved; default 2 there, "
-                   "else 1); --virtual is the older name of the same flag")
-    p.add_argument("--file", help="load a schedule from this text file instead (see --actions)")
+                   default=None, help="model chunks per rank (default 2 for interleaved, "
+                   "looped-bfs and the V-shaped schedules, else 1); --virtual is the older name "
+                   "of the same flag")
+    p.add_argument("--file", help="load a schedule from this text file instead (see --actions); "
+                   "a .csv file is read as torch.distributed.pipelining's schedule CSV")
     p.add_argument("--costs", default="",
                    help="cost model, e.g. F=1,B=1,W=1,BW=2,comm=0,UPDATE=0 (per stage)")
     p.add_argument("--png", help="also write a Gantt chart to this PNG file")
-    p.add_argument("--save", help="write the schedule's action lists to this text file")
+    p.add_argument("--save", help="write the schedule's action lists to this text file (.csv: "
+                   "torch.distributed.pipelining's CSV, with communication)")
     p.add_argument("--actions", action="store_true", help="print the action lists too")
     p.add_argument("--width", type=int, default=120, help="chart width in characters")
+    p.add_argument("--layout-from", metavar="DUMP",
+                   help="print the layout string (--layout) that balances the per-unit compute "
+                   "times measured in this timing dump over --pp x --virtual-stages stages")
 
 
 # The largest schedule drawn: pp * microbatches * virtual_stages cells. Building, checking,
@@ -69,11 +77,26 @@ def check_sizes(pp, microbatches, virtual_stages, width) -> None:
                          f"is (pp - 1) / (m + pp - 1) for 1F1B at any size")
 
 
+def _layout_from(args) -> int:
+    from mpipar.analysis.dump import DumpError, load
+    from mpipar.analysis.stage_costs import suggest_layout
+
+    try:
+        text = suggest_layout(load(args.layout_from), args.pp * (args.virtual_stages or 1))
+    except (DumpError, ValueError, OSError) as exc:
+        print(f"mpipar schedule: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"layout: {text}")
+    return 0
+
+
 def run(args) -> int:
+    if args.layout_from:
+        return _layout_from(args)
     from mpipar.parallel.pipeline.actions import Schedule, ScheduleError
     from mpipar.parallel.pipeline.chart import save_png, text_chart
     from mpipar.parallel.pipeline.check import check_schedule
-    from mpipar.parallel.pipeline.generators import build_schedule
+    from mpipar.parallel.pipeline.generators import build_schedule, default_virtual_stages
     from mpipar.parallel.pipeline.simulate import resolve_costs, simulate, textbook_bubble
 
     try:
@@ -82,17 +105,26 @@ def run(args) -> int:
         if args.file:
             if args.kind:
                 raise ScheduleError("give either --file or --kind, not both")
-            s = Schedule.load(args.file)
+            if args.file.endswith(".csv"):  # torch.distributed.pipelining's CSV
+                from mpipar.parallel.pipeline.torch_csv import load_torch_csv
+
+                s = load_torch_csv(args.file)
+            else:
+                s = Schedule.load(args.file)
             check_sizes(s.pp, s.microbatches, s.virtual_stages, args.width)
         else:
             kind = args.kind or "1f1b"
             virtual_stages = args.virtual_stages
             if virtual_stages is None:
-                virtual_stages = 2 if kind == "interleaved" else 1
+                virtual_stages = default_virtual_stages(kind)
             s = build_schedule(kind, args.pp, args.microbatches, virtual_stages)
         check_schedule(s)
         result = simulate(s, costs)
-        if args.save:
+        if args.save and args.save.endswith(".csv"):  # torch's CSV, with sends and receives
+            from mpipar.parallel.pipeline.torch_csv import format_torch_csv
+
+            Path(args.save).write_text(format_torch_csv(s, "compute_comms"))
+        elif args.save:
             s.save(args.save)
         if args.png:
             save_png(result, s, args.png)
@@ -122,8 +154,24 @@ def run(args) -> int:
         print(f"bubble fraction (textbook): {tb:.4f}{note}")
     print("peak activations (micro-batch x chunk held, per rank): "
           + " ".join(str(x) for x in result.peak_activations))
+    _print_published(s, result)
     if args.png:
         print(f"wrote {args.png}")
     if args.save:
         print(f"wrote {args.save}")
     return 0
+
+
+def _print_published(s, result) -> None:
+    """The papers' figures for the 2023-2025 schedules (F = B = W), beside the simulated ones."""
+    from mpipar.parallel.pipeline.formulas import peak_stage_activations, published, span_bubble
+
+    pub = published(s.kind, s.pp, s.microbatches, s.virtual_stages)
+    print(f"placement: {s.placement}; peak activations in whole-stage micro-batches: "
+          f"{peak_stage_activations(result, s.virtual_stages):g}; span bubble (simulated, "
+          f"1 - busy / longest rank span): {span_bubble(result):.4f}")
+    if pub is not None:
+        approx = "" if pub["exact"] else "~"
+        sync = "n/a" if pub["sync"] is None else f"{pub['sync']:.4f}"
+        print(f"published ({pub['source']}, F = B = W): span bubble {approx}{pub['span']:.4f}, "
+              f"synchronous-step bubble {sync}, peak {approx}{pub['peak']:g}")

@@ -13,6 +13,7 @@ SHORT = {
     "tp_mode": "parallel.tp_mode", "tp_depth": "parallel.tp_depth",
     "schedule": "parallel.schedule", "microbatches": "parallel.microbatches",
     "virtual_stages": "parallel.virtual_stages", "schedule_file": "parallel.schedule_file",
+    "layout": "parallel.layout",
 }
 FLAGS = {"recompute": "parallel.recompute", "sequence_parallel": "parallel.sequence_parallel",
          "zero1": "parallel.zero1", "no_trace": "run.trace", "quiet": "run.progress"}

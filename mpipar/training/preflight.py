@@ -19,8 +19,13 @@ def make_schedule(cfg: Config):
     from ..parallel.pipeline.generators import build_schedule
 
     p = cfg.parallel
-    if p.schedule_file:
+    if p.schedule_file.endswith(".csv"):  # torch.distributed.pipelining's schedule CSV
+        from ..parallel.pipeline.torch_csv import load_torch_csv
+
+        s = load_torch_csv(p.schedule_file)
+    elif p.schedule_file:
         s = Schedule.load(p.schedule_file)
+    if p.schedule_file:
         if (s.pp, s.microbatches) != (p.pp, p.microbatches):
             raise ConfigError(f"schedule file {p.schedule_file} is for pp={s.pp}, microbatches="
                               f"{s.microbatches}; the run has pp={p.pp}, microbatches="
@@ -47,12 +52,27 @@ def check_model(cfg: Config) -> None:
             check_mlp_shapes(m, p.tp)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    if p.layout:
+        _check_layout(cfg)
     n_units = unit_count(m)
     stages = p.pp * p.virtual_stages
     if stages > n_units:
         raise ConfigError(f"pp * virtual_stages = {p.pp} * {p.virtual_stages} = {stages} "
                           f"pipeline chunks but the model has only {n_units} units to cut "
                           f"between: lower pp / virtual_stages or add layers")
+
+
+def _check_layout(cfg: Config) -> None:
+    from ..parallel.pipeline.stage_layout import LayoutError, layout_bounds
+
+    m, p = cfg.model, cfg.parallel
+    if m.kind != "gpt":
+        raise ConfigError(f"parallel.layout = {p.layout!r} describes GPT stages (E, t, L); the "
+                          f"model is {m.kind}: drop the layout or use parallel.partition")
+    try:
+        layout_bounds(p.layout, m.n_layer, p.pp * p.virtual_stages)
+    except LayoutError as exc:
+        raise ConfigError(f"parallel.layout: {exc}") from None
 
 
 def _check_device(cfg: Config) -> None:

@@ -35,6 +35,10 @@ def chunk_bounds(cfg: Config, model, schedule) -> dict:
     from ..parallel.pipeline.partition import chunk_layers
 
     p = cfg.parallel
+    if p.layout:  # uneven stages as the user wrote them (checked in preflight)
+        from ..parallel.pipeline.stage_layout import layout_bounds
+
+        return layout_bounds(p.layout, cfg.model.n_layer, schedule.n_chunks)
     kw = {"method": p.partition}
     if p.partition in ("params", "cost"):
         kw["weights"] = [sum(q.size * q.tp_size if q.spec.axis is not None else q.size
@@ -93,7 +97,8 @@ class Trainer:
             schedule = make_schedule(cfg)
         self.schedule = schedule
         self.bounds = chunk_bounds(cfg, self.model, self.schedule)
-        self.chunks = build_chunks(self.model, self.bounds, grid.pp_rank, p.pp)
+        self.chunks = build_chunks(self.model, self.bounds, grid.pp_rank, p.pp,
+                                   rank_of=self.schedule.rank_of)
         self.params = self.model.params(self.chunks.values())
         # tied embeddings: the head shares the table; params() de-duplicates by identity
         chunk_params = {c: ch.params() for c, ch in self.chunks.items()}
@@ -116,6 +121,10 @@ class Trainer:
         self.eval_executor = None
         self.batches = Batches(cfg, data_path)
         self.step = 0
+        # PipeDream-2BW: the gradients of step k are taken at the weights before step k-1's
+        # update (double buffering) and applied to the current ones: one step of delay
+        self.delayed = self.schedule.kind == "pipedream-2bw"
+        self.previous = None  # made at the first step (after any resume): W(-1) = W(0)
 
     # -- pieces of a step
     def _local_microbatches(self, x, y):
@@ -138,7 +147,8 @@ class Trainer:
         """The batch-mean loss, known on every rank (reported by the last stage's tp rank 0)."""
         g = self.grid
         mine = 0.0
-        if g.is_last_stage and g.tp_rank == 0:
+        holds_loss = g.pp_rank == self.schedule.rank_of(self.schedule.n_chunks - 1)
+        if holds_loss and g.tp_rank == 0:  # the last chunk's rank (rank 0 in a V)
             mine = sum(losses.values()) / self.cfg.parallel.microbatches / g.dp_size
         return g.world_comm.allreduce_scalar(mine, op="sum")
 
@@ -151,7 +161,16 @@ class Trainer:
         for p in self.params:
             p.zero_grad()
         self.sync.start()
+        if self.delayed:  # 2BW: run on the older buffer, then the current weights come back
+            if self.previous is None:
+                self.previous = [p.data.copy() for p in self.params]
+            current = [p.data for p in self.params]
+            for p, w in zip(self.params, self.previous):
+                p.data = w
         losses = self.executor.run(xs, ys)
+        if self.delayed:
+            for p, w in zip(self.params, current):
+                p.data = w
         if not self.asynchronous:
             beat("the data-parallel gradient all-reduce")
             self.sync.finish()
@@ -173,6 +192,9 @@ class Trainer:
                 clip_grads_(self.sync.norm_params(self.params) if self.sync.zero1
                             else self.params, t.grad_clip, norm)
             lr = step_lr(self.cfg, self.step)
+            if self.delayed:  # the current weights become the older buffer
+                for buf, p in zip(self.previous, self.params):
+                    buf[...] = p.data
             self.opt.step(lr)
             self.sync.after_step()
         return norm, lr
@@ -203,7 +225,7 @@ class Trainer:
         cfg = self.cfg
         if self.eval_executor is None:
             s = forward_only_schedule(cfg.parallel.pp, cfg.parallel.microbatches,
-                                      self.schedule.virtual_stages)
+                                      self.schedule.virtual_stages, self.schedule.placement)
             self.eval_executor = PipelineExecutor(
                 self.model, self.chunks, s, self.grid.pp_rank, comm=self.grid.pp_comm,
                 tracer=None, backend=self.backend)

@@ -2,6 +2,8 @@
 
 usage: equiv_train.py DATA.h5 DP PP TP VARIANT [VARIANT ...]
 VARIANT: schedule:microbatches[:v=V][:zero1][:sp][:recompute][:mlp][:2d|2.5d|3d]
+         [:layout=STRING][:csv=PATH]
+(csv=PATH: run torch's schedule CSV at PATH; the schedule name is then only a label)
 World rank 0 also trains the one-rank model (on MPI.COMM_SELF) and compares, in float64:
 gathered gradients of step 0 (relative error <= 1e-10) and the loss of every step (<= 1e-9).
 """
@@ -31,13 +33,17 @@ def make_cfg(data, dp, pp, tp, variant, batch=None):
     mode = next((f for f in flags if f in ("2d", "2.5d", "3d")), "1d")
     # 2.5d and 3d cut a micro-batch's sequences into 4 blocks (d q, q^2): 4 per micro-batch
     per_mb = 4 if mode in ("2.5d", "3d") else 2
+    layout = next((f[7:] for f in flags if f.startswith("layout=")), "")
+    csv = next((f[4:] for f in flags if f.startswith("csv=")), "")
     over = {
         "train.dtype": "float64", "train.steps": STEPS,
         "train.batch_size": batch or per_mb * dp * int(m),
         "train.seq_len": 8, "train.lr": 1e-2, "train.warmup_steps": 0, "train.grad_clip": 0.5,
         "train.eval_interval": 0, "train.seed": 5,
-        "parallel.dp": dp, "parallel.pp": pp, "parallel.tp": tp, "parallel.schedule": sched,
-        "parallel.microbatches": m, "parallel.virtual_stages": v,
+        "parallel.dp": dp, "parallel.pp": pp, "parallel.tp": tp,
+        "parallel.schedule": "1f1b" if csv else sched,
+        "parallel.microbatches": m, "parallel.virtual_stages": v, "parallel.layout": layout,
+        "parallel.schedule_file": csv,
         "parallel.zero1": "zero1" in flags, "parallel.sequence_parallel": "sp" in flags,
         "parallel.recompute": "recompute" in flags, "parallel.bucket_mb": 0.01,
         "parallel.tp_mode": mode, "parallel.tp_depth": 2 if mode == "2.5d" else 1,
@@ -85,7 +91,8 @@ def main():
         cfg = make_cfg(data, dp, pp, tp, variant)
         losses, grads, params = run(cfg, world)
         if world.Get_rank() == 0:
-            ref_cfg = make_cfg(data, 1, 1, 1, "1f1b:1" + (":mlp" if "mlp" in variant else ""),
+            ref = "pipedream-2bw:1" if variant.startswith("pipedream-2bw") else "1f1b:1"
+            ref_cfg = make_cfg(data, 1, 1, 1, ref + (":mlp" if "mlp" in variant else ""),
                                batch=cfg.train.batch_size)
             ref_losses, ref_grads, ref_params = run(ref_cfg, MPI.COMM_SELF)
             assert set(grads) == set(ref_grads), (set(grads) ^ set(ref_grads))

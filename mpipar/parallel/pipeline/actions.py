@@ -1,8 +1,14 @@
 """Pipeline schedules as data: an ordered list of actions per pipeline rank.
 
 An action is ``OP<mb>.<chunk>``, e.g. ``F3.1`` is the forward of micro-batch 3 through global model
-chunk 1. Chunk ``c`` (in ``[0, pp*virtual_stages)``) lives on rank ``c % pp``; rank ``r`` holds
-chunks ``r, r+pp, r+2pp, ...``.
+chunk 1 (chunks ``[0, pp*virtual_stages)`` in model order). Which rank holds a chunk is the
+schedule's *placement*:
+
+- ``loop`` (the default): chunk ``c`` lives on rank ``c % pp``; rank ``r`` holds chunks
+  ``r, r+pp, r+2pp, ...`` (1F1B, interleaved, looped BFS);
+- ``v`` (two chunks per rank): rank ``r`` holds chunks ``r`` and ``2pp-1-r``, so the first and
+  the last chunk share rank 0 and chunks ``pp-1``, ``pp`` share the last rank (ZB-V, V-Half,
+  DualPipeV). Neighbouring chunks on one rank pass data in memory, with no send or receive.
 
 - ``F``: forward of the chunk. ``BW``: full backward (input and weight gradients).
 - ``B``: input-gradient only, ``W``: weight-gradient only (zero-bubble split; W after B).
@@ -12,13 +18,16 @@ chunks ``r, r+pp, r+2pp, ...``.
   ``RECV_B(mb, c)``: receive the output-gradient of chunk c from the rank of chunk c+1.
 - ``UPDATE(mb, c)``: asynchronous PipeDream only: apply mb's gradient to chunk c's weights now.
 
+``F3.0&B1.7`` is a paired action (DualPipe's F&B): the forward of one micro-batch and the backward
+of another, issued together (``Schedule.pairs``); here they run one after the other.
+
 The text form (``Schedule.format`` / ``Schedule.parse``) is one header line and one line per rank::
 
-    schedule kind=1f1b pp=2 virtual=1 microbatches=2 asynchronous=false
+    schedule kind=1f1b pp=2 virtual=1 microbatches=2 asynchronous=false placement=loop
     rank 0: F0.0 SEND_F0.0 F1.0 SEND_F1.0 RECV_B0.0 BW0.0 RECV_B1.0 BW1.0
     rank 1: RECV_F0.1 F0.1 BW0.1 SEND_B0.1 RECV_F1.1 F1.1 BW1.1 SEND_B1.1
 
-Blank lines and ``#`` comments are ignored.
+Blank lines and ``#`` comments are ignored; a header without ``placement=`` means ``loop``.
 """
 
 from __future__ import annotations
@@ -35,8 +44,33 @@ COMM_OPS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
 _TOKEN = re.compile(r"(SEND_F|SEND_B|RECV_F|RECV_B|UPDATE|BW|F|B|W)(\d+)\.(\d+)")
 
 
+PLACEMENTS = ("loop", "v")
+
+
 class ScheduleError(ValueError):
     """A schedule that cannot be built, parsed or run; the message says what to change."""
+
+
+def check_placement(placement: str, virtual_stages: int) -> None:
+    if placement not in PLACEMENTS:
+        raise ScheduleError(f"unknown placement {placement!r}; valid placements: "
+                            f"{', '.join(PLACEMENTS)}")
+    if placement == "v" and virtual_stages != 2:
+        raise ScheduleError(f"placement v holds exactly two chunks per rank (rank r: chunks r "
+                            f"and 2pp-1-r); got virtual_stages={virtual_stages}: use "
+                            "virtual_stages=2 or placement loop")
+
+
+def rank_of_chunk(chunk: int, pp: int, placement: str = "loop") -> int:
+    """The rank that holds global chunk ``chunk`` under ``placement`` (see the module doc)."""
+    if placement == "v":
+        return chunk if chunk < pp else 2 * pp - 1 - chunk
+    return chunk % pp
+
+
+def local_index(chunk: int, pp: int, placement: str = "loop") -> int:
+    """Index of a global chunk among its rank's chunks, in model order (0 .. v-1)."""
+    return chunk // pp  # loop: r, r+pp, ...; v: r then 2pp-1-r (both in model order)
 
 
 @dataclass(frozen=True)
@@ -80,6 +114,10 @@ class Schedule:
     microbatches: int
     ranks: list[list[Action]] = field(default_factory=list)
     asynchronous: bool = False  # PipeDream: no flush, weight stashing, UPDATE actions
+    placement: str = "loop"  # which rank holds which chunk: "loop" or "v" (module doc)
+    # paired actions (DualPipe's F&B: a forward and a backward of other micro-batches issued as
+    # one, overlapped on a GPU, run in sequence here): (rank, index of the F; the B follows)
+    pairs: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def n_chunks(self) -> int:
@@ -87,22 +125,36 @@ class Schedule:
 
     def rank_of(self, chunk: int) -> int:
         """The pipeline rank that holds global chunk ``chunk``."""
-        return chunk % self.pp
+        return rank_of_chunk(chunk, self.pp, self.placement)
 
     def local_chunk(self, chunk: int) -> int:
         """Index of a global chunk among its rank's chunks (0 .. virtual_stages-1)."""
-        return chunk // self.pp
+        return local_index(chunk, self.pp, self.placement)
+
+    def chunks_of(self, rank: int) -> list[int]:
+        """The global chunks rank ``rank`` holds, in model order."""
+        return [c for c in range(self.n_chunks) if self.rank_of(c) == rank]
 
     def header(self) -> str:
         return (
             f"schedule kind={self.kind} pp={self.pp} virtual={self.virtual_stages} "
-            f"microbatches={self.microbatches} asynchronous={str(self.asynchronous).lower()}"
+            f"microbatches={self.microbatches} asynchronous={str(self.asynchronous).lower()} "
+            f"placement={self.placement}"
         )
 
     def format(self) -> str:
         lines = [self.header()]
+        paired = set(self.pairs)
         for r, acts in enumerate(self.ranks):
-            lines.append(f"rank {r}: " + " ".join(str(a) for a in acts))
+            words, i = [], 0
+            while i < len(acts):
+                if (r, i) in paired and i + 1 < len(acts):
+                    words.append(f"{acts[i]}&{acts[i + 1]}")  # F&B: one paired action
+                    i += 2
+                else:
+                    words.append(str(acts[i]))
+                    i += 1
+            lines.append(f"rank {r}: " + " ".join(words))
         return "\n".join(lines) + "\n"
 
     def __str__(self) -> str:
@@ -112,6 +164,7 @@ class Schedule:
     def parse(text: str) -> Schedule:
         header: dict[str, str] | None = None
         ranks: dict[int, list[Action]] = {}
+        pairs: list[tuple[int, int]] = []
         for lineno, raw in enumerate(text.splitlines(), start=1):
             line = raw.split("#", 1)[0].rstrip()
             if not line.strip():
@@ -119,8 +172,9 @@ class Schedule:
             if header is None:
                 header = _parse_header(line, lineno)
                 continue
-            r, acts = _parse_rank_line(line, lineno, ranks)
+            r, acts, paired = _parse_rank_line(line, lineno, ranks)
             ranks[r] = acts
+            pairs += [(r, i) for i in paired]
         if header is None:
             raise ScheduleError(
                 "empty schedule: expected a header line such as "
@@ -143,6 +197,8 @@ class Schedule:
             microbatches=m,
             ranks=[ranks[r] for r in range(pp)],
             asynchronous=header["asynchronous"],
+            placement=header["placement"],
+            pairs=sorted(pairs),
         )
 
     def save(self, path) -> None:
@@ -168,7 +224,7 @@ def _parse_header(line: str, lineno: int) -> dict:
             "'schedule kind=NAME pp=P virtual=V microbatches=M [asynchronous=false]', "
             f"got {words[0]!r}"
         )
-    out: dict = {"kind": "custom", "virtual": 1, "asynchronous": False}
+    out: dict = {"kind": "custom", "virtual": 1, "asynchronous": False, "placement": "loop"}
     col = len(words[0]) + 1
     for w in words[1:]:
         col = line.index(w, col) + 1
@@ -186,19 +242,28 @@ def _parse_header(line: str, lineno: int) -> dict:
             if value.lower() not in ("true", "false", "1", "0"):
                 raise ScheduleError(f"{where}: asynchronous must be true or false, got {value!r}")
             out[key] = value.lower() in ("true", "1")
+        elif key == "placement":
+            if value not in PLACEMENTS:
+                raise ScheduleError(f"{where}: placement must be one of {', '.join(PLACEMENTS)}, "
+                                    f"got {value!r}")
+            out[key] = value
         else:
             raise ScheduleError(
                 f"{where}: unknown header key {key!r} "
-                "(known: kind, pp, virtual, microbatches, asynchronous)"
+                "(known: kind, pp, virtual, microbatches, asynchronous, placement)"
             )
         col += len(w)
     for key in ("pp", "microbatches"):
         if key not in out:
             raise ScheduleError(f"line {lineno}: the header needs {key}=N")
+    try:
+        check_placement(out["placement"], out["virtual"])
+    except ScheduleError as exc:
+        raise ScheduleError(f"line {lineno}: {exc}") from None
     return out
 
 
-def _parse_rank_line(line: str, lineno: int, seen: dict) -> tuple[int, list[Action]]:
+def _parse_rank_line(line: str, lineno: int, seen: dict) -> tuple[int, list[Action], list[int]]:
     m = re.match(r"\s*rank\s+(\d+)\s*:", line)
     if not m:
         raise ScheduleError(
@@ -207,14 +272,20 @@ def _parse_rank_line(line: str, lineno: int, seen: dict) -> tuple[int, list[Acti
     r = int(m.group(1))
     if r in seen:
         raise ScheduleError(f"line {lineno}: rank {r} appears twice")
-    acts = []
+    acts, paired = [], []
     for tok in re.finditer(r"\S+", line[m.end():]):
+        col = m.end() + tok.start() + 1
+        halves = tok.group().split("&")
+        if len(halves) > 2:
+            raise ScheduleError(f"line {lineno}, column {col}: a paired action joins two "
+                                f"actions (F&B), got {tok.group()!r}")
+        if len(halves) == 2:
+            paired.append(len(acts))
         try:
-            acts.append(parse_action(tok.group()))
+            acts += [parse_action(h) for h in halves]
         except ScheduleError as exc:
-            col = m.end() + tok.start() + 1
             raise ScheduleError(f"line {lineno}, column {col}: {exc}") from None
-    return r, acts
+    return r, acts, paired
 
 
 def matching(a: Action) -> Action:
@@ -230,19 +301,26 @@ def matching(a: Action) -> Action:
     raise ScheduleError(f"{a} is not a send or a receive")
 
 
-def recvs_before(a: Action, n_chunks: int) -> list[Action]:
-    """Receives a compute action needs first when neighbouring chunks are on other ranks."""
-    if a.op == "F" and a.chunk > 0:
+def _remote(c: int, other: int, rank_of) -> bool:
+    return rank_of is None or rank_of(c) != rank_of(other)
+
+
+def recvs_before(a: Action, n_chunks: int, rank_of=None) -> list[Action]:
+    """Receives a compute action needs first when neighbouring chunks are on other ranks.
+
+    ``rank_of(chunk) -> rank``: the placement; a neighbour on the same rank needs no receive
+    (None: every neighbour is remote)."""
+    if a.op == "F" and a.chunk > 0 and _remote(a.chunk, a.chunk - 1, rank_of):
         return [Action("RECV_F", a.mb, a.chunk)]
-    if a.op in ("B", "BW") and a.chunk < n_chunks - 1:
+    if a.op in ("B", "BW") and a.chunk < n_chunks - 1 and _remote(a.chunk, a.chunk + 1, rank_of):
         return [Action("RECV_B", a.mb, a.chunk)]
     return []
 
 
-def sends_after(a: Action, n_chunks: int) -> list[Action]:
+def sends_after(a: Action, n_chunks: int, rank_of=None) -> list[Action]:
     """Sends that carry a compute action's result to the neighbouring chunk's rank."""
-    if a.op == "F" and a.chunk < n_chunks - 1:
+    if a.op == "F" and a.chunk < n_chunks - 1 and _remote(a.chunk, a.chunk + 1, rank_of):
         return [Action("SEND_F", a.mb, a.chunk)]
-    if a.op in ("B", "BW") and a.chunk > 0:
+    if a.op in ("B", "BW") and a.chunk > 0 and _remote(a.chunk, a.chunk - 1, rank_of):
         return [Action("SEND_B", a.mb, a.chunk)]
     return []

@@ -55,6 +55,8 @@ def text_chart(result: SimResult, s: Schedule, width: int = 120) -> str:
         "F<mb> forward, "
         + ("B<mb> input-grad backward, W<mb> weight-grad backward" if split else "B<mb> backward")
         + (", a/b/.. = the rank's 1st/2nd/.. model chunk" if s.virtual_stages > 1 else "")
+        + (f" (placement {s.placement})" if s.placement != "loop" else "")
+        + (", an F right before a B of another chunk is a paired F&B" if s.pairs else "")
         + ", . idle",
     ]
     lines = legend

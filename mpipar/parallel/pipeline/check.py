@@ -9,7 +9,15 @@ early receives can only do better than that, so a schedule that passes here cann
 
 from __future__ import annotations
 
-from .actions import Action, Schedule, ScheduleError, matching, recvs_before, sends_after
+from .actions import (
+    Action,
+    Schedule,
+    ScheduleError,
+    check_placement,
+    matching,
+    recvs_before,
+    sends_after,
+)
 from .replay import Replay
 
 
@@ -25,7 +33,9 @@ def check_schedule(s: Schedule) -> None:
         )
     if len(s.ranks) != s.pp:
         raise ScheduleError(f"schedule has pp={s.pp} but {len(s.ranks)} rank lists")
+    check_placement(s.placement, s.virtual_stages)
     index = _check_actions(s)
+    _check_pairs(s)
     _check_counts(s, index)
     _check_local_order(s, index)
     _check_deadlock(s)
@@ -48,17 +58,19 @@ def _check_actions(s: Schedule) -> dict[Action, tuple[int, int]]:
             if s.rank_of(a.chunk) != r:
                 raise ScheduleError(
                     f"{where}: wrong rank: chunk {a.chunk} lives on rank {s.rank_of(a.chunk)} "
-                    f"(chunk c is on rank c % pp)"
+                    f"(placement {s.placement})"
                 )
             if a.is_comm:
-                if s.pp == 1:
-                    raise ScheduleError(
-                        f"{where}: with pp=1 all chunks are on one rank; remove sends/receives"
-                    )
                 if (a.op in ("SEND_F", "RECV_B") and a.chunk == n - 1) or (
                     a.op in ("RECV_F", "SEND_B") and a.chunk == 0
                 ):
                     raise ScheduleError(f"{where}: chunk {a.chunk} has no neighbour that way")
+                peer = matching(a).chunk
+                if s.rank_of(peer) == r:
+                    raise ScheduleError(
+                        f"{where}: chunks {a.chunk} and {peer} are both on rank {r} (placement "
+                        f"{s.placement}, pp={s.pp}); they pass data in memory: remove {a}"
+                    )
             if a.op == "UPDATE" and not s.asynchronous:
                 raise ScheduleError(
                     f"{where}: UPDATE is only allowed in asynchronous (PipeDream) schedules; "
@@ -69,6 +81,20 @@ def _check_actions(s: Schedule) -> dict[Action, tuple[int, int]]:
                 raise ScheduleError(f"{where}: duplicate of {_where(r0, i0, a)}")
             index[a] = (r, i)
     return index
+
+
+def _check_pairs(s: Schedule) -> None:
+    """A paired action is an F followed by a backward (B or BW) of another micro-batch."""
+    for r, i in s.pairs:
+        acts = s.ranks[r] if 0 <= r < s.pp else []
+        if i + 1 >= len(acts):
+            raise ScheduleError(f"paired action at rank {r}, action {i}: no such action")
+        f, b = acts[i], acts[i + 1]
+        if f.op != "F" or b.op not in ("B", "BW") or f.mb == b.mb:
+            raise ScheduleError(
+                f"{_where(r, i, f)}: a paired action is F&B of two different micro-batches, "
+                f"got {f}&{b}"
+            )
 
 
 def _check_counts(s: Schedule, index: dict) -> None:
@@ -90,9 +116,8 @@ def _check_counts(s: Schedule, index: dict) -> None:
             need += back
             if s.asynchronous:
                 need.append(Action("UPDATE", mb, c))
-            if s.pp > 1:
-                for a in [need[0], back[0]]:
-                    need += recvs_before(a, n) + sends_after(a, n)
+            for a in [need[0], back[0]]:
+                need += recvs_before(a, n, s.rank_of) + sends_after(a, n, s.rank_of)
             for a in need:
                 if a not in index:
                     raise ScheduleError(
@@ -111,19 +136,16 @@ def _check_local_order(s: Schedule, index: dict) -> None:
     n = s.n_chunks
     for r, acts in enumerate(s.ranks):
         for i, a in enumerate(acts):
-            before: list[Action] = []
-            if a.op == "F":
-                before += recvs_before(a, n) if s.pp > 1 else []
-                if s.pp == 1 and a.chunk > 0:
-                    before.append(Action("F", a.mb, a.chunk - 1))
+            before: list[Action] = recvs_before(a, n, s.rank_of)
+            # a neighbouring chunk on this rank hands its result over in memory
+            if a.op == "F" and a.chunk > 0 and s.rank_of(a.chunk - 1) == r:
+                before.append(Action("F", a.mb, a.chunk - 1))
             elif a.op in ("B", "BW"):
                 before.append(Action("F", a.mb, a.chunk))
-                if s.pp > 1:
-                    before += recvs_before(a, n)
-                elif a.chunk < n - 1:
+                if a.chunk < n - 1 and s.rank_of(a.chunk + 1) == r:
                     nxt = "BW" if Action("BW", a.mb, a.chunk + 1) in index else "B"
                     before.append(Action(nxt, a.mb, a.chunk + 1))
-            elif a.op == "W":
+            if a.op == "W":
                 before.append(Action("B", a.mb, a.chunk))
             elif a.op == "UPDATE":
                 kind = "BW" if Action("BW", a.mb, a.chunk) in index else "W"

@@ -285,33 +285,40 @@ class PipelineExecutor:
             self.on_grads_ready(c)
 
 
-def forward_only_schedule(pp: int, microbatches: int, virtual_stages: int = 1):
+def forward_only_schedule(pp: int, microbatches: int, virtual_stages: int = 1,
+                          placement: str = "loop"):
     """Evaluation: every micro-batch through every chunk in order, no backward.
 
     Each rank walks (micro-batch, chunk) in lexicographic order and every F depends only on a
     lexicographically earlier F, so the earliest unfinished action can always run: no deadlock.
+    Neighbouring chunks on one rank (``placement`` v) pass the activation in memory.
     """
-    from .actions import Action, Schedule
+    from .actions import Action, Schedule, rank_of_chunk
 
     n = pp * virtual_stages
     ranks = [[] for _ in range(pp)]
+
+    def where(c):
+        return rank_of_chunk(c, pp, placement)
+
     for mb in range(microbatches):
         for c in range(n):
-            r = ranks[c % pp]
-            if c > 0:
+            r = ranks[where(c)]
+            if c > 0 and where(c - 1) != where(c):
                 r.append(Action("RECV_F", mb, c))
             r.append(Action("F", mb, c))
-            if c < n - 1:
+            if c < n - 1 and where(c + 1) != where(c):
                 r.append(Action("SEND_F", mb, c))
     return Schedule(kind="forward", pp=pp, virtual_stages=virtual_stages, microbatches=microbatches,
-                    ranks=ranks)
+                    ranks=ranks, placement=placement)
 
 
-def build_chunks(model, bounds: dict, pp_rank: int, pp: int) -> dict:
-    """{global chunk: Chunk} for the chunks rank ``pp_rank`` holds. ``bounds``: chunk -> (lo, hi)
-    unit ranges covering every unit exactly once."""
+def build_chunks(model, bounds: dict, pp_rank: int, pp: int, rank_of=None) -> dict:
+    """{global chunk: Chunk} for the chunks rank ``pp_rank`` holds, in model order. ``bounds``:
+    chunk -> (lo, hi) unit ranges covering every unit exactly once; ``rank_of(chunk)``: the
+    schedule's placement (default: the loop, chunk c on rank c % pp)."""
     out = {}
     for c, (lo, hi) in sorted(bounds.items()):
-        if c % pp == pp_rank:
+        if (rank_of(c) if rank_of is not None else c % pp) == pp_rank:
             out[c] = Chunk(c, model.units[lo:hi], lo)
     return out

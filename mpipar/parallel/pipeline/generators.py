@@ -11,10 +11,35 @@ from __future__ import annotations
 
 from collections import deque
 
-from .actions import Action, Schedule, ScheduleError, matching, recvs_before, sends_after
+from . import dualpipe, greedy, zbv
+from .actions import (
+    Action,
+    Schedule,
+    ScheduleError,
+    matching,
+    rank_of_chunk,
+    recvs_before,
+    sends_after,
+)
 from .replay import UNIT_COSTS, Replay
 
-SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "pipedream")
+SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "pipedream", "zb-h2", "zb-v",
+             "looped-bfs", "v-half", "v-min", "dualpipev", "pipedream-2bw")
+# Schedules whose two chunks per rank sit in a V (actions.py); every other one places in a loop.
+V_SHAPED = ("zb-v", "v-half", "v-min", "dualpipev")
+MULTI_CHUNK = ("interleaved", "looped-bfs")  # virtual_stages >= 2, loop placement
+# Schedules whose receivers take data early when it is already there (see _early_receive): the
+# V's ranks feed two neighbours, looped BFS streams a whole chunk's micro-batches. The others keep
+# the plain placement, which is already bubble-optimal for them.
+EARLY_RECEIVES = V_SHAPED + ("looped-bfs",)
+
+
+def placement_of(kind: str) -> str:
+    return "v" if kind in V_SHAPED else "loop"
+
+
+def default_virtual_stages(kind: str) -> int:
+    return 2 if kind in V_SHAPED or kind in MULTI_CHUNK else 1
 
 
 def build_schedule(kind: str, pp: int, microbatches: int, virtual_stages: int = 1) -> Schedule:
@@ -25,9 +50,11 @@ def build_schedule(kind: str, pp: int, microbatches: int, virtual_stages: int = 
     """
     validate(kind, pp, microbatches, virtual_stages)
     orders = _ORDERS[kind](pp, microbatches, virtual_stages)
-    ranks = _add_communication(pp, pp * virtual_stages, orders)
+    placement = placement_of(kind)
+    ranks, pairs = _place(pp, pp * virtual_stages, orders, placement,
+                          early_receives=kind in EARLY_RECEIVES)
     return Schedule(kind, pp, virtual_stages, microbatches, ranks,
-                    asynchronous=(kind == "pipedream"))
+                    asynchronous=(kind == "pipedream"), placement=placement, pairs=pairs)
 
 
 def validate(kind: str, pp: int, microbatches: int, virtual_stages: int = 1) -> None:
@@ -38,29 +65,43 @@ def validate(kind: str, pp: int, microbatches: int, virtual_stages: int = 1) -> 
                         ("virtual_stages", virtual_stages)):
         if not isinstance(value, int) or value < 1:
             raise ScheduleError(f"{name} must be a positive integer, got {value!r}")
-    if kind == "interleaved":
-        if virtual_stages < 2:
-            raise ScheduleError(
-                f"the interleaved schedule needs virtual_stages >= 2 model chunks per rank (got "
-                f"virtual_stages={virtual_stages}); set virtual_stages to 2 or more, or use the "
-                "1f1b schedule"
-            )
-        if microbatches % pp:
-            lo = microbatches - microbatches % pp
-            hint = f"{lo} or {lo + pp}" if lo else f"{pp}"
-            raise ScheduleError(
-                f"the interleaved schedule needs microbatches to be a multiple of pp={pp} "
-                f"(got {microbatches}); use microbatches={hint}"
-            )
-    elif virtual_stages != 1:
-        raise ScheduleError(
-            f"virtual_stages={virtual_stages} is only meaningful for the interleaved schedule; "
-            f"use virtual_stages=1 with {kind!r} or choose kind='interleaved'"
-        )
+    _validate_chunks(kind, pp, microbatches, virtual_stages)
     if kind == "naive" and microbatches != 1:
         raise ScheduleError(
             f"the naive schedule does not split the batch (microbatches must be 1, got "
             f"{microbatches}); use microbatches=1, or gpipe/1f1b for micro-batching"
+        )
+
+
+def _validate_chunks(kind, pp, microbatches, virtual_stages):
+    """Model chunks per rank, and the micro-batch counts that multi-chunk schedules need."""
+    if kind in V_SHAPED and virtual_stages != 2:
+        raise ScheduleError(
+            f"{kind} places two model chunks per rank in a V: set virtual_stages=2 (got "
+            f"virtual_stages={virtual_stages})"
+        )
+    if kind in MULTI_CHUNK and virtual_stages < 2:
+        raise ScheduleError(
+            f"the {kind} schedule needs virtual_stages >= 2 model chunks per rank (got "
+            f"virtual_stages={virtual_stages}); set virtual_stages to 2 or more, or use the "
+            f"{'1f1b' if kind == 'interleaved' else 'gpipe'} schedule"
+        )
+    if kind not in V_SHAPED and kind not in MULTI_CHUNK and virtual_stages != 1:
+        raise ScheduleError(
+            f"virtual_stages={virtual_stages} is only meaningful for the interleaved, looped-bfs "
+            f"and V-shaped ({', '.join(V_SHAPED)}) schedules; use virtual_stages=1 with {kind!r}"
+        )
+    if kind == "interleaved" and microbatches % pp:
+        lo = microbatches - microbatches % pp
+        hint = f"{lo} or {lo + pp}" if lo else f"{pp}"
+        raise ScheduleError(
+            f"the interleaved schedule needs microbatches to be a multiple of pp={pp} "
+            f"(got {microbatches}); use microbatches={hint}"
+        )
+    if kind == "dualpipev" and microbatches < 2 * pp:
+        raise ScheduleError(
+            f"dualpipev needs microbatches >= 2 * pp = {2 * pp} (got {microbatches}): its main "
+            f"phase pairs forwards and backwards of different micro-batches"
         )
 
 
@@ -190,6 +231,20 @@ def _zb_h1(pp, m, v):
     return out
 
 
+def _looped_bfs(pp, m, v):
+    """Breadth-first (Lamy-Poirier 2022, "Breadth-First Pipeline Parallelism"; torch's
+    ScheduleLoopedBFS): rank r runs every micro-batch through its first chunk, then its next one,
+    ...; then the full backwards, last local chunk first, micro-batches in reverse. GPipe over
+    the v chunks of each rank: bubble (pp-1)/(v m + pp-1), activations of all m micro-batches."""
+    out = []
+    for r in range(pp):
+        local = [k * pp + r for k in range(v)]
+        acts = [Action("F", j, c) for c in local for j in range(m)]
+        acts += [Action("BW", j, c) for c in reversed(local) for j in reversed(range(m))]
+        out.append(acts)
+    return out
+
+
 _ORDERS = {
     "naive": _naive,
     "gpipe": _gpipe,
@@ -197,6 +252,15 @@ _ORDERS = {
     "interleaved": _interleaved,
     "zb-h1": _zb_h1,
     "pipedream": _pipedream,
+    "zb-h2": greedy.zb_h2,
+    "zb-v": zbv.zb_v,
+    "looped-bfs": _looped_bfs,
+    "v-half": greedy.v_half,
+    "v-min": greedy.v_min,
+    "dualpipev": dualpipe.dualpipev,
+    # PipeDream-2BW's numerics (the trainer's one-step-delayed update) on the 1F1B order; the
+    # pipeline still drains at each step here
+    "pipedream-2bw": _1f1b,
 }
 
 
@@ -204,36 +268,53 @@ _ORDERS = {
 # Communication placement.
 
 
+def _parts(item) -> list[Action]:
+    """A compute order's item: one Action, or a tuple (F, B) run as one paired action."""
+    return list(item) if isinstance(item, tuple) else [item]
+
+
 class _Placement(Replay):
-    """Replays the compute orders, deciding where each send and receive goes (see below)."""
+    """Replays the compute orders, deciding where each send and receive goes (see below).
+
+    A paired item (F, B) of the compute order (DualPipeV's F&B) is one unit: the receives of
+    both halves come before it and the sends of both after it, so nothing separates the two."""
 
     greedy = False  # one compute per rank per round, then messages again
 
-    def __init__(self, pp: int, n_chunks: int, orders: list[list[Action]]):
+    def __init__(self, pp: int, n_chunks: int, orders: list[list[Action]], placement: str,
+                 early_receives: bool = False):
         super().__init__(orders)
+        self.early_receives = early_receives
         self.pp, self.n_chunks, self.v = pp, n_chunks, n_chunks // pp
+        self.rank_of = lambda c: rank_of_chunk(c, pp, placement)
         self.out: list[list[Action]] = [[] for _ in range(pp)]
         self.pending: list[dict[Action, float]] = [{} for _ in range(pp)]  # send -> time made
         self.received: list[set[Action]] = [set() for _ in range(pp)]
         self.clock = [0.0] * pp  # estimated time each rank reaches its current point
         self.arrival: dict[Action, float] = {}  # receive -> time its data was made
+        self.pairs: list[tuple[int, int]] = []  # (rank, index of the F of a paired action)
 
     def needed(self, r: int) -> list[Action]:
         if self.done(r):
             return []
-        return [x for x in recvs_before(self.current(r), self.n_chunks)
+        return [x for a in _parts(self.current(r))
+                for x in recvs_before(a, self.n_chunks, self.rank_of)
                 if x not in self.received[r]]
 
     def can_run(self, r: int, a: Action) -> bool:
         # computes once its receives are done and its sends are out
         return not self.needed(r) and not self.pending[r]
 
-    def run(self, r: int, a: Action) -> None:
-        self.out[r].append(a)
-        ready = max([self.clock[r]] + [self.arrival[x] for x in recvs_before(a, self.n_chunks)])
-        self.clock[r] = ready + UNIT_COSTS[a.op] / self.v
-        for s in sends_after(a, self.n_chunks):
-            self.pending[r][s] = self.clock[r]
+    def run(self, r: int, item) -> None:
+        if isinstance(item, tuple):
+            self.pairs.append((r, len(self.out[r])))
+        for a in _parts(item):
+            self.out[r].append(a)
+            ready = max([self.clock[r]] + [self.arrival[x] for x in
+                                           recvs_before(a, self.n_chunks, self.rank_of)])
+            self.clock[r] = ready + UNIT_COSTS[a.op] / self.v
+            for s in sends_after(a, self.n_chunks, self.rank_of):
+                self.pending[r][s] = self.clock[r]
 
     def before_round(self) -> bool:
         """Exchange the oldest message whose receiver needs it now."""
@@ -241,12 +322,14 @@ class _Placement(Replay):
         for r in range(self.pp):
             for recv in self.needed(r):
                 send = matching(recv)
-                src = send.chunk % self.pp
+                src = self.rank_of(send.chunk)
                 if send in self.pending[src]:
                     # Oldest first; on a tie, a receiver with no sends of its own to hold up.
                     key = (self.pending[src][send], bool(self.pending[r]), src)
                     if best is None or key < best[0]:
                         best = (key, src, send, r, recv)
+        if best is None and self.early_receives:
+            best = self._early_receive()
         if best is None:
             return False
         _, src, send, r, recv = best
@@ -255,6 +338,21 @@ class _Placement(Replay):
         self.out[r].append(recv)
         self.received[r].add(recv)
         return True
+
+    def _early_receive(self):
+        """A pending send whose receiver, though it does not need the data yet, is already past
+        the time the data was made (estimated): it takes it now, so the sender can go on.
+        Without this a rank that feeds two neighbours (V placement) stalls on every send."""
+        best = None
+        for src in range(self.pp):
+            for send, made in self.pending[src].items():
+                recv = matching(send)
+                r = self.rank_of(recv.chunk)
+                if recv not in self.received[r] and not self.done(r) and self.clock[r] >= made:
+                    key = (made, src)
+                    if best is None or key < best[0]:
+                        best = (key, src, send, r, recv)
+        return best
 
     def unstick(self) -> bool:
         """Let the lowest ready rank go on with its sends still pending."""
@@ -274,7 +372,9 @@ class _Placement(Replay):
         return self.out
 
 
-def _add_communication(pp: int, n_chunks: int, orders: list[list[Action]]) -> list[list[Action]]:
+def _add_communication(pp: int, n_chunks: int, orders: list[list[Action]],
+                       placement: str = "loop", early_receives: bool = False
+                       ) -> list[list[Action]]:
     """Insert SEND/RECV actions into per-rank compute orders, deadlock-free under rendezvous.
 
     We play one global execution in which every send meets its receive at one instant; each
@@ -286,6 +386,17 @@ def _add_communication(pp: int, n_chunks: int, orders: list[list[Action]]) -> li
     made. A rank computes once its receives are done and its sends are out. Only if nothing else
     can move does a rank go on with sends still pending (the send then follows a later compute).
     """
+    return _place(pp, n_chunks, orders, placement, early_receives)[0]
+
+
+def _place(pp, n_chunks, orders, placement="loop", early_receives=False):
+    """(per-rank action lists, paired actions as (rank, index of the F)): see above."""
     if pp == 1:  # every chunk on one rank: plain gradient accumulation, nothing to send
-        return [list(o) for o in orders]
-    return _Placement(pp, n_chunks, orders).play()
+        flat, pairs = [], []
+        for item in orders[0]:
+            if isinstance(item, tuple):
+                pairs.append((0, len(flat)))
+            flat += _parts(item)
+        return [flat], pairs
+    placed = _Placement(pp, n_chunks, orders, placement, early_receives)
+    return placed.play(), sorted(placed.pairs)

@@ -1,0 +1,93 @@
+"""Uneven pipeline stages from measured time: a layout string for the next run, from a dump.
+
+The dump times each compute (F, B, W, BW, recompute R, LOSS) per global chunk. A chunk's mean
+time per step is spread over its units in proportion to the units' parameter counts (the
+trainer's ``params`` weights; within one chunk that is the only finer information the dump
+does not have), and those per-unit costs are cut into the requested number of stages by the same
+min-max contiguous split as ``parallel.partition = cost``. The answer is a Megatron layout
+string (``parallel.layout``), so the cut can be read, edited and passed to ``--layout``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+COMPUTE_KINDS = ("F", "B", "W", "BW", "R", "LOSS")
+
+
+def chunk_times(run) -> dict[int, float]:
+    """{global chunk: mean compute seconds per step} on the dp = 0, tp = 0 replica (steps after
+    the first when there are several: the first pays one-off allocations)."""
+    steps = run.steps()
+    keep = steps[1:] if len(steps) > 1 else steps
+    out: dict[int, float] = {}
+    for r, ev in enumerate(run.events):
+        c = run.coord(r)
+        if c["dp"] or c["tp"]:
+            continue
+        sel = ev[np.isin(ev["kind"], COMPUTE_KINDS) & np.isin(ev["step"], keep)
+                 & (ev["chunk"] >= 0)]
+        for chunk in np.unique(sel["chunk"]):
+            part = sel[sel["chunk"] == chunk]
+            out[int(chunk)] = float(np.sum(part["end"] - part["start"])) / max(len(keep), 1)
+    return out
+
+
+def _config_of(run):
+    from ..config import load_config
+
+    flat = {f"{sec}.{k}": v for sec, body in run.config.items() if isinstance(body, dict)
+            for k, v in body.items() if not isinstance(v, (dict, list)) or k == "boundaries"}
+    return load_config(None, flat)
+
+
+def unit_costs(run) -> tuple[list[float], list[str]]:
+    """(cost per pipeline unit, its layout symbol E / t / L) of the run's GPT."""
+    from ..backend import Backend
+    from ..models import build_model
+    from ..training.preflight import make_schedule
+    from ..training.trainer import chunk_bounds
+
+    cfg = _config_of(run)
+    if cfg.model.kind != "gpt":
+        raise ValueError(f"{run.path}: layouts describe GPT stages; this run trained a "
+                         f"{cfg.model.kind}")
+    model = build_model(cfg.model, Backend("cpu", "float32"), seed=0)
+    bounds = chunk_bounds(cfg, model, make_schedule(cfg))
+    times = chunk_times(run)
+    missing = sorted(set(bounds) - set(times))
+    if missing:
+        raise ValueError(f"{run.path}: no compute events for chunk(s) {missing}; was the run "
+                         f"traced (run.trace = true)?")
+    weights = [sum(q.size for q in u.params()) + 1 for u in model.units]
+    costs = [0.0] * len(model.units)
+    for c, (lo, hi) in bounds.items():
+        total = sum(weights[lo:hi])
+        for u in range(lo, hi):
+            costs[u] = times[c] * weights[u] / total
+    symbols = ["E"] + ["t"] * cfg.model.n_layer + ["L"]
+    return costs, symbols
+
+
+def layout_string(symbols: list[str], bounds: dict[int, tuple[int, int]]) -> str:
+    """Megatron's layout string of a cut, runs of t written t*N."""
+    stages = []
+    for _, (lo, hi) in sorted(bounds.items()):
+        text, i = "", lo
+        while i < hi:
+            j = i
+            while j < hi and symbols[j] == symbols[i]:
+                j += 1
+            text += symbols[i] if j - i == 1 else f"{symbols[i]}*{j - i}"
+            i = j
+        stages.append(text)
+    return "|".join(stages)
+
+
+def suggest_layout(run, n_chunks: int) -> str:
+    """The layout that balances the run's measured per-unit costs over ``n_chunks`` stages."""
+    from ..parallel.pipeline.partition import partition
+
+    costs, symbols = unit_costs(run)
+    bounds = dict(enumerate(partition(len(costs), n_chunks, "cost", weights=costs)))
+    return layout_string(symbols, bounds)
