@@ -173,7 +173,12 @@ echo "$rc" > "$RUN_DIR/slurm_exit"
 echo "mpipar-slurm: job $JOB_TAG finished with exit code $rc"
 if [ "$rc" = 75 ] && [ "$PREEMPTED" = 1 ] && [ "$REQUEUE" = 1 ]; then
     echo "mpipar-slurm: job $JOB_TAG stopped before its time limit: requeueing it (it resumes)"
-    scontrol requeue "$JOB_TAG" && exit 0
+    # slurmctld refuses a requeue while the job's last step is still completing: retry briefly
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+        scontrol requeue "$JOB_TAG" 2>/dev/null && exit 0
+        sleep 1
+    done
+    echo "mpipar-slurm: job $JOB_TAG could not be requeued: resubmit it (it resumes)" >&2
 fi
 exit $rc
 """
