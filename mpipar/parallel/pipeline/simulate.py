@@ -98,7 +98,7 @@ class SimResult:
     # with a CostModel: the whole step and what each rank spent on communication
     step_time: float = 0.0
     step_bubble: float = 0.0  # mean over ranks of 1 - model compute (no optimizer) / step
-    comm: list[float] = field(default_factory=list)  # p2p posts and waits + dp reductions
+    comm: list[float] = field(default_factory=list)  # p2p, dp, waits in the step's collectives
     overhead: list[float] = field(default_factory=list)  # per-action overhead per rank
     pipeline_end: list[float] = field(default_factory=list)  # per rank, with its dp reduction
     dp_timeline: list[list[tuple[float, float, int]]] = field(default_factory=list)
@@ -218,7 +218,9 @@ def simulate(s: Schedule, costs: dict | CostModel | None = None) -> SimResult:
         timeline=sim.timeline,
         step_time=step,
         step_bubble=(sum(1 - b / step for b in sim.busy) / pp) if pp and step > 0 else 0.0,
-        comm=[c + model.sync for c in sim.comm],
+        # as a dump counts it: waits inside the norm and loss collectives are communication
+        comm=[c + (meet - e) + (opt - model.optimizer.get(r, 0.0))
+              for r, (c, e) in enumerate(zip(sim.comm, ends, strict=True))],
         overhead=sim.over,
         pipeline_end=list(ends),
         dp_timeline=[list(x) for x in dp_spans],
