@@ -78,7 +78,7 @@ def predicted_events(sim, name: str = "predicted", pid: int = PREDICTED_PID) -> 
         for start, end, c in (sim.dp_timeline[r] if r < len(sim.dp_timeline) else []):
             out.append({"ph": "X", "pid": pid, "tid": r, "ts": 1e6 * start,
                         "dur": 1e6 * (end - start), "name": "dp.reduce", "cat": "comm",
-                        "args": {"chunk": c}})
+                        "args": {"mb": -1, "chunk": c}})
     return out
 
 
