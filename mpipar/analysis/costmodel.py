@@ -10,8 +10,8 @@ part of the unit):
   not covered by any event (executor dispatch, bookkeeping), divided by its number of actions.
 - ``send_post``: median ``pp.send`` (posting); ``recv_post``: median ``pp.recv`` (posting, done
   once per receive) plus the lower quartile of ``pp.wait`` (testing a message already there).
-- ``latency``: median, over receives whose wait began before the matching send was posted (so
-  the wait ended when the message arrived), of wait end - send start.
+- ``latency``: per pair of neighbouring ranks, the two directions' minimum of receive wait end -
+  send start, averaged (which cancels the ranks' clock offset); the median over pairs.
 - ``dp_reduce[(p, chunk)]``: summed ``dp.*`` durations of the step (posts and waits).
 - ``optimizer[p]``: ``OPT`` minus the collectives nested in it; ``sync``: the collectives nested
   in ``OPT`` plus the gap between a rank's last pipeline event and its ``OPT`` (less its dp
@@ -148,28 +148,48 @@ def fit(run: Run, steps, schedule) -> tuple:
     model.sync = _min_over_ranks(parts["sync"])
     model.step_post = _min_over_ranks(parts["step_post"])
     model.step_pre = _med([v for _, _, v in parts["step_pre"]])
-    notes = [] if lat else ["no blocked receive to time p2p latency: latency 0"]
+    notes = [] if lat else ["no messages both ways between two ranks to time: p2p latency 0"]
     return model, notes
 
 
+def _received(ev: np.ndarray) -> list[tuple]:
+    """(wait end, peer, mb, sender chunk) of the receive waits in one rank's step: a wait whose
+    next compute is F (from chunk c - 1) or B / R (from chunk c + 1) of its (mb, chunk)."""
+    out = []
+    for i in np.flatnonzero(ev["kind"] == "pp.wait"):
+        nxt = ev[i + 1:]
+        nxt = nxt[np.isin(nxt["kind"], ("F", "B", "R", "W"))][:1]
+        if not nxt.size or (nxt["mb"][0], nxt["chunk"][0]) != (ev["mb"][i], ev["chunk"][i]):
+            continue  # a send's completion, or a receive not consumed next
+        step = -1 if nxt["kind"][0] == "F" else 1
+        out.append((float(ev["end"][i]), int(ev["peer"][i]), int(ev["mb"][i]),
+                    int(ev["chunk"][i]) + step))
+    return out
+
+
 def transfer_times(run: Run, steps) -> list[float]:
-    """Wait end - send start of receives whose wait began before the matching send started."""
+    """p2p latency per pair of neighbouring ranks, immune to their clock offset.
+
+    For messages a -> b, min(receive wait end on b - send start on a) is latency + offset(b) -
+    offset(a) when some receive waited for its message (less is impossible); the two directions
+    averaged cancel the offset (ranks take t0 after a barrier, but under load they leave it
+    milliseconds apart)."""
     sends = {}
     for r, ev in enumerate(run.events):
         e = ev[np.isin(ev["step"], steps) & (ev["kind"] == "pp.send")]
         for x in e:
-            sends.setdefault((int(x["step"]), r, int(x["peer"]), int(x["mb"])), []).append(
-                (int(x["chunk"]), float(x["start"])))
-    out = []
+            key = (int(x["step"]), r, int(x["peer"]), int(x["mb"]), int(x["chunk"]))
+            sends[key] = float(x["start"])
+    best = {}  # (sender, receiver) -> min(wait end - send start)
     for r, ev in enumerate(run.events):
-        e = ev[np.isin(ev["step"], steps) & (ev["kind"] == "pp.wait")]
-        for x in e:
-            cands = sends.get((int(x["step"]), int(x["peer"]), r, int(x["mb"])), [])
-            # the matching send comes from the neighbouring chunk, before this wait ended
-            t = [s for c, s in cands if abs(c - int(x["chunk"])) == 1 and s <= x["end"]]
-            if t and x["start"] < max(t):
-                out.append(float(x["end"]) - max(t))
-    return out
+        for s in steps:
+            e = np.sort(ev[ev["step"] == s], order="start")
+            for end, peer, mb, chunk in _received(e):
+                t = sends.get((s, peer, r, mb, chunk))
+                if t is not None:
+                    best[(peer, r)] = min(best.get((peer, r), math.inf), end - t)
+    return [max(0.0, (d + best[(b, a)]) / 2) for (a, b), d in best.items()
+            if a < b and (b, a) in best]
 
 
 def _per_pp(run, rows) -> dict:
