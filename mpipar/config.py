@@ -72,7 +72,7 @@ class ParallelConfig:
     schedule_file: str = ""  # a user-written schedule (mpipar schedule --help shows the format)
     partition: str = "uniform"  # uniform | params | explicit
     boundaries: list = field(default_factory=list)  # explicit stage starts (unit indices)
-    recompute: bool = False  # activation recomputation
+    recompute: bool | str = False  # False | True (full) | "selective" (attention core only)
     sequence_parallel: bool = False
     zero1: bool = False  # shard optimizer state over dp
     bucket_mb: float = 4.0  # data-parallel all-reduce bucket size, MiB
@@ -132,6 +132,8 @@ def _section_classes():
 def _coerce(section: str, key: str, value, proto):
     """Turn an override string (or TOML value) into the type of the default."""
     where = f"{section}.{key}"
+    if where == "parallel.recompute":
+        return _recompute_mode(value)
     if isinstance(proto, bool):
         if isinstance(value, bool):
             return value
@@ -163,6 +165,23 @@ def _coerce(section: str, key: str, value, proto):
             raise ConfigError(f"{where} must be a list such as [1, 2, 3], got {value!r}") from None
         return parsed
     return str(value)
+
+
+RECOMPUTE = {"true": True, "full": True, "1": True, "yes": True, "on": True,
+             "false": False, "none": False, "0": False, "no": False, "off": False,
+             "selective": "selective"}
+
+
+def _recompute_mode(value):
+    """parallel.recompute: False (none), True (full: whole chunks) or "selective" (only the
+    attention core, as Megatron's selective recomputation)."""
+    if isinstance(value, bool):
+        return value
+    mode = RECOMPUTE.get(str(value).strip().lower())
+    if mode is None:
+        raise ConfigError(f"parallel.recompute must be none, full or selective (or true/false), "
+                          f"got {value!r}")
+    return mode
 
 
 def _apply(cfg: Config, section: str, key: str, value, origin: str) -> None:

@@ -36,6 +36,8 @@ def variants(dp, pp, tp):
         out.append("1f1b:2:sp")
         if dp > 1 and pp > 1:
             out.append(f"interleaved:{pp}:v=2:sp:zero1" if pp * 2 <= 8 else f"zb-h1:{pp}:sp:zero1")
+    if dp * pp * tp == 2:  # selective recomputation (attention core only) on each 2-rank grid
+        out.append(f"1f1b:{2 * pp}:selective")
     out.append("1f1b:2:mlp")
     return out
 

@@ -1,7 +1,7 @@
 """Run under mpiexec: every variant on this grid gives the one-rank losses and gradients.
 
 usage: equiv_train.py DATA.h5 DP PP TP VARIANT [VARIANT ...]
-VARIANT: schedule:microbatches[:v=V][:zero1][:sp][:recompute][:mlp]
+VARIANT: schedule:microbatches[:v=V][:zero1][:sp][:recompute|:selective][:mlp]
 World rank 0 also trains the one-rank model (on MPI.COMM_SELF) and compares, in float64:
 gathered gradients of step 0 (relative error <= 1e-10) and the loss of every step (<= 1e-9).
 """
@@ -36,7 +36,8 @@ def make_cfg(data, dp, pp, tp, variant, batch=None):
         "parallel.dp": dp, "parallel.pp": pp, "parallel.tp": tp, "parallel.schedule": sched,
         "parallel.microbatches": m, "parallel.virtual_stages": v,
         "parallel.zero1": "zero1" in flags, "parallel.sequence_parallel": "sp" in flags,
-        "parallel.recompute": "recompute" in flags, "parallel.bucket_mb": 0.01,
+        "parallel.recompute": "selective" if "selective" in flags else "recompute" in flags,
+        "parallel.bucket_mb": 0.01,
         "run.trace": False, "data.path": data, "model.init_std": 0.2,
     }
     if "mlp" in flags:
