@@ -148,7 +148,8 @@ def fit(run: Run, steps, schedule) -> tuple:
     model.sync = _min_over_ranks(parts["sync"])
     model.step_post = _min_over_ranks(parts["step_post"])
     model.step_pre = _med([v for _, _, v in parts["step_pre"]])
-    notes = [] if lat else ["no messages both ways between two ranks to time: p2p latency 0"]
+    notes = [] if lat or schedule.pp == 1 else [
+        "no messages both ways between two ranks to time: p2p latency 0"]
     return model, notes
 
 
