@@ -13,8 +13,6 @@ import os
 import sys
 import time
 
-import numpy as np
-
 from ..backend import Backend
 from ..config import Config
 from ..models import build_model
@@ -163,22 +161,6 @@ class Trainer:
             mine = sum(losses.values()) / self.cfg.parallel.microbatches / g.dp_size
         return g.world_comm.allreduce_scalar(mine, op="sum")
 
-    def norm_and_loss(self, losses: dict) -> tuple[float, float]:
-        """``grad_norm()`` and ``global_loss(losses)`` in one world all-reduce of two numbers:
-        a small model's step pays per collective, not per byte. Replicas hold the same
-        gradients, so only dp rank 0 adds its squares (all do with ZeRO-1: each holds a slice)."""
-        g = self.grid
-        sq = float(grad_norm_sq_local(self.sync.norm_params(self.params)))
-        if not self.sync.zero1 and g.dp_rank != 0:
-            sq = 0.0
-        mine = 0.0
-        if g.is_last_stage and g.tp_rank == 0:
-            mine = sum(losses.values()) / self.cfg.parallel.microbatches / g.dp_size
-        both = np.array([sq, mine], dtype=np.float64)
-        if g.world_comm.size > 1:
-            both = g.world_comm.allreduce(both, op="sum")
-        return math.sqrt(float(both[0])), float(both[1])
-
     def forward_backward(self) -> dict:
         """Gradients of this step's batch, fully synchronised (tp partial sums and dp)."""
         cfg = self.cfg
@@ -199,15 +181,11 @@ class Trainer:
         with self.tracer.region("OPT", mb=mb, chunk=c):
             self.opt.chunks[c].step(step_lr(self.cfg, self.step))
 
-    def update(self, losses: dict | None = None) -> tuple[float, float]:
-        """Clip by the global norm and step the optimizer. Returns (grad norm, lr). Given the
-        step's ``losses``, their global mean comes with the norm (``step_loss``)."""
+    def update(self) -> tuple[float, float]:
+        """Clip by the global norm and step the optimizer. Returns (grad norm, lr)."""
         t = self.cfg.train
         with self.tracer.region("OPT"):
-            if losses is None:
-                norm = self.grad_norm()
-            else:
-                norm, self.step_loss = self.norm_and_loss(losses)
+            norm = self.grad_norm()
             if t.grad_clip > 0:
                 clip_grads_(self.sync.norm_params(self.params) if self.sync.zero1
                             else self.params, t.grad_clip, norm)
@@ -225,8 +203,8 @@ class Trainer:
         if self.asynchronous:  # the executor already applied every micro-batch's update
             norm, lr = float("nan"), step_lr(cfg, self.step)
         else:
-            norm, lr = self.update(losses)
-        loss = self.global_loss(losses) if self.asynchronous else self.step_loss
+            norm, lr = self.update()
+        loss = self.global_loss(losses)
         self.backend.synchronize()
         tr.record("STEP", t0, tr.now())
         tr.record("mem.peak", tr.now(), tr.now(), nbytes=peak_resident_bytes())

@@ -63,8 +63,8 @@ def run(cfg, world):
         ls = tr.forward_backward()
         if step == 0:
             grads = gather_full(tr, what=("grads",))
-        tr.update(ls)  # as train_step: the norm and the loss in one all-reduce
-        losses.append(tr.step_loss)
+        tr.update()
+        losses.append(tr.global_loss(ls))
         tr.step += 1
     params = gather_full(tr, what=("params",))
     return losses, grads, params
