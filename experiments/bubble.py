@@ -6,7 +6,9 @@ virtual stages, ZB-H1) and compares three numbers:
 
 - measured: ``bubble_pipeline`` of ``mpipar.analysis.breakdown`` (1 - model compute / the
   pipeline window shared by all ranks, mean over ranks and measured steps);
-- simulated: the schedule simulator fed with that run's measured F, B, W and p2p costs;
+- simulated: the schedule simulator fed with that run's measured F, B, W and p2p costs
+  (``bubble_sim``: one mean cost per kind; ``bubble_pred``: the calibrated per-rank, per-chunk
+  cost model with overheads, ``mpipar.analysis.costmodel``);
 - textbook: the closed formula ((p-1)/(m+p-1) for GPipe and 1F1B, ...).
 
 Run: ``python experiments/bubble.py [--quick] [--out DIR]`` (it starts mpiexec itself).
@@ -24,7 +26,8 @@ import common  # noqa: E402
 NAME = "bubble"
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1")
 COLUMNS = ["pp", "schedule", "v", "m", "bubble_measured", "bubble_step", "bubble_sim",
-           "bubble_textbook", "step_ms", "F_ms", "B_ms", "W_ms", "comm_ms"]
+           "bubble_pred", "bubble_textbook", "step_ms", "step_pred_ms", "F_ms", "B_ms", "W_ms",
+           "comm_ms"]
 
 
 def configurations(quick: bool):
@@ -71,7 +74,10 @@ def main(argv=None) -> int:
             "pp": pp, "schedule": sched, "v": v, "m": m,
             "bubble_measured": s["bubble_pipeline"], "bubble_step": s["bubble"],
             "bubble_sim": _num(s["bubble_sim"]), "bubble_textbook": _num(s["bubble_textbook"]),
+            # the calibrated cost model (per rank and chunk, overheads; see calibrate.py)
+            "bubble_pred": _num(s.get("bubble_pred")),
             "step_ms": 1e3 * s["step_time"],
+            "step_pred_ms": 1e3 * s["step_time_pred"] if "step_time_pred" in s else None,
             # per chunk; the simulator takes per-stage costs (x v), breakdown does that itself
             "F_ms": 1e3 * costs["F"], "B_ms": 1e3 * costs["B"], "W_ms": 1e3 * costs["W"],
             "comm_ms": 1e3 * costs["comm"],

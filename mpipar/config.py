@@ -15,7 +15,7 @@ from pathlib import Path
 
 import tomllib
 
-from .fieldrules import Choice, Flag, Int, IntList, Real, RuleError, Text, check
+from .fieldrules import Choice, Flag, Int, IntList, Real, Recompute, RuleError, Text, check
 from .layout import (
     DEFAULT_ORDER,
     GridError,
@@ -85,7 +85,7 @@ class ParallelConfig:
     partition: str = "uniform"  # uniform | params | explicit
     boundaries: list = field(default_factory=list)  # explicit stage starts (unit indices)
     layout: str = ""  # GPT stages in Megatron's form, e.g. "Et*3|t*3L" (overrides partition)
-    recompute: bool = False  # activation recomputation
+    recompute: bool | str = False  # False | True (full) | "selective" (attention core only)
     sequence_parallel: bool = False
     zero1: bool = False  # shard optimizer state over dp
     bucket_mb: float = 4.0  # data-parallel all-reduce bucket size, MiB
@@ -163,7 +163,7 @@ RULES = {
         "dp": Int(1), "pp": Int(1), "tp": Int(1), "order": Text(nonempty=True),
         "schedule": Text(nonempty=True), "microbatches": Int(1), "virtual_stages": Int(1),
         "schedule_file": Text(), "partition": Choice(("uniform", "params", "cost", "explicit")),
-        "boundaries": IntList(0), "recompute": Flag(), "sequence_parallel": Flag(),
+        "boundaries": IntList(0), "recompute": Recompute(), "sequence_parallel": Flag(),
         "zero1": Flag(), "bucket_mb": Real(0, 2**20, lo_open=True), "overlap_grad_sync": Flag(),
         "tp_mode": Choice(("1d", "2d", "2.5d", "3d")), "tp_depth": Int(1), "layout": Text(),
     },
@@ -191,6 +191,8 @@ def _coerce(section: str, key: str, value, proto):
     """Turn an override string (or TOML value) into the type of the default; what cannot be
     turned is refused here, what can is range-checked by ``validate``."""
     where = f"{section}.{key}"
+    if where == "parallel.recompute":
+        return _recompute_mode(value)
     rule = RULES.get(section, {}).get(key)
     if isinstance(proto, bool):
         if isinstance(value, bool):
@@ -235,6 +237,23 @@ def _to_int(value) -> int:
     if isinstance(value, float) and not value.is_integer():
         raise ValueError(value)
     return int(value)
+
+
+RECOMPUTE = {"true": True, "full": True, "1": True, "yes": True, "on": True,
+             "false": False, "none": False, "0": False, "no": False, "off": False,
+             "selective": "selective"}
+
+
+def _recompute_mode(value):
+    """parallel.recompute: False (none), True (full: whole chunks) or "selective" (only the
+    attention core, as Megatron's selective recomputation)."""
+    if isinstance(value, bool):
+        return value
+    mode = RECOMPUTE.get(str(value).strip().lower())
+    if mode is None:
+        raise ConfigError(f"parallel.recompute must be none, full or selective (or true/false), "
+                          f"got {value!r}")
+    return mode
 
 
 def _apply(cfg: Config, section: str, key: str, value, origin: str) -> None:

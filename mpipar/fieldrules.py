@@ -134,6 +134,23 @@ class Flag:
 
 
 @dataclass(frozen=True)
+class Recompute:
+    """parallel.recompute: false (none), true (full) or "selective" (the attention core)."""
+
+    def describe(self) -> str:
+        return "none / false, full / true, or selective"
+
+    def ok(self, v) -> bool:
+        return isinstance(v, bool) or v == "selective"
+
+    def bad_values(self) -> list:
+        return ["maybe", "partial", 2, -1, 0.5, float("nan")]
+
+    def good_values(self) -> list:
+        return [True, False, "selective"]
+
+
+@dataclass(frozen=True)
 class Text:
     """A string (``nonempty``: not empty); paths and names."""
 

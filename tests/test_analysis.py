@@ -536,3 +536,69 @@ def test_to_dataframe(dump2):
 
     df = to_dataframe(breakdown(load(dump2))["ranks"])
     assert len(df) == 2 and df["idle"].tolist() == pytest.approx([4.2, 1.9])
+
+
+# --- the calibrated cost model, predicted beside measured, Chrome traces -----------------------
+
+def test_fit_from_unit_durations(dump2):
+    from mpipar.analysis.costmodel import fit
+    from mpipar.parallel.pipeline.generators import build_schedule
+
+    run = load(dump2)
+    model, _ = fit(run, [1, 2], build_schedule("gpipe", 2, 2))
+    # F carries LOSS on the last stage; a BW action is one B event
+    assert model.per_unit[(0, 0, "F")] == pytest.approx(1.0)
+    assert model.per_unit[(1, 0, "F")] == pytest.approx(1.2)
+    assert model.per_unit[(0, 0, "BW")] == pytest.approx(2.0)
+    assert model.optimizer == {0: pytest.approx(0.5), 1: pytest.approx(0.5)}
+    # OPT end to STEP end: step 1 min(0.3, 0.5), step 2 min(2.3, 2.5): median 1.3
+    assert model.step_post == pytest.approx(1.3)
+    s = breakdown(run)["summary"]
+    assert s["step_time_pred"] > 0 and 0 <= s["bubble_pred"] < 1, s["predict_note"]
+    assert len(s["predicted"]["compute"]) == 2
+
+
+@pytest.fixture(scope="module")
+def real8(tmp_path_factory):
+    """A real training dump: tiny GPT, dp=2 pp=2 tp=2 (8 ranks), 1F1B, 3 steps."""
+    from mpi_util import run_mpi
+
+    from mpipar.datasets import prepare_synthetic
+
+    tmp = tmp_path_factory.mktemp("real8")
+    tokens = tmp / "pattern.h5"
+    prepare_synthetic(tokens, "pattern", 20000, 256, seed=1)
+    out = tmp / "run"
+    res = run_mpi(8, [sys.executable, "-m", "mpipar.cli", "train", "--data", tokens, "--out",
+                      out, "--set", "model.n_layer=2", "--set", "model.n_embd=16", "--set",
+                      "model.n_head=4", "--set", "model.block_size=16", "--seq-len", "16",
+                      "--batch-size", "8", "--set", "train.eval_interval=0", "--quiet",
+                      "--dp", "2", "--pp", "2", "--tp", "2", "--microbatches", "2",
+                      "--steps", "3"], timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out / "trace.h5"
+
+
+def test_chrome_trace_of_real_dump_and_its_prediction(real8, tmp_path, capsys):
+    both, pred = tmp_path / "both.json", tmp_path / "pred.json"
+    assert main(["analyze", str(real8), "--chrome-trace", str(both)]) == 0
+    out = capsys.readouterr().out
+    assert "predicted vs measured" in out and "pp1 peak memory (MiB)" in out
+    events = json.loads(both.read_text())["traceEvents"]
+    slices = [e for e in events if e["ph"] == "X"]
+    assert all(e["dur"] >= 0 and "mb" in e["args"] and "chunk" in e["args"] for e in slices)
+    tracks = {(e["pid"], e["tid"]) for e in slices}
+    assert {t for p, t in tracks if p == 1} == set(range(8))  # measured: one track per rank
+    assert {t for p, t in tracks if p == 2} == {0, 1}  # predicted: one per pipeline rank
+    names = {e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert names == {"measured: run", "predicted: run"}
+    assert {e["cat"] for e in slices if e["pid"] == 1} >= {"compute", "comm"}
+    assert {e["name"] for e in slices if e["pid"] == 2} >= {"F", "BW", "SEND_F", "RECV_B"}
+    # the predicted run alone in its own file
+    assert main(["analyze", str(real8), "--chrome-trace", str(both),
+                 "--chrome-trace-predicted", str(pred)]) == 0
+    assert {e["pid"] for e in json.loads(pred.read_text())["traceEvents"]} == {2}
+    assert {e["pid"] for e in json.loads(both.read_text())["traceEvents"]} == {1}
+    s = breakdown(load(real8))["summary"]
+    assert s["memory_measured"] is not None and len(s["memory_measured"]) == 8
+    assert s["step_time_pred"] > 0 and s["predicted"]["memory"][0] > 0

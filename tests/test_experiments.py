@@ -98,3 +98,12 @@ def test_dump_in_flight_counts_pairs():
             ev("W", 0, 4, 5), ev("B", 1, 5, 6), ev("W", 1, 6, 7), ev("B", 2, 7, 8),
             ev("W", 2, 8, 9)]
     assert memory.dump_in_flight(np.array(rows, dtype=EVENT_DTYPE), 0) == 3
+
+
+def test_calibrate_configurations():
+    import calibrate
+
+    cfgs = list(calibrate.configurations(quick=False))
+    pp2 = {(s, m) for dp, pp, tp, s, v, m in cfgs if pp == 2}
+    assert {("gpipe", 8), ("1f1b", 1), ("interleaved", 4), ("zb-h1", 2), ("naive", 1)} <= pp2
+    assert (1, 1, 2, "1f1b", 1, 4) in cfgs and (2, 1, 1, "1f1b", 1, 4) in cfgs

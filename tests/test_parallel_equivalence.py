@@ -44,6 +44,8 @@ def variants(dp, pp, tp):
         out.append("1f1b:2:2d")
         if pp > 1:
             out.append(f"zb-h1:{pp + 1}:2d")
+    if dp * pp * tp == 2:  # selective recomputation (attention core only) on each 2-rank grid
+        out.append(f"1f1b:{2 * pp}:selective")
     out.append("1f1b:2:mlp")
     return out
 

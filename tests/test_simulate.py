@@ -99,3 +99,58 @@ def test_text_chart_rows_and_columns():
     assert len(rows[2].split(":")[1].split()) == 3 * (4 + 3 - 1)  # makespan columns
     s = build_schedule("1f1b", 8, 32)
     assert all(len(line) <= 120 for line in text_chart(simulate(s), s).splitlines())
+
+
+# --- the calibrated cost model -----------------------------------------------------------------
+
+def test_cost_model_defaults_match_the_plain_costs():
+    from mpipar.parallel.pipeline.simulate import CostModel
+
+    for kind, pp, m in (("1f1b", 4, 8), ("gpipe", 3, 5), ("zb-h1", 2, 4)):
+        s = build_schedule(kind, pp, m)
+        a, b = simulate(s), simulate(s, CostModel())
+        assert a.makespan == b.makespan and a.bubble_fraction == b.bubble_fraction
+        assert b.step_time == pytest.approx(a.makespan)
+
+
+def test_cost_model_by_hand():
+    """gpipe pp=2 m=1: F0 (r0), F1 (r1), BW1 (r1), BW0 (r0), one message each way."""
+    from mpipar.parallel.pipeline.simulate import CostModel
+
+    s = build_schedule("gpipe", 2, 1)
+    # a slow last stage: F on (rank 1, chunk 1) costs 3 instead of 1
+    slow = simulate(s, CostModel(per_unit={(1, 1, "F"): 3.0}))
+    assert slow.makespan == pytest.approx(1 + 3 + 2 + 2)
+    assert slow.busy == pytest.approx([3.0, 5.0])
+    # latency 0.5 + 100 bytes at 100 bytes/s: each message takes 1.5
+    wire = simulate(s, CostModel(latency=0.5, default_bytes=100, bandwidth=100))
+    assert wire.makespan == pytest.approx(1 + 1.5 + 1 + 2 + 1.5 + 2)
+    # per-action overhead after every action, posting costs on sends and receives
+    over = simulate(s, CostModel(overhead=0.1, send_post=0.2, recv_post=0.05))
+    # r0: F0 [0, 1] +.1, SEND [1.1, 1.3] (message there at 1.3); r1: RECV to 1.35 +.1,
+    # F1 [1.45, 2.45] +.1, BW1 [2.55, 4.55] +.1, SEND [4.65, 4.85]; r0: RECV to 4.9 +.1, BW0 2 +.1
+    assert over.makespan == pytest.approx(4.85 + 0.05 + 0.1 + 2 + 0.1)
+    assert over.overhead == pytest.approx([0.4, 0.4])
+    # dp reductions after each chunk's last weight pass, the norm collective, optimizer, fixed
+    full = simulate(s, CostModel(dp_reduce={(0, 0): 1.0, (1, 1): 1.0}, sync=0.25,
+                                 optimizer={0: 0.3, 1: 0.6}, step_pre=0.5, step_post=0.1))
+    assert full.pipeline_end == pytest.approx([0.5 + 6 + 1, 0.5 + 4 + 1])
+    assert full.step_time == pytest.approx(0.5 + 6 + 1 + 0.25 + 0.6 + 0.1)
+    assert full.dp_timeline[1] == [(pytest.approx(4.5), pytest.approx(5.5), 1)]
+    assert full.step_bubble == pytest.approx(1 - 3 / full.step_time)
+    # waits in the step's collectives count as communication (as a dump counts them)
+    # r0: waits 3 for RECV_B, dp 1, the norm 0.25, the slower optimizer 0.3;
+    # r1: waits 1 for RECV_F, dp 1, the norm 7.75 - 5.5
+    assert full.comm == pytest.approx([3 + 1 + 0.25 + 0.3, 1 + 1 + 2.25])
+
+
+def test_cost_model_errors():
+    from mpipar.parallel.pipeline.simulate import CostModel
+
+    s = build_schedule("1f1b", 2, 2)
+    with pytest.raises(ScheduleError, match="overhead must be a number >= 0"):
+        simulate(s, CostModel(overhead=-1.0))
+    with pytest.raises(ScheduleError, match="bandwidth must be > 0"):
+        simulate(s, CostModel(bandwidth=0.0))
+    with pytest.raises(ScheduleError, match=r"cost \(0, 0, 'F'\)"):
+        simulate(s, CostModel(per_unit={(0, 0, "F"): -2.0}))

@@ -1,11 +1,17 @@
-"""The bubble a schedule simulator predicts for a run, from the run's own measured costs.
+"""What the simulator predicts for a run, beside what the run measured.
 
-The **predicted bubble** is ``mpipar.parallel.pipeline.simulate`` on the run's schedule with the
-measured mean per-chunk F, B, W costs, times ``virtual_stages`` since the simulator takes
-per-stage costs (``BW = B + W``; recomputation R is added to B; with no W events, B already is
-the whole backward and W = 0), and as ``comm`` the median ``pp.send``/``pp.recv`` duration
-(median: blocking receives that sat in a bubble are long outliers). ``bubble_textbook`` is the
-closed formula (e.g. (p-1)/(m+p-1) for GPipe).
+Two predictions. The **calibrated** one (``predicted``, ``bubble_pred``, ``step_time_pred``):
+the simulator on a ``CostModel`` fitted from the run's unit measurements
+(``mpipar.analysis.costmodel``: per rank and chunk F/B/W, per-action overhead, p2p latency, dp
+reductions, optimizer, fixed per-step costs; never from the step time or the bubble it is
+compared with), and the memory model (``mpipar.analysis.memory_model``) beside the measured peak
+(``mem.peak`` - ``mem.base`` events, when the run recorded them).
+
+The **uniform predicted bubble** (``bubble_sim``): the simulator with one cost per action kind
+for every rank, the measured mean per-chunk F, B, W times ``virtual_stages`` (the simulator takes
+per-stage costs; ``BW = B + W``; R is added to B; with no W events B is the whole backward), and
+as ``comm`` the median ``pp.send``/``pp.recv`` duration. ``bubble_textbook`` is the closed
+formula (e.g. (p-1)/(m+p-1) for GPipe).
 """
 
 from __future__ import annotations
@@ -73,4 +79,66 @@ def predict(run: Run, steps) -> dict:
         out["sim_peak_activations"] = sim.peak_activations
     except Exception as exc:
         out["predict_note"] += f"simulate failed ({exc.__class__.__name__}: {exc})"
+        return out
+    try:
+        out.update(calibrated(run, steps, kind, pp, int(m), v))
+    except Exception as exc:  # a dump the fit cannot use still gets its measured breakdown
+        out["predict_note"] += f"calibrated prediction failed ({exc.__class__.__name__}: {exc})"
+    return out
+
+
+def pipeline_bubble(sim) -> float:
+    """1 - compute / window per rank, window = first to last compute over all ranks (the
+    definition of the measured ``bubble_pipeline``), mean over ranks."""
+    spans = [(a, b) for tl in sim.timeline for a, b, act in tl
+             if not act.op.startswith(("SEND", "RECV"))]
+    if not spans:
+        return float("nan")
+    window = max(b for _, b in spans) - min(a for a, _ in spans)
+    return sum(1 - b / window for b in sim.busy) / len(sim.busy) if window > 0 else 0.0
+
+
+def run_model(run: Run, steps, kind: str, pp: int, m: int, v: int):
+    """(schedule, fitted CostModel, fit notes, SimResult) of the run's configuration."""
+    from mpipar.parallel.pipeline.generators import build_schedule
+    from mpipar.parallel.pipeline.simulate import simulate
+
+    from .costmodel import fit
+
+    sched = build_schedule(kind, pp, m, virtual_stages=v)
+    model, notes = fit(run, steps, sched)
+    return sched, model, notes, simulate(sched, model)
+
+
+def calibrated(run: Run, steps, kind: str, pp: int, m: int, v: int) -> dict:
+    """The simulator on the fitted cost model, and the memory model; keys in the module doc."""
+    from .memory_model import chunk_bounds, rank_memory
+
+    sched, model, notes, sim = run_model(run, steps, kind, pp, m, v)
+    mem = rank_memory(run.config, run.grid, sched, sim.peak_activations,
+                      chunk_bounds(run.config, run.grid, v))
+    return {
+        "step_time_pred": sim.step_time,
+        "bubble_pred": pipeline_bubble(sim),
+        "bubble_step_pred": sim.step_bubble,
+        "predicted": {
+            "compute": list(sim.busy), "comm": list(sim.comm), "overhead": list(sim.overhead),
+            "memory": [r["total"] for r in mem] if mem else None, "memory_parts": mem,
+            "model": {k: getattr(model, k) for k in (
+                "overhead", "send_post", "recv_post", "latency", "sync", "step_pre",
+                "step_post", "default_bytes")} | {"optimizer": model.optimizer},
+            "notes": notes,
+        },
+        "memory_measured": measured_memory(run),
+    }
+
+
+def measured_memory(run: Run) -> list[float] | None:
+    """Per world rank: the largest ``mem.peak`` minus ``mem.base`` (bytes), None if unrecorded."""
+    out = []
+    for ev in run.events:
+        peak, base = ev[ev["kind"] == "mem.peak"], ev[ev["kind"] == "mem.base"]
+        if not peak.size:
+            return None
+        out.append(float(peak["bytes"].max() - (base["bytes"].min() if base.size else 0)))
     return out

@@ -36,6 +36,8 @@ FRACTIONS = {
     "bubble_pipeline",
     "bubble_sim",
     "bubble_textbook",
+    "bubble_pred",
+    "bubble_step_pred",
     "mfu",
     "compute_frac",
     "exposed_frac",
@@ -131,7 +133,55 @@ def summary_text(result: dict) -> str:
     lines.append("  measured costs (ms): " + ", ".join(f"{k} {_ms(v)}" for k, v in c.items()))
     if s.get("predict_note"):
         lines.append(f"  prediction: {s['predict_note']}")
+    if isinstance(s.get("predicted"), dict):
+        lines.append(prediction_text(result))
     return "\n".join(lines)
+
+
+def _diff(pred, meas, pct=False) -> str:
+    if not isinstance(pred, (int, float)) or not isinstance(meas, (int, float)):
+        return "n/a"
+    if pct:
+        return f"{100 * (pred - meas):+.1f} pts"
+    return f"{100 * (pred - meas) / meas:+.1f}%" if meas else "n/a"
+
+
+def prediction_text(result: dict) -> str:
+    """Predicted (calibrated cost model) beside measured: step, bubble, per pipeline rank."""
+    s, t = result["summary"], result["ranks"]
+    pr = s["predicted"]
+    rows = [
+        ["step time (ms)", _ms(s["step_time"]), _ms(s["step_time_pred"]),
+         _diff(s["step_time_pred"], s["step_time"])],
+        ["bubble (pipeline window)", fmt(s["bubble_pipeline"], "bubble"),
+         fmt(s["bubble_pred"], "bubble"), _diff(s["bubble_pred"], s["bubble_pipeline"], True)],
+        ["bubble (whole step)", fmt(s["bubble"], "bubble"), fmt(s["bubble_step_pred"], "bubble"),
+         _diff(s["bubble_step_pred"], s["bubble"], True)],
+    ]
+    mem = s.get("memory_measured")
+    for p in range(len(pr["compute"])):
+        on = t["pp"] == p
+        comp = float(np.nanmean(sum(t[k][on] for k in ("F", "B", "W", "R", "LOSS"))))
+        comm = float(np.nanmean(t["comm"][on]))
+        rows.append([f"pp{p} compute (ms)", _ms(comp), _ms(pr["compute"][p]),
+                     _diff(pr["compute"][p], comp)])
+        rows.append([f"pp{p} communication (ms)", _ms(comm), _ms(pr["comm"][p]),
+                     _diff(pr["comm"][p], comm)])
+        if pr.get("memory"):
+            got = float(np.mean(np.asarray(mem)[on])) if mem else None
+            rows.append([f"pp{p} peak memory (MiB)", f"{got / 2**20:.1f}" if got else "n/a",
+                         f"{pr['memory'][p] / 2**20:.1f}", _diff(pr["memory"][p], got)])
+    m = pr["model"]
+    fitted = (f"  fitted: overhead/action {_us(m['overhead'])}, send post {_us(m['send_post'])}, "
+              f"recv {_us(m['recv_post'])}, p2p latency {_us(m['latency'])}, sync "
+              f"{_us(m['sync'])}, step pre/post {_us(m['step_pre'])}/{_us(m['step_post'])}")
+    table = _table(["predicted vs measured", "measured", "predicted", "diff"], rows)
+    return "  calibrated cost model (fitted from unit durations, mpipar.analysis.costmodel):\n" + \
+        "\n".join("  " + line for line in table.splitlines()) + "\n" + fitted
+
+
+def _us(seconds) -> str:
+    return f"{1e6 * seconds:.0f} us" if isinstance(seconds, (int, float)) else "n/a"
 
 
 def comparison_text(table: dict) -> str:

@@ -41,6 +41,20 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--plot-format", choices=("png", "svg"), default="png")
     parser.add_argument("--format", choices=("text", "csv", "json"), default="text")
+    parser.add_argument(
+        "--chrome-trace",
+        default=None,
+        metavar="FILE",
+        help="write a Chrome Trace Event JSON (Perfetto, chrome://tracing): one track per rank "
+        "for the measured step (--step, default the first measured one) and the simulator's "
+        "prediction of it beside (unless --chrome-trace-predicted)",
+    )
+    parser.add_argument(
+        "--chrome-trace-predicted",
+        default=None,
+        metavar="FILE",
+        help="write the predicted run to this Chrome trace file instead",
+    )
 
 
 def expand(paths: list[str]) -> list[tuple[str, str]]:
@@ -104,6 +118,14 @@ def run(args) -> int:
     writer = {"text": report.to_text, "csv": report.to_csv, "json": report.to_json}[args.format]
     sys.stdout.write(writer(results, table))
 
+    if args.chrome_trace or args.chrome_trace_predicted:
+        try:
+            written = chrome_traces(args, runs, results)
+        except (OSError, ValueError) as exc:
+            print(f"mpipar analyze: error: chrome trace: {exc}", file=sys.stderr)
+            return 2
+        print("chrome traces: " + ", ".join(written), file=sys.stderr)
+
     if args.plots:
         from mpipar.analysis import plots
 
@@ -124,3 +146,24 @@ def run(args) -> int:
         # the plot list goes to stderr so csv/json on stdout stay machine-readable
         print("plots: " + ", ".join(written), file=sys.stderr)
     return 0
+
+
+def chrome_traces(args, runs, results) -> list[str]:
+    """Measured and predicted timelines of each run's step as Chrome Trace Event JSON."""
+    from mpipar.analysis import chrome_trace as ct
+
+    measured, predicted = [], []
+    for i, (r, res) in enumerate(zip(runs, results, strict=True)):
+        step = args.step if args.step is not None else res["steps"][0]
+        measured += ct.measured_events(r, [step], pid=2 * i + 1)
+        sim = ct.predicted_for(r, res["steps"])
+        predicted += ct.predicted_events(sim, f"predicted: {r.name}", pid=2 * i + 2)
+    written = []
+    if args.chrome_trace_predicted:
+        ct.write(args.chrome_trace_predicted, predicted)
+        written.append(args.chrome_trace_predicted)
+        predicted = []
+    if args.chrome_trace:
+        ct.write(args.chrome_trace, measured + predicted)
+        written.append(args.chrome_trace)
+    return written

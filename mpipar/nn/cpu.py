@@ -44,7 +44,11 @@ from ..threads import kernel_threads_setting
 
 BLOCK_ELEMENTS = 1 << 18  # 1 MiB of float32 per array and block
 PARALLEL_MIN_ELEMENTS = 1 << 20  # below this an element-wise chain runs on the calling thread
-PARALLEL_MIN_MNK = 1 << 21  # products below this many multiply-adds are not split
+# products below this many multiply-adds are not split: the tiny config's (256 x 64 x 256, 4.2M)
+# took 1.2-1.6x as long split over two threads as on one (experiments/product_split.py; measured
+# on a loaded machine: re-measure quietly), the crossover near 16M; one rank of the tiny run was
+# slower with two kernel threads than with one (README) while all its products were split
+PARALLEL_MIN_MNK = 1 << 23
 POOL_PER_SHAPE = 64  # at most this many idle-or-busy buffers kept per (shape, dtype)
 
 _pool: dict = {}

@@ -334,6 +334,8 @@ class CausalSelfAttention(Layer):
     Input (B, S, 3 * n_local * hd) laid out as [q | k | v] per rank; output (B, S, n_local * hd).
     """
 
+    selective = False  # True: keep q, k, v only; recompute scores and softmax in the backward
+
     def __init__(self, n_heads_local, head_dim, name="attn"):
         super().__init__(name)
         self.nh, self.hd = n_heads_local, head_dim
@@ -356,13 +358,16 @@ class CausalSelfAttention(Layer):
         y = y.reshape(b, s, self.nh * self.hd)
         # y is kept by reference for the backward's row term (no extra memory: the projection
         # keeps it too); like any saved input it must not be changed in place while in flight
-        self._ctx[mb] = (q, k, v, p, y)
+        # selective recomputation: drop the S x S probabilities, rebuilt in the backward
+        self._ctx[mb] = (q, k, v, None if self.selective else p, y)
         return y
 
     def backward_input(self, dy, mb=0):
         xp = array_module(dy)
         q, k, v, p, y = self._ctx.pop(mb)
         b, s, _ = dy.shape
+        if p is None:  # the same arithmetic on the same inputs: the same probabilities, bitwise
+            _, p = F.attention_forward(q, k, v, self._mask(xp, s))
         dout = dy.reshape(b, s, self.nh, self.hd).transpose(0, 2, 1, 3)
         out = y.reshape(b, s, self.nh, self.hd).transpose(0, 2, 1, 3)
         # gradients written straight into the fused (B, S, 3, nh, hd) layout of the input
@@ -371,3 +376,15 @@ class CausalSelfAttention(Layer):
         F.attention_backward(dout, q, k, v, p, out=out, dq=g[0], dk=g[1], dv=g[2],
                              mask=self._mask(xp, s))
         return dqkv.reshape(b, s, 3 * self.nh * self.hd)
+
+
+def set_selective_recompute(layers, on: bool = True) -> int:
+    """Selective recomputation on every attention core under ``layers``; returns how many."""
+    n, todo = 0, list(layers)
+    while todo:
+        layer = todo.pop()
+        if isinstance(layer, CausalSelfAttention):
+            layer.selective = on
+            n += 1
+        todo.extend(layer.children())
+    return n

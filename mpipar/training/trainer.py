@@ -9,6 +9,8 @@ micro-batch instead, from the executor's UPDATE actions.
 from __future__ import annotations
 
 import math
+import os
+import sys
 import time
 
 from ..backend import Backend
@@ -56,6 +58,23 @@ def make_optimizer(cfg: Config, params):
     return SGD(params, t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
 
 
+def resident_bytes() -> int:
+    """This process's resident memory now (Linux /proc; else its peak so far)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return peak_resident_bytes()
+
+
+def peak_resident_bytes() -> int:
+    """The process's peak resident memory (what the memory model predicts, plus the base)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak) * (1 if sys.platform == "darwin" else 1024)  # macOS: bytes, Linux: KiB
+
+
 class ChunkOptimizers:
     """One optimizer per pipeline chunk (asynchronous PipeDream), seen as one for checkpoints."""
 
@@ -88,6 +107,7 @@ class Trainer:
     def __init__(self, cfg: Config, grid, tracer: Tracer, backend: Backend, data_path=None,
                  schedule=None):
         self.cfg, self.grid, self.tracer, self.backend = cfg, grid, tracer, backend
+        tracer.record("mem.base", tracer.now(), tracer.now(), nbytes=resident_bytes())
         p = cfg.parallel
         self.tp = tp_context(grid, p)  # 1D (Megatron) or 2D (parallel.tp_mode)
         self.model = build_model(cfg.model, backend, seed=cfg.train.seed, tp=self.tp)
@@ -213,6 +233,7 @@ class Trainer:
         loss = self.global_loss(losses)
         self.backend.synchronize()
         tr.record("STEP", t0, tr.now())
+        tr.record("mem.peak", tr.now(), tr.now(), nbytes=peak_resident_bytes())
         elapsed = time.perf_counter() - start
         tokens = cfg.train.batch_size * (cfg.train.seq_len if cfg.model.kind == "gpt" else 1)
         self.step += 1

@@ -1,7 +1,7 @@
 """Run under mpiexec: every variant on this grid gives the one-rank losses and gradients.
 
 usage: equiv_train.py DATA.h5 DP PP TP VARIANT [VARIANT ...]
-VARIANT: schedule:microbatches[:v=V][:zero1][:sp][:recompute][:mlp][:2d|2.5d|3d]
+VARIANT: schedule:microbatches[:v=V][:zero1][:sp][:recompute|:selective][:mlp][:2d|2.5d|3d]
          [:layout=STRING][:csv=PATH]
 (csv=PATH: run torch's schedule CSV at PATH; the schedule name is then only a label)
 World rank 0 also trains the one-rank model (on MPI.COMM_SELF) and compares, in float64:
@@ -45,7 +45,8 @@ def make_cfg(data, dp, pp, tp, variant, batch=None):
         "parallel.microbatches": m, "parallel.virtual_stages": v, "parallel.layout": layout,
         "parallel.schedule_file": csv,
         "parallel.zero1": "zero1" in flags, "parallel.sequence_parallel": "sp" in flags,
-        "parallel.recompute": "recompute" in flags, "parallel.bucket_mb": 0.01,
+        "parallel.recompute": "selective" if "selective" in flags else "recompute" in flags,
+        "parallel.bucket_mb": 0.01,
         "parallel.tp_mode": mode, "parallel.tp_depth": 2 if mode == "2.5d" else 1,
         "run.trace": False, "data.path": data, "model.init_std": 0.2,
     }

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
 
-from ...nn.layers import Sequential
+from ...nn.layers import Sequential, set_selective_recompute
 from ...progress import beat
 from .actions import ScheduleError
 from .transfers import ACT, GRAD, Receives, Sends, tag
@@ -99,7 +99,11 @@ class PipelineExecutor:
         self.n_chunks = schedule.n_chunks
         self.last = self.n_chunks - 1
         self.actions = schedule.ranks[pp_rank]
-        self.tracer, self.recompute, self.backend = tracer, recompute, backend
+        # recompute: False, True / "full" (whole chunks) or "selective" (attention cores only)
+        self.tracer, self.backend = tracer, backend
+        self.recompute = recompute is True or recompute == "full"
+        if recompute == "selective":
+            set_selective_recompute(chunks.values())
         self.on_grads_ready, self.on_update = on_grads_ready, on_update
         self.on_unit_ready = on_unit_ready
         self.asynchronous = bool(getattr(schedule, "asynchronous", False))

@@ -1,30 +1,107 @@
-"""Cost-model simulation of a schedule: makespan, bubble fraction, peak activations held.
+"""Cost-model simulation of a schedule: step time, bubble fraction, peak activations held.
 
-Each rank runs its actions in order (a ``replay.Replay``). A compute action takes its cost (per
-stage, divided by ``virtual_stages``: a chunk is 1/v of a stage). A send costs the sender nothing
-(non-blocking, as in the executor); a receive completes ``comm`` after its matching send started,
-or at once if that is already past. The simulation is deterministic: no randomness, ties broken
-by rank order.
+Each rank runs its actions in order (a ``replay.Replay``). Two cost inputs:
+
+- a plain dict (``{"F": 1, "BW": 2, "comm": 0}``, ``mpipar schedule --costs``): one cost per
+  action kind and stage for every rank (a chunk costs 1/``virtual_stages`` of it), a send costs
+  its sender nothing (non-blocking, as in the executor), a receive completes ``comm`` after its
+  matching send started, or at once if that is already past;
+- a ``CostModel`` (fitted from a dump by ``mpipar.analysis.predict``): the cost of every
+  (rank, chunk, op), a per-action overhead (executor dispatch, posting and testing requests),
+  point-to-point latency + bytes / bandwidth, data-parallel bucket reductions that overlap the
+  backward, the gradient-norm collective every rank meets at, the optimizer step, and a fixed
+  per-step overhead. The step is then: every rank's actions, its bucket reductions, the norm
+  collective (all ranks), the slowest optimizer step, the fixed rest.
+
+The simulation is deterministic: no randomness, ties broken by rank order.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from .actions import Action, Schedule, ScheduleError, matching
 from .replay import UNIT_COSTS, Replay
 
 DEFAULT_COSTS = UNIT_COSTS
+COMPUTE_OPS = ("F", "B", "W", "BW", "UPDATE")
+
+
+@dataclass
+class CostModel:
+    """Costs in seconds (or any unit, consistently).
+
+    ``unit``: per-stage cost of each op (a chunk costs ``unit[op] / virtual_stages``), used where
+    ``per_unit`` has no entry; ``per_unit[(rank, chunk, op)]``: the cost of that op on that chunk
+    and rank (not divided by v). ``overhead``: added to every action. ``send_post`` /
+    ``recv_post``: the cost of a SEND / RECV action itself (posting, testing, copying).
+    ``latency`` + bytes / ``bandwidth``: the time from a send to its receive being possible;
+    ``message_bytes[(op, chunk)]`` (op SEND_F / SEND_B) or ``default_bytes`` the payload.
+    ``dp_reduce[(rank, chunk)]``: the bucket reduction of a chunk's gradients, started when the
+    chunk's last weight pass ends (``dp_overlap``) or after the rank's last action; reductions of
+    one rank run one after another. ``sync``: the collective all ranks meet at after the pipeline
+    (gradient norm). ``optimizer[rank]``: the optimizer step. ``step_pre`` / ``step_post``: fixed
+    time before the first action and after the optimizer (batch fetch, loss all-reduce, ...).
+    """
+
+    unit: dict = field(default_factory=lambda: dict(DEFAULT_COSTS))
+    per_unit: dict = field(default_factory=dict)
+    overhead: float = 0.0
+    send_post: float = 0.0
+    recv_post: float = 0.0
+    latency: float = 0.0
+    bandwidth: float = math.inf
+    message_bytes: dict = field(default_factory=dict)
+    default_bytes: float = 0.0
+    dp_reduce: dict = field(default_factory=dict)
+    dp_overlap: bool = True
+    sync: float = 0.0
+    optimizer: dict = field(default_factory=dict)
+    step_pre: float = 0.0
+    step_post: float = 0.0
+
+    def compute(self, r: int, a: Action, v: int) -> float:
+        c = self.per_unit.get((r, a.chunk, a.op))
+        if c is None and a.op == "BW" and (r, a.chunk, "B") in self.per_unit:
+            c = self.per_unit[(r, a.chunk, "B")] + self.per_unit.get((r, a.chunk, "W"), 0.0)
+        return c if c is not None else self.unit.get(a.op, 0.0) / v
+
+    def transfer(self, send: Action) -> float:
+        nbytes = self.message_bytes.get((send.op, send.chunk), self.default_bytes)
+        return self.latency + (nbytes / self.bandwidth if nbytes else 0.0)
+
+    def check(self) -> CostModel:
+        for name in ("overhead", "send_post", "recv_post", "latency", "sync", "step_pre",
+                     "step_post", "default_bytes"):
+            val = getattr(self, name)
+            if not isinstance(val, (int, float)) or val < 0 or math.isnan(val):
+                raise ScheduleError(f"cost model: {name} must be a number >= 0, got {val!r}")
+        if not self.bandwidth > 0:
+            raise ScheduleError(f"cost model: bandwidth must be > 0, got {self.bandwidth!r}")
+        for table in (self.unit, self.per_unit, self.dp_reduce, self.optimizer):
+            for k, val in table.items():
+                if not isinstance(val, (int, float)) or val < 0:
+                    raise ScheduleError(f"cost model: cost {k} must be a number >= 0, "
+                                        f"got {val!r}")
+        return self
 
 
 @dataclass
 class SimResult:
-    makespan: float
+    makespan: float  # end of the last action on any rank (the pipeline)
     busy: list[float]  # compute time per rank
     bubble_fraction: float  # mean over ranks of idle / makespan
     per_rank_bubble: list[float]
     peak_activations: list[int]  # max (mb, chunk) pairs with F done and activations not freed
     timeline: list[list[tuple[float, float, Action]]] = field(default_factory=list)
+    # with a CostModel: the whole step and what each rank spent on communication
+    step_time: float = 0.0
+    step_bubble: float = 0.0  # mean over ranks of 1 - model compute (no optimizer) / step
+    comm: list[float] = field(default_factory=list)  # p2p, dp, waits in the step's collectives
+    overhead: list[float] = field(default_factory=list)  # per-action overhead per rank
+    pipeline_end: list[float] = field(default_factory=list)  # per rank, with its dp reduction
+    dp_timeline: list[list[tuple[float, float, int]]] = field(default_factory=list)
 
 
 def resolve_costs(costs: dict | None) -> dict:
@@ -46,18 +123,29 @@ def resolve_costs(costs: dict | None) -> dict:
     return out
 
 
-class _Timed(Replay):
-    """Each rank's clock: sends start at once, a receive waits for its send (plus ``comm``)."""
+def as_model(costs) -> CostModel:
+    """A ``CostModel`` as given (checked), or the one a plain per-kind dict describes."""
+    if isinstance(costs, CostModel):
+        return costs.check()
+    unit = resolve_costs(costs)
+    return CostModel(unit=unit, latency=unit["comm"])
 
-    def __init__(self, s: Schedule, costs: dict):
+
+class _Timed(Replay):
+    """Each rank's clock: sends post and go on, a receive waits for its send's arrival."""
+
+    def __init__(self, s: Schedule, model: CostModel):
         super().__init__(s.ranks)
         pp = s.pp
-        self.costs, self.v = costs, s.virtual_stages
-        self.now = [0.0] * pp
+        self.model, self.v = model, s.virtual_stages
+        self.now = [model.step_pre] * pp
         self.busy = [0.0] * pp
-        self.sent: dict[Action, float] = {}  # send action -> time it started
+        self.comm = [0.0] * pp
+        self.over = [0.0] * pp
+        self.sent: dict[Action, float] = {}  # send action -> time its message can be received
         self.live = [0] * pp
         self.peak = [0] * pp
+        self.last_w = {}  # (rank, chunk) -> end of its last weight pass so far
         self.timeline: list[list[tuple[float, float, Action]]] = [[] for _ in range(pp)]
 
     def can_run(self, r: int, a: Action) -> bool:
@@ -65,18 +153,24 @@ class _Timed(Replay):
         return not a.op.startswith("RECV") or matching(a) in self.sent
 
     def run(self, r: int, a: Action) -> None:
+        m = self.model
         start = self.now[r]
         if a.op.startswith("SEND"):
-            self.sent[a] = start
-            end = start
+            end = start + m.send_post
+            self.sent[a] = end + m.transfer(a)
+            self.comm[r] += m.send_post
         elif a.op.startswith("RECV"):
-            end = max(start, self.sent[matching(a)] + self.costs["comm"])
+            end = max(start, self.sent[matching(a)]) + m.recv_post
+            self.comm[r] += end - start
         else:
-            end = start + self.costs[a.op] / self.v
+            end = start + m.compute(r, a, self.v)
             self.busy[r] += end - start
             self._count_activations(r, a)
+            if a.op in ("W", "BW"):
+                self.last_w[(r, a.chunk)] = end
         self.timeline[r].append((start, end, a))
-        self.now[r] = end
+        self.now[r] = end + m.overhead
+        self.over[r] += m.overhead
 
     def _count_activations(self, r: int, a: Action) -> None:
         if a.op == "F":
@@ -91,20 +185,45 @@ class _Timed(Replay):
             "simulation stuck (receives whose sends never come): " + "; ".join(stuck)
         )
 
+    def reductions(self, r: int) -> tuple[float, list]:
+        """When rank r's data-parallel reductions end (its actions' end if it has none)."""
+        m, t, spans = self.model, self.now[r], []
+        chunks = sorted({c for (q, c) in m.dp_reduce if q == r},
+                        key=lambda c: self.last_w.get((r, c), t))
+        for c in chunks:
+            start = max(t if not spans else spans[-1][1],
+                        self.last_w.get((r, c), t) if m.dp_overlap else self.now[r])
+            spans.append((start, start + m.dp_reduce[(r, c)], c))
+            self.comm[r] += m.dp_reduce[(r, c)]
+        return max([self.now[r]] + [e for _, e, _ in spans]), spans
 
-def simulate(s: Schedule, costs: dict | None = None) -> SimResult:
+
+def simulate(s: Schedule, costs: dict | CostModel | None = None) -> SimResult:
     pp = s.pp
-    sim = _Timed(s, resolve_costs(costs))
+    model = as_model(costs)
+    sim = _Timed(s, model)
     sim.play()
     makespan = max(sim.now) if pp else 0.0
     per_rank = [(makespan - b) / makespan if makespan > 0 else 0.0 for b in sim.busy]
+    ends, dp_spans = zip(*(sim.reductions(r) for r in range(pp)), strict=True) if pp else ((), ())
+    meet = max(ends, default=0.0) + model.sync
+    opt = max((model.optimizer.get(r, 0.0) for r in range(pp)), default=0.0)
+    step = meet + opt + model.step_post
     return SimResult(
         makespan=makespan,
         busy=sim.busy,
-        bubble_fraction=sum(per_rank) / pp,
+        bubble_fraction=sum(per_rank) / pp if pp else 0.0,
         per_rank_bubble=per_rank,
         peak_activations=sim.peak,
         timeline=sim.timeline,
+        step_time=step,
+        step_bubble=(sum(1 - b / step for b in sim.busy) / pp) if pp and step > 0 else 0.0,
+        # as a dump counts it: waits inside the norm and loss collectives are communication
+        comm=[c + (meet - e) + (opt - model.optimizer.get(r, 0.0))
+              for r, (c, e) in enumerate(zip(sim.comm, ends, strict=True))],
+        overhead=sim.over,
+        pipeline_end=list(ends),
+        dp_timeline=[list(x) for x in dp_spans],
     )
 
 

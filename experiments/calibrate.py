@@ -1,0 +1,105 @@
+"""Experiment: the calibrated cost model against measurement, at pp = 2 and for tp = 2, dp = 2.
+
+For pp = 2, every schedule (naive, GPipe, 1F1B, interleaved v = 2, ZB-H1) and m in 1, 2, 4, 8
+(where valid), plus one tp = 2 and one dp = 2 run (1F1B on one stage, m = 4), it trains the GPT
+of experiments/configs/exp_bubble.toml and puts side by side:
+
+- measured: ``bubble_pipeline`` (1 - model compute / pipeline window) and the step time, from
+  ``mpipar.analysis.breakdown``;
+- predicted: the simulator on the ``CostModel`` fitted by ``mpipar.analysis.costmodel``. What is
+  fitted from what: per (rank, chunk) F / B / W from the unit events (F + LOSS, B + R), the
+  per-action overhead from the gaps between a rank's pipeline events, send/receive posting from
+  ``pp.send`` / ``pp.recv`` / ``pp.wait``, the p2p latency from receives that waited for their
+  send, dp reductions from ``dp.*``, optimizer and fixed per-step costs from ``OPT`` and ``STEP``.
+  Nothing is fitted to the step time or the bubble of a row: those are what the row checks.
+- the uniform prediction (one cost per kind for all ranks, the model before calibration) and the
+  textbook formula.
+
+Targets (quiet machine): |bubble error| <= 1.5 points, step error within 10 %.
+Run: ``python experiments/calibrate.py [--quick] [--out DIR]`` (it starts mpiexec itself).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bubble  # noqa: E402
+import common  # noqa: E402
+
+NAME = "calibrate"
+COLUMNS = ["grid", "schedule", "v", "m", "bubble_measured", "bubble_pred", "bubble_err_pts",
+           "bubble_uniform", "bubble_textbook", "step_ms", "step_pred_ms", "step_err_pct",
+           "overhead_us", "latency_us", "ok"]
+BUBBLE_PTS, STEP_PCT = 1.5, 10.0
+
+
+def configurations(quick: bool):
+    """(dp, pp, tp, schedule, v, m): bubble.py's pp = 2 rows, then tp = 2 and dp = 2."""
+    for pp, sched, v, m in bubble.configurations(quick):
+        if pp == 2 and (not quick or m == 4):
+            yield 1, pp, 1, sched, v, m
+    yield 1, 1, 2, "1f1b", 1, 4
+    yield 2, 1, 1, "1f1b", 1, 4
+
+
+def row(path, dp, pp, tp, sched, v, m) -> dict:
+    from mpipar.analysis import breakdown
+
+    s = breakdown(path)["summary"]
+    pred = s.get("predicted") or {}
+    model = pred.get("model", {})
+    out = {"grid": f"dp{dp} pp{pp} tp{tp}", "schedule": sched, "v": v, "m": m,
+           "bubble_measured": s["bubble_pipeline"], "bubble_pred": s.get("bubble_pred"),
+           "bubble_uniform": bubble._num(s["bubble_sim"]),
+           "bubble_textbook": bubble._num(s["bubble_textbook"]),
+           "step_ms": 1e3 * s["step_time"],
+           "step_pred_ms": 1e3 * s["step_time_pred"] if "step_time_pred" in s else None,
+           "overhead_us": 1e6 * model.get("overhead", float("nan")),
+           "latency_us": 1e6 * model.get("latency", float("nan")),
+           "predict_note": s.get("predict_note", "")}
+    if out["bubble_pred"] is not None and out["step_pred_ms"] is not None:
+        out["bubble_err_pts"] = 100 * (out["bubble_pred"] - out["bubble_measured"])
+        out["step_err_pct"] = 100 * (out["step_pred_ms"] - out["step_ms"]) / out["step_ms"]
+        out["ok"] = (abs(out["step_err_pct"]) <= STEP_PCT
+                     and (pp == 1 or abs(out["bubble_err_pts"]) <= BUBBLE_PTS))
+    return out
+
+
+def main(argv=None) -> int:
+    args = common.parser(NAME, __doc__).parse_args(argv)
+    out = common.out_dir(args, NAME)
+    config = common.CONFIGS / "exp_bubble.toml"
+    steps = args.steps or (3 if args.quick else 6)
+    base = {"train.steps": steps}
+    n_layer = 8
+    if args.quick:
+        n_layer = 4
+        base.update({"model.n_layer": 4, "model.n_embd": 32, "model.n_head": 2,
+                     "train.seq_len": 16, "train.batch_size": 8})
+    rows = []
+    for dp, pp, tp, sched, v, m in configurations(args.quick):
+        run_dir = out / f"dp{dp}_pp{pp}_tp{tp}_{sched}_m{m}"
+        sets = dict(base)
+        sets.update({"parallel.dp": dp, "parallel.pp": pp, "parallel.tp": tp,
+                     "parallel.schedule": sched, "parallel.microbatches": m,
+                     "parallel.virtual_stages": v})
+        if pp > 1:
+            sets["parallel.boundaries"] = common.balanced_boundaries(n_layer, pp * v)
+        else:
+            sets["parallel.partition"] = "uniform"
+        path = common.train(run_dir, dp * pp * tp, config, sets, args)
+        rows.append(row(path, dp, pp, tp, sched, v, m))
+    ok = sum(1 for r in rows if r.get("ok"))
+    common.write_results(out, f"calibrated cost model: predicted vs measured ({ok}/{len(rows)} "
+                         f"within {BUBBLE_PTS} points and {STEP_PCT:.0f} %)", rows, COLUMNS,
+                         meta={"config": str(config), "steps": steps, "quick": args.quick,
+                               "targets": {"bubble_pts": BUBBLE_PTS, "step_pct": STEP_PCT},
+                               **common.machine_note()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

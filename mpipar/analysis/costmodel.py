@@ -1,0 +1,225 @@
+"""Fit the simulator's ``CostModel`` from a dump's unit measurements (never from its step time).
+
+What is fitted from what (medians/means over the measured steps; ``p`` = pipeline coordinate,
+averaged over the dp and tp ranks that share it; tensor-parallel collectives nested in F/B stay
+part of the unit):
+
+- ``per_unit[(p, chunk, op)]``: mean F (+ LOSS on the last chunk), B (+ R, recomputation runs
+  right before it), W durations; a ``BW`` action is recorded as one ``B`` event, so BW = B + R.
+- ``overhead``: per action, the time between the first and last pipeline event of a rank's step
+  not covered by any event (executor dispatch, bookkeeping), divided by its number of actions.
+- ``send_post``: median ``pp.send`` (posting); ``recv_post``: median ``pp.recv`` (posting, done
+  once per receive) plus the lower quartile of ``pp.wait`` (testing a message already there).
+- ``latency``: per pair of neighbouring ranks, the two directions' minimum of receive wait end -
+  send start, averaged (which cancels the ranks' clock offset); the median over pairs.
+- ``dp_reduce[(p, chunk)]``: summed ``dp.*`` durations of the step (posts and waits).
+- ``optimizer[p]``: ``OPT`` minus the collectives nested in it; ``sync``: the collectives nested
+  in ``OPT`` plus the gap between a rank's last pipeline event and its ``OPT`` (less its dp
+  waits there), the minimum over ranks (the last rank to arrive waits least); ``step_pre``: STEP
+  start to the first event; ``step_post``: OPT end to STEP end, minimum over ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import numpy as np
+
+from .dump import Run
+
+PIPE_KINDS = ("F", "B", "W", "R", "LOSS", "pp.send", "pp.recv", "pp.wait")
+UNIT_KINDS = ("F", "B", "W", "R", "LOSS")
+
+
+def _med(values, default=0.0) -> float:
+    return float(np.median(values)) if len(values) else default
+
+
+def _step_events(run: Run, steps) -> dict:
+    """{(world rank, step): events of that step sorted by start}, without STEP markers."""
+    out = {}
+    for r, ev in enumerate(run.events):
+        for s in steps:
+            e = ev[ev["step"] == s]
+            out[(r, s)] = np.sort(e, order="start")
+    return out
+
+
+def _uncovered(starts, ends) -> float:
+    """Time between min(starts) and max(ends) that no interval covers."""
+    if not len(starts):
+        return 0.0
+    order = np.argsort(starts)
+    gap, reach = 0.0, float(starts[order[0]])
+    for i in order:
+        s, e = float(starts[i]), float(ends[i])
+        if s > reach:
+            gap += s - reach
+        reach = max(reach, e)
+    return gap
+
+
+def unit_costs(run: Run, steps) -> dict:
+    """{(p, chunk, op): mean seconds} for ops F, B, BW, W (see the module doc)."""
+    acc = defaultdict(list)
+    for r, ev in enumerate(run.events):
+        p = int(run.coords[r, 1])
+        e = ev[np.isin(ev["step"], steps)]
+        for kind in UNIT_KINDS:
+            sel = e[e["kind"] == kind]
+            for c in np.unique(sel["chunk"]):
+                d = sel[sel["chunk"] == c]
+                acc[(p, int(c), kind)].append(float((d["end"] - d["start"]).mean()))
+    mean = {k: float(np.mean(v)) for k, v in acc.items()}
+    out = {}
+    for (p, c, kind), val in mean.items():
+        if kind == "F":
+            out[(p, c, "F")] = val + mean.get((p, c, "LOSS"), 0.0)
+        elif kind == "B":
+            out[(p, c, "B")] = out[(p, c, "BW")] = val + mean.get((p, c, "R"), 0.0)
+        elif kind == "W":
+            out[(p, c, "W")] = val
+    return out
+
+
+def _rank_step_parts(e: np.ndarray, n_actions: int) -> dict:
+    """Overhead, dp, optimizer and fixed parts of one rank's step (its events, sorted)."""
+    kinds = e["kind"]
+    marker = e[kinds == "STEP"]
+    body = e[kinds != "STEP"]
+    opt = body[body["kind"] == "OPT"]
+    opt_start = float(opt["start"].min()) if opt.size else math.inf
+    before = body[body["start"] < opt_start]
+    pipe = before[np.isin(before["kind"], PIPE_KINDS)]
+    out = {}
+    if pipe.size:
+        inside = before[(before["start"] >= pipe["start"].min())
+                        & (before["end"] <= pipe["end"].max())]
+        out["overhead"] = _uncovered(inside["start"], inside["end"]) / max(n_actions, 1)
+        pipe_end = float(pipe["end"].max())
+    else:
+        pipe_end = math.nan
+    dp = body[np.char.startswith(body["kind"].astype(str), "dp.")]
+    out["dp"] = float((dp["end"] - dp["start"]).sum())
+    out["dp_chunks"] = sorted({int(c) for c in dp["chunk"] if c >= 0})
+    if opt.size:
+        o0, o1 = opt_start, float(opt["end"].max())
+        is_comm = np.char.find(body["kind"].astype(str), ".") >= 0
+        nested = body[(body["start"] >= o0) & (body["end"] <= o1) & is_comm]
+        coll = float((nested["end"] - nested["start"]).sum())
+        out["optimizer"] = (o1 - o0) - coll
+        dp_gap = dp[(dp["start"] >= pipe_end) & (dp["end"] <= o0)] if pipe.size else dp[:0]
+        gap = o0 - pipe_end - float((dp_gap["end"] - dp_gap["start"]).sum())
+        out["sync"] = coll + (max(gap, 0.0) if not math.isnan(gap) else 0.0)
+        if marker.size:
+            out["step_post"] = float(marker["end"].max()) - o1
+    if marker.size and body.size:
+        out["step_pre"] = float(body["start"].min()) - float(marker["start"].min())
+    return out
+
+
+def fit(run: Run, steps, schedule) -> tuple:
+    """(``CostModel``, notes) for ``schedule`` (the run's, as data) from the dump's events."""
+    from mpipar.parallel.pipeline.simulate import CostModel
+
+    by = _step_events(run, steps)
+    n_actions = {p: len(acts) for p, acts in enumerate(schedule.ranks)}
+    parts = defaultdict(list)  # name -> [(world rank, step, value)]
+    for (r, s), e in by.items():
+        p = int(run.coords[r, 1])
+        for name, val in _rank_step_parts(e, n_actions.get(p, 1)).items():
+            parts[name].append((r, s, val))
+    model = CostModel(per_unit=unit_costs(run, steps), unit={})
+    model.overhead = _med([v for _, _, v in parts["overhead"]])
+    ev = np.concatenate(run.events) if run.events else np.empty(0)
+    ev = ev[np.isin(ev["step"], steps)]
+    dur = ev["end"] - ev["start"]
+    model.send_post = _med(dur[ev["kind"] == "pp.send"])
+    waits = dur[ev["kind"] == "pp.wait"]
+    model.recv_post = _med(dur[ev["kind"] == "pp.recv"]) + (
+        float(np.percentile(waits, 25)) if waits.size else 0.0)
+    lat = transfer_times(run, steps)
+    model.latency = _med(lat)
+    sent = ev[ev["kind"] == "pp.send"]
+    model.default_bytes = float(np.median(sent["bytes"])) if sent.size else 0.0
+    model.dp_reduce = _per_pp_chunk(run, parts["dp"], parts["dp_chunks"], schedule)
+    model.optimizer = _per_pp(run, parts["optimizer"])
+    model.sync = _min_over_ranks(parts["sync"])
+    model.step_post = _min_over_ranks(parts["step_post"])
+    model.step_pre = _med([v for _, _, v in parts["step_pre"]])
+    notes = [] if lat or schedule.pp == 1 else [
+        "no messages both ways between two ranks to time: p2p latency 0"]
+    return model, notes
+
+
+def _received(ev: np.ndarray) -> list[tuple]:
+    """(wait end, peer, mb, sender chunk) of the receive waits in one rank's step: a wait whose
+    next compute is F (from chunk c - 1) or B / R (from chunk c + 1) of its (mb, chunk)."""
+    out = []
+    for i in np.flatnonzero(ev["kind"] == "pp.wait"):
+        nxt = ev[i + 1:]
+        nxt = nxt[np.isin(nxt["kind"], ("F", "B", "R", "W"))][:1]
+        if not nxt.size or (nxt["mb"][0], nxt["chunk"][0]) != (ev["mb"][i], ev["chunk"][i]):
+            continue  # a send's completion, or a receive not consumed next
+        step = -1 if nxt["kind"][0] == "F" else 1
+        out.append((float(ev["end"][i]), int(ev["peer"][i]), int(ev["mb"][i]),
+                    int(ev["chunk"][i]) + step))
+    return out
+
+
+def transfer_times(run: Run, steps) -> list[float]:
+    """p2p latency per pair of neighbouring ranks, immune to their clock offset.
+
+    For messages a -> b, min(receive wait end on b - send start on a) is latency + offset(b) -
+    offset(a) when some receive waited for its message (less is impossible); the two directions
+    averaged cancel the offset (ranks take t0 after a barrier, but under load they leave it
+    milliseconds apart)."""
+    sends = {}
+    for r, ev in enumerate(run.events):
+        e = ev[np.isin(ev["step"], steps) & (ev["kind"] == "pp.send")]
+        for x in e:
+            key = (int(x["step"]), r, int(x["peer"]), int(x["mb"]), int(x["chunk"]))
+            sends[key] = float(x["start"])
+    best = {}  # (sender, receiver) -> min(wait end - send start)
+    for r, ev in enumerate(run.events):
+        for s in steps:
+            e = np.sort(ev[ev["step"] == s], order="start")
+            for end, peer, mb, chunk in _received(e):
+                t = sends.get((s, peer, r, mb, chunk))
+                if t is not None:
+                    best[(peer, r)] = min(best.get((peer, r), math.inf), end - t)
+    return [max(0.0, (d + best[(b, a)]) / 2) for (a, b), d in best.items()
+            if a < b and (b, a) in best]
+
+
+def _per_pp(run, rows) -> dict:
+    acc = defaultdict(list)
+    for r, _, v in rows:
+        acc[int(run.coords[r, 1])].append(v)
+    return {p: float(np.mean(v)) for p, v in acc.items()}
+
+
+def _per_pp_chunk(run, rows, chunk_rows, schedule) -> dict:
+    """dp time of each pipeline coordinate, split evenly over the chunks that reduce."""
+    totals = _per_pp(run, rows)
+    chunks = defaultdict(set)
+    for r, _, cs in chunk_rows:
+        chunks[int(run.coords[r, 1])].update(cs)
+    out = {}
+    for p, total in totals.items():
+        if total <= 0:
+            continue
+        # dp events carry no chunk: every chunk this rank holds reduces its share
+        held = sorted(chunks[p]) or sorted({a.chunk for a in schedule.ranks[p]})
+        for c in held:
+            out[(p, c)] = total / len(held)
+    return out
+
+
+def _min_over_ranks(rows) -> float:
+    """Median over steps of the minimum over ranks (the last rank to arrive waits least)."""
+    per_step = defaultdict(list)
+    for _, s, v in rows:
+        per_step[s].append(v)
+    return _med([min(v) for v in per_step.values()])
