@@ -12,7 +12,7 @@ from mpipar.nn.layers import CausalSelfAttention, set_selective_recompute
 
 def _grads(selective, dtype):
     cfg = load_config(None, {"model.n_layer": 2, "model.n_embd": 16, "model.n_head": 4,
-                             "model.block_size": 8, "model.vocab_size": 32,
+                             "model.block_size": 8, "model.vocab_size": 32, "train.seq_len": 8,
                              "train.dtype": dtype})
     model = build_model(cfg.model, Backend("cpu", dtype), seed=3)
     assert set_selective_recompute(model.units, selective) == 2
