@@ -86,12 +86,10 @@ def table() -> dict:
     """The tuned choices ({} when there is none); loaded once per process."""
     global _TABLE
     if _TABLE is None:
-        path = os.environ.get(ENV_TABLE, "").strip()
-        if path:
-            _TABLE = load(path)
-        else:
-            p = default_path()
-            _TABLE = load(p) if p.is_file() else {}
+        # a table not written yet (the path `commbench --tune` is about to write) means the
+        # built-in defaults; one that exists but cannot be read is an error
+        p = Path(os.environ.get(ENV_TABLE, "").strip() or default_path())
+        _TABLE = load(p) if p.is_file() else {}
     return _TABLE
 
 
