@@ -163,13 +163,14 @@ class Embedding2D(Layer):
         self.table.grad += self.tp.dep.allreduce(g, op="sum", inplace=True)
 
 
-class PositionEmbedding2D(Layer):
-    """y = x + P[:s], P (max_len, d) cut by column j (hidden), the same for every batch block."""
+class PositionEmbeddingND(Layer):
+    """y = x + P[:s], P (max_len, d) cut over one grid dim (``cut``); a subclass says how the
+    gradient of a rank's block is summed over the grid dims that share it."""
 
-    def __init__(self, pf: ParamFactory, tp: TP2DContext, name, max_len, d):
+    def __init__(self, pf: ParamFactory, tp, name, max_len, d, cut):
         super().__init__(name)
         self.tp = tp
-        self.pos = pf.make(f"{name}.weight", (max_len, d), "embedding", tp.spec((1, COL)))
+        self.pos = pf.make(f"{name}.weight", (max_len, d), "embedding", tp.spec((1, cut)))
         self.own_params = [self.pos]
 
     def forward(self, x, mb=0):
@@ -185,7 +186,20 @@ class PositionEmbedding2D(Layer):
     def backward_weight(self, mb=0):
         xp = array_module(self.pos.grad)
         dy = self._ctx.pop(mb)
-        _col_sum_into(self.tp, self.pos.grad[:dy.shape[1]], xp.ascontiguousarray(dy.sum(axis=0)))
+        self._accumulate(self.pos.grad[:dy.shape[1]], xp.ascontiguousarray(dy.sum(axis=0)))
+
+    def _accumulate(self, grad, g):
+        raise NotImplementedError
+
+
+class PositionEmbedding2D(PositionEmbeddingND):
+    """P cut by column j (hidden), the same for every batch block: gradients summed over it."""
+
+    def __init__(self, pf: ParamFactory, tp: TP2DContext, name, max_len, d):
+        super().__init__(pf, tp, name, max_len, d, COL)
+
+    def _accumulate(self, grad, g):
+        _col_sum_into(self.tp, grad, g)
 
 
 class CrossEntropy2D(CrossEntropyLoss):

@@ -19,6 +19,7 @@ from ...nn import functional as F
 from ...nn.layers import Layer, ParamFactory
 from ...nn.losses import CrossEntropyLoss
 from .context3d import PARITY, TP3DContext
+from .layers2d import PositionEmbeddingND
 
 
 def _rows(x):
@@ -149,30 +150,14 @@ class Embedding3D(Layer):
         F.embedding_backward_weight(local, dy, self.table.grad)
 
 
-class PositionEmbedding3D(Layer):
+class PositionEmbedding3D(PositionEmbeddingND):
     """y = x + P[:s] on parity 0, P (max_len, d) cut over l; its gradient summed over i, j."""
 
     def __init__(self, pf: ParamFactory, tp: TP3DContext, name, max_len, d):
-        super().__init__(name)
-        self.tp = tp
-        self.pos = pf.make(f"{name}.weight", (max_len, d), "embedding", tp.spec((1, "l")))
-        self.own_params = [self.pos]
+        super().__init__(pf, tp, name, max_len, d, "l")
 
-    def forward(self, x, mb=0):
-        if x.shape[1] > self.pos.shape[0]:
-            raise ValueError(f"sequence of {x.shape[1]} exceeds the context of "
-                             f"{self.pos.shape[0]}: lower seq_len or raise block_size")
-        return x + self.pos.data[:x.shape[1]]
-
-    def backward_input(self, dy, mb=0):
-        self._ctx[mb] = dy
-        return dy
-
-    def backward_weight(self, mb=0):
-        xp = array_module(self.pos.grad)
-        dy = self._ctx.pop(mb)
-        self.pos.grad[:dy.shape[1]] += self.tp.sum_over(xp.ascontiguousarray(dy.sum(axis=0)),
-                                                        "i", "j")
+    def _accumulate(self, grad, g):
+        grad += self.tp.sum_over(g, "i", "j")
 
 
 class CrossEntropy3D(CrossEntropyLoss):
