@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import time
 
 import numpy as np
@@ -296,6 +297,42 @@ def append_dump(
         f.attrs["committed"] = _committed(counts, n_metrics)
         f.flush()
         _set_attrs(f, file_attrs)  # after the rows: `complete` never runs ahead of them
+
+
+def rewind_dump(path, step: int, n_ranks: int) -> bool:
+    """Let a run resumed at ``step`` continue the dump of the run it resumes: keep the committed
+    rows of the steps before ``step`` (a crash may have flushed later ones, which the resumed run
+    does again), mark the file incomplete, and say whether later flushes may append to it.
+    False (the first flush then writes a new file, as before): no dump there, one written
+    before appends existed, or one of another world size. Event times of the resumed part start
+    again from its own clock (docs/dump_schema.md)."""
+    import h5py
+
+    if not os.path.isfile(path):
+        return False
+    try:
+        with h5py.File(path, "r+", locking=False) as f:
+            if "committed" not in f.attrs:
+                return False
+            done = json.loads(f.attrs["committed"])
+            if len(done["events"]) != n_ranks:
+                return False
+            counts = [_rows_before(f[f"ranks/{r}/events"], n, step)
+                      for r, n in enumerate(done["events"])]
+            f.attrs["committed"] = _committed(counts, _rows_before(f["metrics"], done["metrics"],
+                                                                    step))
+            f.attrs["complete"] = False
+    except (OSError, KeyError, ValueError):
+        return False
+    return True
+
+
+def _rows_before(ds, committed: int, step: int) -> int:
+    """How many of the first ``committed`` rows come before the first row of ``step`` or later
+    (rows are in time order; set-up rows carry step -1)."""
+    steps = np.asarray(ds.fields("step")[:committed])
+    later = np.flatnonzero(steps >= step)
+    return int(later[0]) if later.size else int(committed)
 
 
 def _append(ds, committed: int, rows) -> int:

@@ -138,3 +138,13 @@ def test_sigusr1_mid_run_then_resume_auto_is_exact(tokens, tmp_path):
     assert resumed["steps"] == whole["steps"] == 150
     assert resumed["losses"] == whole["losses"][stopped:]  # bitwise, float64
     assert resumed["final_loss"] == whole["final_loss"]
+    # the resumed run continued the dump: every step once, in order, and it still analyses
+    import h5py
+
+    with h5py.File(cut / "trace.h5", "r") as f:
+        done = json.loads(f.attrs["committed"])
+        assert list(f["metrics"]["step"][:done["metrics"]]) == list(range(150))
+        assert bool(f.attrs["complete"])
+    out = subprocess.run([sys.executable, "-m", "mpipar.cli", "analyze", str(cut / "trace.h5")],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]

@@ -15,6 +15,7 @@ from mpipar.trace import (
     Tracer,
     append_dump,
     check_writable,
+    rewind_dump,
     write_dump,
 )
 
@@ -226,6 +227,37 @@ def test_flushes_append_and_the_reader_sees_every_row(tmp_path):
         assert json.loads(f.attrs["committed"]) == {"events": [9, 1], "metrics": 4}
         assert f["ranks/0/events"].maxshape == (None,)
     assert os.listdir(tmp_path) == ["trace.h5"]
+
+
+def _events_of_step(n, step):
+    ev = _events(n, step)
+    ev["step"] = step
+    return ev
+
+
+def test_a_resumed_run_continues_the_dump_from_its_step(tmp_path):
+    """Steps 0-4 flushed, a crash, a resume from the checkpoint of step 3: the rows of steps 3
+    and 4 are dropped (the resumed run redoes them), the rest kept; appends follow them."""
+    path = tmp_path / "trace.h5"
+    write_dump(path, [_events_of_step(2, 0), _events_of_step(1, 0)], ATTRS2, FILE2,
+               metrics=_metrics([0]))
+    for k in range(1, 5):
+        append_dump(path, [_events_of_step(2, k), _events_of_step(1, k)], ATTRS2, FILE2,
+                    metrics=_metrics([k]))
+    assert not rewind_dump(path, 3, 3)  # another world size: the dump is not continued
+    assert not rewind_dump(tmp_path / "none.h5", 3, 2)
+    assert rewind_dump(path, 3, 2)
+    with h5py.File(path, "r") as f:
+        assert json.loads(f.attrs["committed"]) == {"events": [6, 3], "metrics": 3}
+        assert not f.attrs["complete"]
+    for k in range(3, 6):
+        append_dump(path, [_events_of_step(2, k), _events_of_step(1, k)], ATTRS2,
+                    dict(FILE2, complete=k == 5), metrics=_metrics([k]))
+    from mpipar.analysis.dump import load
+
+    run = load(path)
+    assert list(run.metrics["step"]) == [0, 1, 2, 3, 4, 5] and run.complete
+    assert list(run.events[0]["step"]) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
 
 
 def test_a_reader_during_the_run_does_not_block_a_flush(tmp_path):

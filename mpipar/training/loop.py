@@ -8,6 +8,7 @@ records its events; the dump is flushed now and then and written at the end.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from array import array
@@ -16,7 +17,7 @@ from ..backend import Backend
 from ..config import Config
 from ..files import write_json_atomic
 from ..progress import beat, begin_step
-from ..trace import Tracer
+from ..trace import Tracer, rewind_dump
 from .preflight import preflight
 from .signals import StopSignals
 from .trainer import Trainer
@@ -66,6 +67,11 @@ def run(cfg: Config, schedule=None) -> dict:
     grid.world_comm.barrier()
     tracer.reset_clock()
     lead = grid.rank == 0
+    if lead and cfg.run.trace and trainer.step > 0:
+        # a resumed run continues its predecessor's dump (rank 0 alone writes it)
+        dump = cfg.out_dir / "trace.h5"
+        if rewind_dump(dump, trainer.step, grid.world_comm.size):
+            tracer.dumped.add(os.path.abspath(dump))
     if lead:
         out.mkdir(parents=True, exist_ok=True)
         print(f"mpipar: {cfg.model.kind} with {trainer.model.n_params_full:,} parameters on "
