@@ -49,14 +49,7 @@ def configurations(quick: bool):
 def main(argv=None) -> int:
     args = common.parser(NAME, __doc__).parse_args(argv)
     out = common.out_dir(args, NAME)
-    config = common.CONFIGS / "exp_bubble.toml"
-    steps = args.steps or (2 if args.quick else 4)
-    base = {"train.steps": steps}
-    n_layer = 8
-    if args.quick:
-        n_layer = 4
-        base.update({"model.n_layer": 4, "model.n_embd": 32, "model.n_head": 2,
-                     "train.seq_len": 16, "train.batch_size": 8})
+    config, base, n_layer = common.bubble_model(args, 2, 4)
 
     from mpipar.analysis import breakdown
 
@@ -84,7 +77,7 @@ def main(argv=None) -> int:
             "sim_peak_activations": s["sim_peak_activations"],
         })
     common.write_results(out, "bubble fraction (measured = pipeline window; step = whole step)",
-                         rows, COLUMNS, meta={"config": str(config), "steps": steps,
+                         rows, COLUMNS, meta={"config": str(config), "steps": base["train.steps"],
                                               "quick": args.quick, **common.machine_note()})
     plot(rows, out / f"{NAME}.png")
     print(f"wrote {out / (NAME + '.png')}")

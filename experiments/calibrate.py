@@ -71,14 +71,7 @@ def row(path, dp, pp, tp, sched, v, m) -> dict:
 def main(argv=None) -> int:
     args = common.parser(NAME, __doc__).parse_args(argv)
     out = common.out_dir(args, NAME)
-    config = common.CONFIGS / "exp_bubble.toml"
-    steps = args.steps or (3 if args.quick else 6)
-    base = {"train.steps": steps}
-    n_layer = 8
-    if args.quick:
-        n_layer = 4
-        base.update({"model.n_layer": 4, "model.n_embd": 32, "model.n_head": 2,
-                     "train.seq_len": 16, "train.batch_size": 8})
+    config, base, n_layer = common.bubble_model(args, 3, 6)
     rows = []
     for dp, pp, tp, sched, v, m in configurations(args.quick):
         run_dir = out / f"dp{dp}_pp{pp}_tp{tp}_{sched}_m{m}"
@@ -95,7 +88,8 @@ def main(argv=None) -> int:
     ok = sum(1 for r in rows if r.get("ok"))
     common.write_results(out, f"calibrated cost model: predicted vs measured ({ok}/{len(rows)} "
                          f"within {BUBBLE_PTS} points and {STEP_PCT:.0f} %)", rows, COLUMNS,
-                         meta={"config": str(config), "steps": steps, "quick": args.quick,
+                         meta={"config": str(config), "steps": base["train.steps"],
+                               "quick": args.quick,
                                "targets": {"bubble_pts": BUBBLE_PTS, "step_pct": STEP_PCT},
                                **common.machine_note()})
     return 0

@@ -208,3 +208,15 @@ def machine_note() -> dict:
         load = None
     return {"cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)),
             "loadavg_at_end": load, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def bubble_model(args, quick_steps: int, steps: int):
+    """The model the bubble experiments (bubble.py, calibrate.py) train: exp_bubble.toml with 8
+    blocks, or 4 small ones with --quick. Returns (config path, base overrides, n_layer)."""
+    base = {"train.steps": args.steps or (quick_steps if args.quick else steps)}
+    n_layer = 8
+    if args.quick:
+        n_layer = 4
+        base.update({"model.n_layer": 4, "model.n_embd": 32, "model.n_head": 2,
+                     "train.seq_len": 16, "train.batch_size": 8})
+    return CONFIGS / "exp_bubble.toml", base, n_layer
