@@ -98,7 +98,7 @@ class PipelineExecutor:
         self.pp, self.pp_rank, self.comm = schedule.pp, pp_rank, comm
         self.n_chunks = schedule.n_chunks
         self.last = self.n_chunks - 1
-        self.actions = schedule.ranks[pp_rank]
+        self.actions = sends_first(schedule.ranks[pp_rank])
         # recompute: False, True / "full" (whole chunks) or "selective" (attention cores only)
         self.tracer, self.backend = tracer, backend
         self.recompute = recompute is True or recompute == "full"
@@ -325,4 +325,28 @@ def build_chunks(model, bounds: dict, pp_rank: int, pp: int, rank_of=None) -> di
     for c, (lo, hi) in sorted(bounds.items()):
         if (rank_of(c) if rank_of is not None else c % pp) == pp_rank:
             out[c] = Chunk(c, model.units[lo:hi], lo)
+    return out
+
+
+_COMM_OPS = frozenset(("SEND_F", "SEND_B", "RECV_F", "RECV_B"))
+
+
+def sends_first(actions: list) -> list:
+    """The rank's actions with, in every run of sends and receives between two computes, the
+    sends first (stable). A send there carries data an earlier compute made, and sends are
+    non-blocking with receives posted ahead, so this cannot deadlock; it stops a rank from
+    waiting for its next input before handing a peer the output that peer waits for (the last
+    1F1B stage waited for F(mb+1)'s activation before sending B(mb)'s gradient, which held the
+    previous stage up once per micro-batch). The schedule's data is unchanged; only the order in
+    which this rank posts its messages."""
+    out, run = [], []
+    for a in actions + [None]:
+        if a is not None and a.op in _COMM_OPS:
+            run.append(a)
+            continue
+        out += [x for x in run if x.op.startswith("SEND")]
+        out += [x for x in run if x.op.startswith("RECV")]
+        run = []
+        if a is not None:
+            out.append(a)
     return out
