@@ -75,3 +75,9 @@ def python_script(n, path, *args, timeout=120, env=None, cwd=None, check=False):
     return run_mpi(
         n, [sys.executable, str(path), *args], timeout=timeout, env=env, cwd=cwd, check=check
     )
+
+
+# the 4-block GPT of the training tests (mpipar train flags)
+SMALL_GPT = ["--set", "model.n_layer=4", "--set", "model.n_embd=16", "--set", "model.n_head=4",
+             "--set", "model.block_size=16", "--seq-len", "16", "--batch-size", "8",
+             "--set", "train.eval_interval=0", "--quiet"]

@@ -13,22 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-from mpi_util import MPI_DIR, ONE_THREAD, REPO, run_mpi
-
-from mpipar.datasets import prepare_synthetic
+from mpi_util import MPI_DIR, ONE_THREAD, REPO, SMALL_GPT, run_mpi
 
 # a job must end within 10 s of the fault on a quiet machine; the margin is for a loaded one
 MAX_SECONDS = 30
-TINY = ["--set", "model.n_layer=4", "--set", "model.n_embd=16", "--set", "model.n_head=4",
-        "--set", "model.block_size=16", "--seq-len", "16", "--batch-size", "8",
-        "--set", "train.eval_interval=0", "--quiet"]
-
-
-@pytest.fixture(scope="module")
-def tokens(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "pattern.h5"
-    prepare_synthetic(path, "pattern", 20000, 256, seed=1)
-    return str(path)
+TINY = SMALL_GPT
 
 
 def train_args(tokens, out, *extra):

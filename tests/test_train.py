@@ -12,22 +12,12 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from mpi_util import ONE_THREAD, REPO, run_mpi
+from mpi_util import ONE_THREAD, REPO, SMALL_GPT, run_mpi
 
 from mpipar.config import ConfigError, load_config
-from mpipar.datasets import prepare_synthetic
 from mpipar.training import check_model, preflight
 
-SMALL = ["--set", "model.n_layer=4", "--set", "model.n_embd=16", "--set", "model.n_head=4",
-         "--set", "model.block_size=16", "--seq-len", "16", "--batch-size", "8",
-         "--set", "train.eval_interval=0", "--quiet"]
-
-
-@pytest.fixture(scope="module")
-def tokens(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "pattern.h5"
-    prepare_synthetic(path, "pattern", 20000, 256, seed=1)
-    return str(path)
+SMALL = SMALL_GPT
 
 
 def train_args(tokens, out, *extra):

@@ -68,27 +68,32 @@ class Linear2D(Layer):
             _col_sum_into(self.tp, self.b.grad.reshape(-1), dy2.sum(axis=0))
 
 
-class LayerNorm2D(Layer):
-    """LayerNorm over a hidden axis cut into q column blocks: the row's ranks together hold a
-    token's whole hidden vector, so the mean and the variance (two passes, as on one rank) and
-    the backward's two means are sums all-reduced over the row."""
+class LayerNormND(Layer):
+    """LayerNorm over a hidden axis cut over one grid dim (``cut``): the ranks along it together
+    hold a token's whole hidden vector, so the mean and the variance (two passes, as on one
+    rank) and the backward's two means are sums all-reduced along it. A subclass says which
+    communicator that is (``_mean``) and over which dims the parameter gradients are summed
+    (``_sum_grads``)."""
 
-    def __init__(self, pf: ParamFactory, tp: TP2DContext, name, d, eps=1e-5):
+    def __init__(self, pf: ParamFactory, tp, name, d, eps, cut):
         super().__init__(name)
         self.tp, self.d, self.eps = tp, d, eps
-        spec = tp.spec((0, COL))
+        spec = tp.spec((0, cut))
         self.g = pf.make(f"{name}.weight", (d,), "norm", spec, init="ones")
         self.b = pf.make(f"{name}.bias", (d,), "norm", spec, init="zeros")
         self.own_params = [self.g, self.b]
 
-    def _row_mean(self, s):
-        return self.tp.row.allreduce(s, op="sum", inplace=True) / self.d
+    def _mean(self, s):
+        raise NotImplementedError
+
+    def _sum_grads(self, both):
+        raise NotImplementedError
 
     def forward(self, x, mb=0):
         xp = array_module(x)
         x2 = _rows(x)
-        xc = x2 - self._row_mean(xp.ascontiguousarray(x2.sum(axis=1)))[:, None]
-        var = self._row_mean(xp.ascontiguousarray((xc * xc).sum(axis=1)))
+        xc = x2 - self._mean(xp.ascontiguousarray(x2.sum(axis=1)))[:, None]
+        var = self._mean(xp.ascontiguousarray((xc * xc).sum(axis=1)))
         rstd = 1.0 / xp.sqrt(var + self.eps)
         xhat = xc * rstd[:, None]
         self._ctx[mb] = [xhat, rstd, None]
@@ -101,7 +106,7 @@ class LayerNorm2D(Layer):
         xhat, rstd = ctx[0], ctx[1]
         g = _rows(dy) * self.g.data
         # both means in one message: (2, tokens)
-        m = self._row_mean(xp.stack([g.sum(axis=1), (g * xhat).sum(axis=1)]))
+        m = self._mean(xp.stack([g.sum(axis=1), (g * xhat).sum(axis=1)]))
         dx = rstd[:, None] * (g - m[0][:, None] - xhat * m[1][:, None])
         return dx.reshape(dy.shape)
 
@@ -109,10 +114,23 @@ class LayerNorm2D(Layer):
         xp = array_module(self.g.grad)
         xhat, _, dy = self._ctx.pop(mb)
         dy2 = _rows(dy)
-        both = xp.stack([(dy2 * xhat).sum(axis=0), dy2.sum(axis=0)])  # one message
-        both = self.tp.sum_replicas(both)
+        both = self._sum_grads(xp.stack([(dy2 * xhat).sum(axis=0), dy2.sum(axis=0)]))
         self.g.grad += both[0]
         self.b.grad += both[1]
+
+
+class LayerNorm2D(LayerNormND):
+    """Hidden cut into q column blocks: moments all-reduced over the row; gradients summed
+    over the replicas (the rows, and depth in 2.5D)."""
+
+    def __init__(self, pf: ParamFactory, tp: TP2DContext, name, d, eps=1e-5):
+        super().__init__(pf, tp, name, d, eps, COL)
+
+    def _mean(self, s):
+        return self.tp.row.allreduce(s, op="sum", inplace=True) / self.d
+
+    def _sum_grads(self, both):
+        return self.tp.sum_replicas(both)
 
 
 class Embedding2D(Layer):

@@ -19,7 +19,7 @@ from ...nn import functional as F
 from ...nn.layers import Layer, ParamFactory
 from ...nn.losses import CrossEntropyLoss
 from .context3d import PARITY, TP3DContext
-from .layers2d import PositionEmbeddingND
+from .layers2d import LayerNormND, PositionEmbeddingND
 
 
 def _rows(x):
@@ -71,47 +71,18 @@ class Linear3D(Layer):
             self.b.grad.reshape(-1)[...] += self.tp.sum_over(dyg2.sum(axis=0), "i")
 
 
-class LayerNorm3D(Layer):
+class LayerNorm3D(LayerNormND):
     """LayerNorm of parity-0 activations (hidden cut over l): moments all-reduced over l."""
 
     def __init__(self, pf: ParamFactory, tp: TP3DContext, name, d, eps=1e-5):
-        super().__init__(name)
-        self.tp, self.d, self.eps = tp, d, eps
         self.hid, self.piece = PARITY[0]
-        spec = tp.spec((0, self.hid))
-        self.g = pf.make(f"{name}.weight", (d,), "norm", spec, init="ones")
-        self.b = pf.make(f"{name}.bias", (d,), "norm", spec, init="zeros")
-        self.own_params = [self.g, self.b]
+        super().__init__(pf, tp, name, d, eps, self.hid)
 
     def _mean(self, s):
         return self.tp.along(self.hid).allreduce(s, op="sum", inplace=True) / self.d
 
-    def forward(self, x, mb=0):
-        xp = array_module(x)
-        x2 = _rows(x)
-        xc = x2 - self._mean(xp.ascontiguousarray(x2.sum(axis=1)))[:, None]
-        rstd = 1.0 / xp.sqrt(self._mean(xp.ascontiguousarray((xc * xc).sum(axis=1))) + self.eps)
-        xhat = xc * rstd[:, None]
-        self._ctx[mb] = [xhat, rstd, None]
-        return (xhat * self.g.data + self.b.data).reshape(x.shape)
-
-    def backward_input(self, dy, mb=0):
-        xp = array_module(dy)
-        ctx = self._ctx[mb]
-        ctx[2] = dy
-        xhat, rstd = ctx[0], ctx[1]
-        g = _rows(dy) * self.g.data
-        m = self._mean(xp.stack([g.sum(axis=1), (g * xhat).sum(axis=1)]))
-        return (rstd[:, None] * (g - m[0][:, None] - xhat * m[1][:, None])).reshape(dy.shape)
-
-    def backward_weight(self, mb=0):
-        xp = array_module(self.g.grad)
-        xhat, _, dy = self._ctx.pop(mb)
-        dy2 = _rows(dy)
-        both = self.tp.sum_over(xp.stack([(dy2 * xhat).sum(axis=0), dy2.sum(axis=0)]),
-                                "i", self.piece)
-        self.g.grad += both[0]
-        self.b.grad += both[1]
+    def _sum_grads(self, both):
+        return self.tp.sum_over(both, "i", self.piece)
 
 
 class Embedding3D(Layer):
