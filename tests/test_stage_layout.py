@@ -47,8 +47,10 @@ def test_preflight_checks_the_layout():
 
 @pytest.mark.mpi
 def test_a_heavy_last_stage_trains_and_its_dump_suggests_a_layout(tmp_path):
-    """A 2-rank run with a heavy last stage (1 block against 3 plus the head) writes a dump;
-    the per-unit costs measured from it cut the model into a balanced layout string."""
+    """A 2-rank run with a heavy last stage (1 block against 7 plus the head) writes a dump;
+    the per-unit costs measured from it cut the model into a balanced layout string. The
+    imbalance is 7:1 and the model wide enough that compute, not per-call overhead, dominates,
+    so the comparison holds on a loaded machine (1 against 3 at n_embd=32 flipped once in CI)."""
     import sys
 
     from mpi_util import run_mpi
@@ -61,8 +63,8 @@ def test_a_heavy_last_stage_trains_and_its_dump_suggests_a_layout(tmp_path):
     prepare_synthetic(data, "pattern", 5000, 256, seed=1)
     out = tmp_path / "run"
     res = run_mpi(2, [sys.executable, "-m", "mpipar.cli", "train", "--data", data, "--out", out,
-                      "--pp", "2", "--microbatches", "2", "--steps", "3", "--layout", "Et|t*3L",
-                      "--set", "model.n_layer=4", "--set", "model.n_embd=32", "--set",
+                      "--pp", "2", "--microbatches", "2", "--steps", "4", "--layout", "Et|t*7L",
+                      "--set", "model.n_layer=8", "--set", "model.n_embd=64", "--set",
                       "model.n_head=4", "--set", "model.block_size=16", "--seq-len", "16",
                       "--batch-size", "8", "--set", "train.eval_interval=0", "--quiet"],
                   timeout=180)
@@ -71,8 +73,8 @@ def test_a_heavy_last_stage_trains_and_its_dump_suggests_a_layout(tmp_path):
     times = chunk_times(run)
     assert set(times) == {0, 1} and times[1] > times[0] > 0  # the heavy stage takes longer
     costs, symbols = unit_costs(run)
-    assert symbols == ["E", "t", "t", "t", "t", "L"] and all(c > 0 for c in costs)
+    assert symbols == ["E"] + ["t"] * 8 + ["L"] and all(c > 0 for c in costs)
     text = suggest_layout(run, 2)
-    assert layout_bounds(text, 4, 2)  # a valid layout of the same model
-    assert text != "Et|t*3L"  # the measured cut moves blocks off the heavy stage
-    assert layout_string(symbols, {0: (0, 2), 1: (2, 6)}) == "Et|t*3L"
+    assert layout_bounds(text, 8, 2)  # a valid layout of the same model
+    assert text != "Et|t*7L"  # the measured cut moves blocks off the heavy stage
+    assert layout_string(symbols, {0: (0, 2), 1: (2, 10)}) == "Et|t*7L"
