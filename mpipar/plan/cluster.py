@@ -6,6 +6,7 @@ from. A spec is a property of the hardware only: nothing in it depends on a mode
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -40,11 +41,20 @@ class Cluster:
     gemm_max_efficiency: float
     gemm_half_dim: float  # smallest GEMM dimension at which half of max_efficiency is reached
     workspace: float  # bytes per GPU reserved (CUDA context, NCCL buffers, fragmentation)
+    sms: int = 108  # streaming multiprocessors: one output tile each per wave
+    tile: tuple[int, int] = (256, 128)  # a large GEMM's output tile (rows, columns)
 
     def gemm_efficiency(self, smallest_dim: float) -> float:
         """Achievable fraction of peak for a GEMM whose smallest dimension per GPU is given:
         rises with the size and saturates (tile quantisation and launch overheads shrink)."""
         return self.gemm_max_efficiency * smallest_dim / (smallest_dim + self.gemm_half_dim)
+
+    def wave_efficiency(self, rows: float, cols: float, batch: float = 1) -> float:
+        """Fraction of the last wave's SMs that have work: a GEMM with an M x N output (times
+        ``batch``) runs ceil(M/tm) ceil(N/tn) tiles in waves of ``sms``; a partial last wave
+        costs a whole one (NVIDIA's "wave quantization"). No fitted number: SM count and tile."""
+        tiles = batch * math.ceil(rows / self.tile[0]) * math.ceil(cols / self.tile[1])
+        return tiles / (self.sms * math.ceil(tiles / self.sms))
 
     def hbm_time(self, nbytes: float) -> float:
         return nbytes / (self.hbm_bandwidth * self.hbm_efficiency)
@@ -107,6 +117,8 @@ def load_cluster(spec: str) -> Cluster:
         gemm_max_efficiency=_get(data, "gemm.max_efficiency", where),
         gemm_half_dim=_get(data, "gemm.half_dim", where),
         workspace=_get(data, "workspace_gb", where) * 1e9,
+        sms=int(_get(data, "gemm.sms", where)),
+        tile=(int(_get(data, "gemm.tile_rows", where)), int(_get(data, "gemm.tile_cols", where))),
     )
 
 

@@ -24,17 +24,27 @@ class LayerCost:
 
 def gemm_times(m: GPTShape, c: Cluster, peak: float, b: int, t: int) -> dict[str, float]:
     """Forward time of each GEMM of a layer: FLOPs / t over the peak times the achievable
-    efficiency at that GEMM's smallest dimension on one GPU (Megatron splits columns then rows)."""
+    efficiency at that GEMM's smallest dimension on one GPU (Megatron splits columns then rows),
+    times the wave quantization of its output (``Cluster.wave_efficiency``: M x N tiles on the
+    SMs). The backward's GEMMs (same FLOPs, transposed outputs) are costed at the forward's."""
     s, h, a = m.seq, m.hidden, m.heads
     flops = layer_gemm_flops(m, b)
+    rows, heads = b * s, b * a // t
     smallest = {
-        "qkv": min(b * s, 3 * h // t, h),
+        "qkv": min(rows, 3 * h // t, h),
         "scores": min(s, h // a),  # batched over b*a/t heads: s x s x (h/a)
         "values": min(s, h // a),  # s x (h/a) x s
-        "proj": min(b * s, h, h // t),
-        "mlp": min(b * s, h, 4 * h // t),  # h->4h/t and 4h/t->h: the same smallest side
+        "proj": min(rows, h, h // t),
+        "mlp": min(rows, h, 4 * h // t),  # h->4h/t and 4h/t->h: the same smallest side
     }
-    return {k: flops[k] / t / (peak * c.gemm_efficiency(smallest[k])) for k in flops}
+    waves = {
+        "qkv": c.wave_efficiency(rows, 3 * h // t),
+        "scores": c.wave_efficiency(s, s, heads),
+        "values": c.wave_efficiency(s, h // a, heads),
+        "proj": c.wave_efficiency(rows, h),  # row-parallel: the full h columns out
+        "mlp": (c.wave_efficiency(rows, 4 * h // t) + c.wave_efficiency(rows, h)) / 2,
+    }
+    return {k: flops[k] / t / (peak * c.gemm_efficiency(smallest[k]) * waves[k]) for k in flops}
 
 
 def elementwise_bytes(m: GPTShape, b: int, t: int, sp: bool, e: int) -> tuple[float, float]:
@@ -54,10 +64,13 @@ def elementwise_bytes(m: GPTShape, b: int, t: int, sp: bool, e: int) -> tuple[fl
 
 
 def allreduce_time(c: Cluster, nbytes: float, t: int) -> float:
-    """Ring all-reduce over t GPUs of one node (also = reduce-scatter + all-gather with SP)."""
+    """Ring all-reduce over t GPUs (also = reduce-scatter + all-gather with SP): within a node
+    over NVLink; a group wider than a node (SC'21 Figures 13 and 15 ran tp 16 and 32) rings
+    through each GPU's own NIC, the slowest link on the ring."""
     if t == 1:
         return 0.0
-    return c.intra.latency + 2 * (t - 1) / t * nbytes / (c.intra.bandwidth * c.intra.efficiency)
+    link = c.intra if t <= c.gpus_per_node else c.inter
+    return link.latency + 2 * (t - 1) / t * nbytes / (link.bandwidth * link.efficiency)
 
 
 def layer_cost(m: GPTShape, c: Cluster, peak: float, b: int, t: int, recompute: str, sp: bool,

@@ -39,6 +39,9 @@ class Config:
     # DP gradient reduction overlapping the backward (mpipar's buckets, Megatron-Core's
     # --overlap-grad-reduce); Megatron-LM 2021-22 reduced after the pipeline flush: False.
     dp_overlap: bool = True
+    # Megatron's scatter/gather of inter-stage tensors over the TP ranks (SC'21 section 4.1);
+    # off only to reproduce the paper's Figure 18 (--no-scatter-gather-tensors-in-pipeline).
+    scatter_gather: bool = True
 
 
 def executed_flops(m: GPTShape, batch: int, recompute: str) -> float:
@@ -60,6 +63,8 @@ def _p2p_time(c: Cluster, m: GPTShape, cfg: Config, e: int, crosses: bool) -> fl
     nbytes = cfg.microbatch_size * m.seq * m.hidden * e
     t = cfg.tp
     link = c.inter if crosses else c.intra
+    if not cfg.scatter_gather:  # every TP rank sends the whole (replicated) tensor over its link
+        return link.time(nbytes)
     time = link.time(nbytes / t)
     if t > 1:
         time += c.intra.time((t - 1) / t * nbytes)
