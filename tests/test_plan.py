@@ -4,12 +4,14 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from mpipar.plan import GPTShape, describe, korthikanti, load_cluster, load_model, parse_fix, plan
 from mpipar.plan.costs import STATE_BYTES, state_bytes
 from mpipar.plan.evaluate import executed_flops
+from mpipar.plan.figures import load_checks, run_check
 from mpipar.plan.fit import GRID_EFF, GRID_HALF, fit, leave_one_out, log_errors
 from mpipar.plan.model import layer_gemm_flops, megatron_sc21_flops, model_flops_per_step
 from mpipar.plan.pipeline import closed_form, in_flight, run_simulation
@@ -69,9 +71,10 @@ def test_sc21_table1_within_15_percent(row):
 # the paper's by more than four places, and what its faster layout does differently (checked):
 # the weak-scaling series raised tp with the model to keep the study regular; at full
 # recomputation these models fit with less tensor parallelism, which saves the per-layer
-# all-reduces (experiments/README.md, section 6).
-JUSTIFIED = {3.6: "less tp", 7.5: "less tp", 18.4: "less tp", 39.1: "less tp", 145.6: "less tp",
-             310.1: "fewer stages"}
+# all-reduces (experiments/README.md, SC'21 section); 310.1B: the paper's own dp x pp x tp, with
+# a larger micro-batch (fuller last waves of the GEMMs) and more chunks per rank.
+JUSTIFIED = {7.5: "less tp", 18.4: "less tp", 39.1: "less tp", 145.6: "less tp",
+             310.1: "same layout"}
 
 
 @pytest.mark.parametrize("row", table1(), ids=lambda r: f"{r['params_b']}B")
@@ -90,7 +93,34 @@ def test_paper_configuration_ranks_in_top_five_or_justified(row):
     if JUSTIFIED[row["params_b"]] == "less tp":
         assert best["tp"] < row["tp"], describe(best)
     else:
-        assert best["tp"] == row["tp"] and best["pp"] < row["pp"], describe(best)
+        assert (best["tp"], best["pp"], best["dp"]) == (row["tp"], row["pp"], fix["dp"])
+
+
+FIGURES = Path(__file__).resolve().parents[1] / "experiments" / "data" / "sc21_figures.toml"
+# Claims of SC'21's text the model still misses (strict: a fix that makes one hold must move it
+# out of here). Fig. 12 without scatter/gather: the model keeps interleaving 2.8% ahead of 1F1B at
+# batch 60, i.e. it prices cross-node p2p too cheaply (an inter-node efficiency of ~0.6 instead of
+# 0.8 would make both this and Fig. 18's <= 11% hold). Fig. 17: 145B without recomputation is
+# predicted at 69 GiB for 16 micro-batches in flight, under 80 GB by 5 GiB; the paper ran out.
+KNOWN_MISSES = {"without scatter/gather, 1F1B beats interleaved at larger batch sizes (batch 60)",
+                "145B, (8,16): without recomputation large batches do not fit (best with it is "
+                "up to 2x)"}
+
+
+@pytest.mark.parametrize("check", load_checks(FIGURES), ids=lambda ch: f"fig{ch['figure']}")
+def test_sc21_figure_claims(check):
+    ok, shown = run_check(check, load_cluster("dgx-a100-80gb"))
+    if check["claim"] in KNOWN_MISSES:
+        assert not ok, f"now holds, move it out of KNOWN_MISSES: {check['claim']} ({shown})"
+    else:
+        assert ok, f"{check['claim']}: model {shown}"
+
+
+def test_wave_quantization_by_hand():
+    c = load_cluster("dgx-a100-80gb")  # 108 SMs, 256 x 128 tiles
+    assert c.wave_efficiency(2048, 5760) == pytest.approx(360 / 432)  # 8 x 45 tiles, 4 waves
+    assert c.wave_efficiency(4096, 5760) == pytest.approx(720 / 756)
+    assert c.wave_efficiency(256, 128, batch=108) == 1.0
 
 
 @pytest.fixture(scope="module")
