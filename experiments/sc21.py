@@ -101,7 +101,7 @@ def rank(cluster, row) -> tuple[int | None, dict, dict]:
     2021 feature set), and the best row of the unrestricted search."""
     m = shape(row)
     fix = paper_fix(row)
-    same = {k: fix[k] for k in ("recompute", "sp", "zero1", "dp_overlap")}
+    same = {k: fix[k] for k in ("recompute", "sp", "zero1", "dp_overlap", "placement")}
     rows = plan(m, cluster, row["gpus"], row["batch"], DTYPE, fixed=same, top=None)
     keys = ("dp", "pp", "tp", "schedule", "v", "microbatch_size")
     pos = next((i + 1 for i, r in enumerate(rows) if all(r[k] == fix[k] for k in keys)), None)

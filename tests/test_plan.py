@@ -81,7 +81,7 @@ JUSTIFIED = {7.5: "less tp", 18.4: "less tp", 39.1: "less tp", 145.6: "less tp",
 def test_paper_configuration_ranks_in_top_five_or_justified(row):
     c = load_cluster("dgx-a100-80gb")
     fix = paper_fix(row)
-    same = {k: fix[k] for k in ("recompute", "sp", "zero1", "dp_overlap")}
+    same = {k: fix[k] for k in ("recompute", "sp", "zero1", "dp_overlap", "placement")}
     rows = plan(shape(row), c, row["gpus"], row["batch"], DTYPE, fixed=same, top=None)
     keys = ("dp", "pp", "tp", "schedule", "v", "microbatch_size")
     pos = next(i for i, r in enumerate(rows) if all(r[k] == fix[k] for k in keys)) + 1
@@ -248,3 +248,23 @@ def test_1t_on_3072_gpus_is_fast():
     print(f"mpipar plan, 1T model on 3072 GPUs, full search: {seconds:.1f} s (machine under load)")
     assert r.returncode == 0, r.stderr
     assert seconds < 120
+
+
+def test_placement_megatron_vs_mpipar():
+    """Megatron-LM's rank order (tp, dp, pp) puts a tp 2, pp 4 pipeline's stages 64 ranks apart
+    (every boundary across nodes) and its DP groups 4 to a node; mpipar's (tp, pp, dp) keeps the
+    pipeline in one node and spreads each DP group one to a node."""
+    from mpipar.plan import Config, evaluate
+
+    c = load_cluster("dgx-a100-80gb")
+    m = load_model("gpt-18b")
+    base = dict(dp=32, pp=4, tp=2, schedule="1f1b", v=1, microbatch_size=2, recompute="full",
+                sp=False, zero1=False, dp_overlap=False)
+    ours, meg = Config(**base), Config(**base, placement="tp-dp-pp")
+    assert ours.strides() == (2, 8) and meg.strides() == (64, 2)
+    a, b = (evaluate(m, c, c.peak["fp16"], "fp16", 1024, x) for x in (ours, meg))
+    assert b["p2p_s"] > a["p2p_s"] and b["dp_allreduce_s"] < a["dp_allreduce_s"]
+    assert b["placement"] == "tp-dp-pp"
+    assert parse_fix("placement=tp-dp-pp") == {"placement": "tp-dp-pp"}
+    with pytest.raises(Exception, match="placement"):
+        parse_fix("placement=pp-tp-dp")

@@ -28,7 +28,8 @@ def add_arguments(p) -> None:
     p.add_argument("--global-batch", type=int, required=True, help="sequences per step")
     p.add_argument("--dtype", default="bf16", help="bf16 (default, mixed precision), fp16, fp32")
     p.add_argument("--fix", help="fix some of dp,pp,tp,schedule,microbatch_size,recompute,v,sp,"
-                   "zero1,dp_overlap (e.g. dp=8,pp=4,tp=8); the rest is searched")
+                   "zero1,dp_overlap,placement (e.g. dp=8,pp=4,tp=8; placement=tp-dp-pp is "
+                   "Megatron-LM's rank order); the rest is searched")
     p.add_argument("--top", type=int, default=10, help="rows to print (default 10)")
     p.add_argument("--format", choices=("text", "json"), default="text")
 

@@ -1,8 +1,12 @@
 """One configuration's predicted step: pipeline of stage costs, DP all-reduce, optimizer, memory.
 
-Placement: tensor-parallel ranks innermost (within a node), then pipeline stages, then data-
-parallel replicas, so a stage boundary crosses nodes only where a node is full, and a DP group
-has ``gpus_per_node // (tp*pp)`` members per node (at least 1) sharing that node's NICs.
+Placement (``Config.placement``), tensor-parallel ranks always innermost (within a node):
+``tp-pp-dp`` (mpipar's default here) puts pipeline stages next, so a stage boundary crosses nodes
+only where a node is full, and a DP group has ``gpus_per_node // (tp*pp)`` members per node (at
+least 1) sharing that node's NICs; ``tp-dp-pp`` is Megatron-LM's (``initialize_model_parallel``:
+the DP groups inside a block of world/pp consecutive ranks, pipeline groups strided by world/pp),
+so stages sit ``tp*dp`` ranks apart and cross nodes once ``tp*dp`` fills one, while a DP group has
+``gpus_per_node // tp`` members per node.
 """
 
 from __future__ import annotations
@@ -42,6 +46,13 @@ class Config:
     # Megatron's scatter/gather of inter-stage tensors over the TP ranks (SC'21 section 4.1);
     # off only to reproduce the paper's Figure 18 (--no-scatter-gather-tensors-in-pipeline).
     scatter_gather: bool = True
+    placement: str = "tp-pp-dp"  # or "tp-dp-pp", Megatron-LM's rank order (module docstring)
+
+    def strides(self) -> tuple[int, int]:
+        """(ranks between neighbouring pipeline stages, ranks between DP group members)."""
+        if self.placement == "tp-dp-pp":
+            return self.tp * self.dp, self.tp
+        return self.tp, self.tp * self.pp
 
 
 def executed_flops(m: GPTShape, batch: int, recompute: str) -> float:
@@ -77,7 +88,7 @@ def _stage_costs(m: GPTShape, c: Cluster, peak: float, cfg: Config, dtype: str):
     lc = layer_cost(m, c, peak, b, t, cfg.recompute, cfg.sp, dtype)
     (head_f, head_b), (emb_f, emb_b) = head_costs(m, c, peak, b, t, dtype)
     per_rank = m.layers // p
-    per_node = max(1, c.gpus_per_node // t)  # stages per node
+    per_node = max(1, c.gpus_per_node // cfg.strides()[0])  # stages per node
     e = DTYPES[dtype]
     stages, p2p_total = [], 0.0
     for r in range(p):
@@ -97,7 +108,7 @@ def _dp_time(c: Cluster, cfg: Config, nbytes: float) -> float:
     d = cfg.dp
     if d == 1:
         return 0.0
-    stride = cfg.tp * cfg.pp
+    stride = cfg.strides()[1]
     if d * stride <= c.gpus_per_node:
         bw, lat = c.intra.bandwidth * c.intra.efficiency, c.intra.latency
     else:  # members of the group on one node share its NICs (one per GPU)
@@ -155,6 +166,7 @@ def evaluate(m: GPTShape, c: Cluster, peak: float, dtype: str, global_batch: int
         "dp": cfg.dp, "pp": cfg.pp, "tp": cfg.tp, "schedule": cfg.schedule, "v": cfg.v,
         "microbatch_size": cfg.microbatch_size, "microbatches": micro,
         "recompute": cfg.recompute, "sp": cfg.sp, "zero1": cfg.zero1, "dp_overlap": cfg.dp_overlap,
+        "placement": cfg.placement,
         "step_time_s": step,
         "tflops_per_gpu": hw / step / gpus / 1e12,
         "model_tflops_per_gpu": model / step / gpus / 1e12,

@@ -4,7 +4,8 @@ states; data: ``experiments/data/sc21_figures.toml``, which says where each come
 A configuration is written ``tp=8,pp=8,mbs=2,schedule=interleaved,v=4,recompute=none,
 scatter_gather=0``; dp is what is left of the GPUs. Unless written, as the paper's scripts ran
 them: 1F1B, micro-batch 1, full recomputation, scatter/gather on, no SP, no ZeRO-1, the DP
-all-reduce after the backward. Throughput is the paper's: its FLOP count over the step time.
+all-reduce after the backward, Megatron-LM's rank order. Throughput is the paper's: its FLOP
+count over the step time.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from .model import GPTShape, megatron_sc21_flops
 from .sc21 import DTYPE
 
 DEFAULTS = {"schedule": "1f1b", "v": 1, "microbatch_size": 1, "recompute": "full", "sp": False,
-            "zero1": False, "dp_overlap": False, "scatter_gather": True}
+            "zero1": False, "dp_overlap": False, "scatter_gather": True,
+            "placement": "tp-dp-pp"}
 _INT = ("tp", "pp", "v", "microbatch_size")
 
 

@@ -29,7 +29,7 @@ def paper_fix(row: dict) -> dict:
            "schedule": "interleaved" if row["v"] > 1 else "1f1b", "v": row["v"],
            "microbatch_size": row["microbatch_size"],
            "recompute": "selective" if seqsel else "full", "sp": seqsel, "zero1": False,
-           "dp_overlap": False}
+           "dp_overlap": False, "placement": "tp-dp-pp"}
     return fix
 
 

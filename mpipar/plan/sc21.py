@@ -46,10 +46,11 @@ def shape(row: dict) -> GPTShape:
 
 def paper_fix(row: dict) -> dict:
     """The published configuration as ``--fix`` settings (no SP, no ZeRO-1 in 2021; the DP
-    all-reduce ran after the backward, not overlapped with it)."""
+    all-reduce ran after the backward, not overlapped with it; Megatron-LM's rank order)."""
     return {"dp": row["gpus"] // (row["tp"] * row["pp"]), "pp": row["pp"], "tp": row["tp"],
             "schedule": row["schedule"], "v": row["v"], "microbatch_size": row["microbatch_size"],
-            "recompute": row["recompute"], "sp": False, "zero1": False, "dp_overlap": False}
+            "recompute": row["recompute"], "sp": False, "zero1": False, "dp_overlap": False,
+            "placement": "tp-dp-pp"}
 
 
 def paper_row(row: dict, cluster) -> dict:

@@ -11,7 +11,8 @@ from .model import GPTShape
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "naive")
 MAX_V = 16  # more model chunks per rank only multiply the p2p traffic
 FIX_KEYS = ("dp", "pp", "tp", "schedule", "microbatch_size", "recompute", "v", "sp", "zero1",
-            "dp_overlap")
+            "dp_overlap", "placement")
+PLACEMENTS = ("tp-pp-dp", "tp-dp-pp")  # the second is Megatron-LM's rank order
 BOOL_KEYS = ("sp", "zero1", "dp_overlap")
 _BOOL = {"1": True, "true": True, "on": True, "yes": True,
          "0": False, "false": False, "off": False, "no": False}
@@ -39,6 +40,10 @@ def parse_fix(text: str | None) -> dict:
         elif key == "schedule":
             if value not in SCHEDULES:
                 raise PlanError(f"--fix schedule={value!r}: choose one of {', '.join(SCHEDULES)}")
+            fixed[key] = value
+        elif key == "placement":
+            if value not in PLACEMENTS:
+                raise PlanError(f"--fix placement={value!r}: choose one of {', '.join(PLACEMENTS)}")
             fixed[key] = value
         elif key == "recompute":
             if value not in RECOMPUTE:
@@ -102,7 +107,8 @@ def configs(m: GPTShape, c: Cluster, gpus: int, batch: int, fixed: dict):
                     for sp in ((False, True) if tp > 1 else (False,)):
                         for z in ((False, True) if dp > 1 else (False,)):
                             cfg = Config(dp, pp, tp, schedule, v, mbs, rc, sp, z,
-                                         fixed.get("dp_overlap", True))
+                                         fixed.get("dp_overlap", True),
+                                         placement=fixed.get("placement", "tp-pp-dp"))
                             if all(fixed.get(k, getattr(cfg, k)) == getattr(cfg, k)
                                    for k in fixed):
                                 yield cfg
