@@ -1,5 +1,6 @@
 """Checks of the planner's model against SC'21's Figures 12-18 (orderings and bounds its text
-states; data: ``experiments/data/sc21_figures.toml``, which says where each comes from).
+states) and its Table 2 (published TFLOP/s); data: ``experiments/data/sc21_figures.toml``, which
+says where each comes from.
 
 A configuration is written ``tp=8,pp=8,mbs=2,schedule=interleaved,v=4,recompute=none,
 scatter_gather=0``; dp is what is left of the GPUs. Unless written, as the paper's scripts ran
@@ -71,6 +72,10 @@ def run_check(check: dict, c: Cluster) -> tuple[bool, str]:
     if kind == "shrinks":
         first, last = (_gain(check, c, b) for b in check["batches"])
         return first >= last, f"{100 * first:+.1f}% -> {100 * last:+.1f}%"
+    if kind == "value":  # a published number: TFLOP/s per GPU within tol
+        got = throughput(check, check["a"], c)["paper_tflops"]
+        err = got / check["published"] - 1
+        return abs(err) <= check["tol"], f"{got:.1f} vs {check['published']} ({100 * err:+.1f}%)"
     if kind == "no_fit":
         row = throughput(check, check["a"], c)
         return not row["fits"], f"{row['memory_gib']:.1f} GiB"
