@@ -5,7 +5,7 @@
     python experiments/sc21.py --rank     # where the paper's configuration ranks in the search
     python experiments/sc21.py --loo      # leave-one-out: fit on 9 rows, predict the 10th
     python experiments/sc21.py --korthikanti  # Korthikanti et al. 2022, constants frozen
-    python experiments/sc21.py --figures  # the paper's Figures 12-18 claims, checked
+    python experiments/sc21.py --figures  # the paper's Figures 11-18 and Table 2, checked
 
 TFLOP/s use the paper's count, 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) per step, over the
 predicted step time of the paper's own configuration (examples/sc21/run_table_1.sh: tp, pp,
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     ap.add_argument("--korthikanti", action="store_true",
                     help="also Korthikanti et al. 2022 predicted with the constants frozen")
     ap.add_argument("--figures", action="store_true",
-                    help="also check the model against the paper's Figures 12-18")
+                    help="also check the model against the paper's Figures 11-18, Table 2")
     args = ap.parse_args(argv)
     c = load_cluster(args.cluster)
     if args.fit:

@@ -1,4 +1,4 @@
-"""Checks of the planner's model against SC'21's Figures 12-18 (orderings and bounds its text
+"""Checks of the planner's model against SC'21's Figures 11-18 (orderings and bounds its text
 states) and its Table 2 (published TFLOP/s); data: ``experiments/data/sc21_figures.toml``, which
 says where each comes from.
 
@@ -42,11 +42,22 @@ def parse(text: str, gpus: int) -> Config:
 
 
 def throughput(check: dict, text: str, c: Cluster, batch: int | None = None) -> dict:
+    """The row of one configuration; ``layers=N`` and ``gpus=N`` in ``text`` override the
+    check's (Figure 11 grows the model and the GPUs with pp)."""
     layers, hidden, heads = check["model"]
+    gpus, items = check["gpus"], []
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        if key == "layers":
+            layers = int(value)
+        elif key == "gpus":
+            gpus = int(value)
+        else:
+            items.append(item)
     m = GPTShape(layers=layers, hidden=hidden, heads=heads, seq=2048, vocab=51200)
     batch = batch or check["batch"]
-    row = evaluate(m, c, peak_flops(c, DTYPE), DTYPE, batch, parse(text, check["gpus"]))
-    row["paper_tflops"] = megatron_sc21_flops(m, batch) / row["step_time_s"] / check["gpus"] / 1e12
+    row = evaluate(m, c, peak_flops(c, DTYPE), DTYPE, batch, parse(",".join(items), gpus))
+    row["paper_tflops"] = megatron_sc21_flops(m, batch) / row["step_time_s"] / gpus / 1e12
     return row
 
 
