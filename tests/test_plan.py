@@ -268,3 +268,15 @@ def test_placement_megatron_vs_mpipar():
     assert parse_fix("placement=tp-dp-pp") == {"placement": "tp-dp-pp"}
     with pytest.raises(Exception, match="placement"):
         parse_fix("placement=pp-tp-dp")
+
+
+def test_figure_16_needs_wave_quantization():
+    """The figure checks discriminate: without wave quantization (one-element tiles: every wave
+    full) and with the constants fitted without it, Figure 16's optimum (micro-batch 2) is lost."""
+    import dataclasses
+
+    c = load_cluster("dgx-a100-80gb")
+    old = dataclasses.replace(c, tile=(1, 1), gemm_max_efficiency=0.705, gemm_half_dim=48.0)
+    fig16 = [ch for ch in load_checks(FIGURES) if ch["figure"] == "16"]
+    assert fig16 and all(run_check(ch, c)[0] for ch in fig16)
+    assert not any(run_check(ch, old)[0] for ch in fig16)
