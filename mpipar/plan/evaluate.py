@@ -77,8 +77,9 @@ def _p2p_time(c: Cluster, m: GPTShape, cfg: Config, e: int, crosses: bool) -> fl
     if not cfg.scatter_gather:  # every TP rank sends the whole (replicated) tensor over its link
         return link.time(nbytes)
     time = link.time(nbytes / t)
-    if t > 1:
-        time += c.intra.time((t - 1) / t * nbytes)
+    if t > 1:  # the all-gather of the t pieces runs over NVLink unless tp spans nodes
+        gather = c.intra if t <= c.gpus_per_node else c.inter
+        time += gather.time((t - 1) / t * nbytes)
     return time
 
 
