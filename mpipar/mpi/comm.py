@@ -99,9 +99,8 @@ class Comm(Collectives, PointToPoint):
         self.coll_mode = collectives_mode()  # MPIPAR_COLLECTIVES: forced algorithm or "auto"
         if self.coll_mode == "auto":
             collectives_table()  # a broken table file fails here, before any traffic
-        self._choices = {}  # (kind, bytes) -> algorithm, as auto chose it
-        self._sum = M.SUM
         self._fast_init(M)
+        self._coll_init(M)
 
     # --- helpers ---------------------------------------------------------------------------
 
