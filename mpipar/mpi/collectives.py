@@ -61,16 +61,17 @@ class Collectives:
 
     @property
     def coll_mode(self) -> str:
-        """``MPIPAR_COLLECTIVES``'s forced algorithm or "auto"; setting it (commbench, tests)
-        forgets the choices cached so far."""
+        """``MPIPAR_COLLECTIVES``'s forced algorithm or "auto" (commbench and tests set it)."""
         return self._coll_mode
 
     @coll_mode.setter
     def coll_mode(self, value) -> None:
         self._coll_mode = value
-        # per kind: bytes -> algorithm; the hot paths read these dicts directly, so a repeated
-        # size costs one lookup (a group sees few distinct sizes; cleared if it sees many)
-        self._algos = {kind: {} for kind in KINDS}
+        # per mode and kind: bytes -> algorithm. The hot paths read these dicts directly, so a
+        # repeated size costs one lookup (a group sees few distinct sizes; cleared if it sees
+        # many); kept per mode, so commbench switching modes between calls keeps them warm
+        by_mode = self.__dict__.setdefault("_algos_by_mode", {})
+        self._algos = by_mode.setdefault(value, {kind: {} for kind in KINDS})
         self._ar_algo, self._rs_algo, self._ag_algo = (self._algos[k] for k in KINDS)
 
     def algorithm(self, kind, nbytes) -> str:

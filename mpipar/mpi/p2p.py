@@ -120,7 +120,8 @@ class PointToPoint:
         """``out`` is a C-contiguous NumPy array of exactly this shape and dtype (the fast path
         takes it; anything else goes down the general path, which explains the misfit)."""
         return (type(out) is _ndarray and out.shape == shape
-                and (out.dtype is dtype or out.dtype == dtype) and out.flags.c_contiguous)
+                and ((d := out.dtype) is dtype or d.type is dtype or d == dtype)
+                and out.flags.c_contiguous)
 
     def recv(self, shape, dtype, source, tag, *, mb=-1, chunk=-1, xp=None, out=None):
         """Receive into a new array, or into ``out`` (reuse avoids fresh-memory page faults)."""
