@@ -115,14 +115,6 @@ class PointToPoint:
         check_contiguous(out, f"{self.axis}.recv(out=...)")
         return out
 
-    @staticmethod
-    def _fits(out, shape, dtype) -> bool:
-        """``out`` is a C-contiguous NumPy array of exactly this shape and dtype (the fast path
-        takes it; anything else goes down the general path, which explains the misfit)."""
-        return (type(out) is _ndarray and out.shape == shape
-                and ((d := out.dtype) is dtype or d.type is dtype or d == dtype)
-                and out.flags.c_contiguous)
-
     def recv(self, shape, dtype, source, tag, *, mb=-1, chunk=-1, xp=None, out=None):
         """Receive into a new array, or into ``out`` (reuse avoids fresh-memory page faults)."""
         peer = self._peer_of.get(source)
@@ -132,8 +124,10 @@ class PointToPoint:
                     out = np.empty(shape, dtype=dtype)
                 else:
                     peer = None
-            elif not self._fits(out, shape, dtype):
-                peer = None
+            elif not (type(out) is _ndarray and out.shape == shape
+                      and ((d := out.dtype) is dtype or d.type is dtype or d == dtype)
+                      and out.flags.c_contiguous):
+                peer = None  # the general path takes (and explains) a misfit out
         if peer is None:
             return self._recv_general(shape, dtype, source, tag, mb, chunk, xp, out)
         tr = self.tracer
@@ -211,8 +205,10 @@ class PointToPoint:
                     out = np.empty(shape, dtype=dtype)
                 else:
                     peer = None
-            elif not self._fits(out, shape, dtype):
-                peer = None
+            elif not (type(out) is _ndarray and out.shape == shape
+                      and ((d := out.dtype) is dtype or d.type is dtype or d == dtype)
+                      and out.flags.c_contiguous):
+                peer = None  # the general path takes (and explains) a misfit out
         if peer is None:
             return self._irecv_general(shape, dtype, source, tag, mb, chunk, xp, out)
         tr = self.tracer
