@@ -125,7 +125,7 @@ class PointToPoint:
                 else:
                     peer = None
             elif not (type(out) is _ndarray and out.shape == shape
-                      and ((d := out.dtype) is dtype or d.type is dtype or d == dtype)
+                      and (out.dtype is dtype or out.dtype == dtype)
                       and out.flags.c_contiguous):
                 peer = None  # the general path takes (and explains) a misfit out
         if peer is None:
@@ -206,7 +206,7 @@ class PointToPoint:
                 else:
                     peer = None
             elif not (type(out) is _ndarray and out.shape == shape
-                      and ((d := out.dtype) is dtype or d.type is dtype or d == dtype)
+                      and (out.dtype is dtype or out.dtype == dtype)
                       and out.flags.c_contiguous):
                 peer = None  # the general path takes (and explains) a misfit out
         if peer is None:
