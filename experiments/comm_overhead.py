@@ -22,9 +22,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mpi4py import MPI  # noqa: E402
-
 from mpipar.mpi.comm import Comm  # noqa: E402
+from mpipar.mpi.staging import load_mpi  # noqa: E402 (mpi4py only through mpipar/mpi)
 from mpipar.trace import Tracer  # noqa: E402
 
 
@@ -86,6 +85,7 @@ PAIRS = [
 
 def measure(traced=True, number=20000, repeat=9) -> list[tuple[str, float, float]]:
     """[(operation, raw seconds per call, Comm seconds per call)]."""
+    MPI = load_mpi()
     tracer = Tracer(enabled=traced)
     mpi = StandIn()
     comm = Comm(mpi, "w", tracer, world_ranks=[0, 1])
