@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 from mpipar.mpi.algorithms import ALGORITHMS, KINDS
+from mpipar.mpi.tuning import pick
 
 VARIANTS = ("raw",) + ALGORITHMS + ("auto",)
 
@@ -28,7 +29,7 @@ COLL_DTYPE = np.dtype(
         ("rabenseifner_s", "f8"),
         ("auto_s", "f8"),  # Comm with the choice in effect (table or default)
         ("choice", "S12"),  # the algorithm auto ran
-        ("best", "S12"),  # the fastest of Comm's algorithms here (what --tune writes)
+        ("best", "S12"),  # what --tune writes: the fastest, unless the library is within MARGIN
         ("ratio", "f8"),  # auto_s / raw_s
         ("raw_busbw", "f8"),  # GB/s (1e9 bytes/s)
         ("auto_busbw", "f8"),
@@ -128,7 +129,7 @@ def table(kind, n, byte_counts, samples, choices):
     f = bus_factor(kind, n)
     for j, b in enumerate(byte_counts):
         med = {v: float(np.median(samples[k, j])) for k, v in enumerate(VARIANTS)}
-        best = min(ALGORITHMS, key=lambda a: med[a])
+        best = pick({a: med[a] for a in ALGORITHMS})
         rows[j] = (b, med["raw"], med["library"], med["ring"], med["rabenseifner"], med["auto"],
                    choices[j], best, med["auto"] / med["raw"], b * f / med["raw"] / 1e9,
                    b * f / med["auto"] / 1e9, b * f / med[best] / 1e9)
