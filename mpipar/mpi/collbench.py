@@ -3,7 +3,8 @@
 For all-reduce, reduce-scatter and all-gather, every iteration runs the raw library call and
 ``Comm`` with ``library``, ``ring``, ``rabenseifner`` and ``auto`` (the choice in effect), in an
 order that rotates per iteration; a barrier starts each, and an iteration lasts as long as its
-slowest rank. Sizes follow nccl-tests: the per-rank buffer for all-reduce, the whole input for
+slowest rank; below 256 KiB a timed sample is ``reps_for`` calls in a row (the time reported
+is per call). Sizes follow nccl-tests: the per-rank buffer for all-reduce, the whole input for
 reduce-scatter, the whole output for all-gather; bus bandwidth = algbw * 2 (n-1)/n for all-reduce
 and algbw * (n-1)/n for the other two (algbw = bytes / time).
 """
@@ -15,6 +16,7 @@ import time
 import numpy as np
 
 from mpipar.mpi.algorithms import ALGORITHMS, KINDS
+from mpipar.mpi.tuning import pick
 
 VARIANTS = ("raw",) + ALGORITHMS + ("auto",)
 
@@ -27,13 +29,20 @@ COLL_DTYPE = np.dtype(
         ("rabenseifner_s", "f8"),
         ("auto_s", "f8"),  # Comm with the choice in effect (table or default)
         ("choice", "S12"),  # the algorithm auto ran
-        ("best", "S12"),  # the fastest of Comm's algorithms here (what --tune writes)
+        ("best", "S12"),  # what --tune writes: the fastest, unless the library is within MARGIN
         ("ratio", "f8"),  # auto_s / raw_s
         ("raw_busbw", "f8"),  # GB/s (1e9 bytes/s)
         ("auto_busbw", "f8"),
         ("best_busbw", "f8"),
     ]
 )
+
+
+def reps_for(nbytes: int) -> int:
+    """Back-to-back operations one timed sample holds: many for small messages (a single one
+    lasts a few microseconds, no longer than a barrier's exit skew or the clock calls around it,
+    so one per sample would measure those), one from 256 KiB up."""
+    return max(1, min(64, (256 << 10) // max(1, nbytes)))
 
 
 def bus_factor(kind, n) -> float:
@@ -47,7 +56,8 @@ def elements(kind, nbytes, n) -> int:
 
 
 def _calls(kind, world, mpi_comm, MPI, e, xp, raw_xp):
-    """{variant: call()} for one size; buffers made once (zeros keep repeated sums finite)."""
+    """{variant: (mode, call)} for one size; buffers made once (zeros keep repeated sums
+    finite)."""
     n = mpi_comm.Get_size()
     if kind == "allreduce":
         raw_x, x = raw_xp.zeros(e, np.float32), xp.zeros(e, np.float32)
@@ -79,13 +89,9 @@ def _calls(kind, world, mpi_comm, MPI, e, xp, raw_xp):
         def comm():
             world.allgather(x, out=out)
 
-    def forced(algo):
-        def call():
-            world.coll_mode = algo
-            comm()
-        return call
-
-    return {"raw": raw, **{a: forced(a) for a in ALGORITHMS + ("auto",)}}
+    # (mode set before the clock starts, call): every timed call is one closure calling one
+    # method, raw and Comm alike, so the ratio is Comm's own work
+    return {"raw": (None, raw), **{a: (a, comm) for a in ALGORITHMS + ("auto",)}}
 
 
 def bench_kind(kind, world, mpi_comm, MPI, sizes, iters, warmup, xp, raw_xp):
@@ -96,16 +102,21 @@ def bench_kind(kind, world, mpi_comm, MPI, sizes, iters, warmup, xp, raw_xp):
     choices = []
     for j, size in enumerate(sizes):
         e = elements(kind, size, n)
+        reps = range(reps_for(e * 4))
         calls = _calls(kind, world, mpi_comm, MPI, e, xp, raw_xp)
         choices.append(world.algorithm(kind, e * 4) if mode == "auto" else mode)
         times = np.zeros((len(VARIANTS), warmup + iters))
         for i in range(warmup + iters):
             order = VARIANTS[i % len(VARIANTS):] + VARIANTS[:i % len(VARIANTS)]
             for v in order:
+                algo, call = calls[v]
+                if algo is not None:
+                    world.coll_mode = algo if algo != "auto" else mode
                 mpi_comm.Barrier()
                 t = time.perf_counter()
-                calls[v]()
-                times[VARIANTS.index(v), i] = time.perf_counter() - t
+                for _ in reps:
+                    call()
+                times[VARIANTS.index(v), i] = (time.perf_counter() - t) / len(reps)
         world.coll_mode = mode
         mpi_comm.Allreduce(MPI.IN_PLACE, times, MPI.MAX)  # the slowest rank's time
         samples[:, j] = times[:, warmup:]
@@ -118,7 +129,7 @@ def table(kind, n, byte_counts, samples, choices):
     f = bus_factor(kind, n)
     for j, b in enumerate(byte_counts):
         med = {v: float(np.median(samples[k, j])) for k, v in enumerate(VARIANTS)}
-        best = min(ALGORITHMS, key=lambda a: med[a])
+        best = pick({a: med[a] for a in ALGORITHMS})
         rows[j] = (b, med["raw"], med["library"], med["ring"], med["rabenseifner"], med["auto"],
                    choices[j], best, med["auto"] / med["raw"], b * f / med["raw"] / 1e9,
                    b * f / med["auto"] / 1e9, b * f / med[best] / 1e9)
@@ -153,4 +164,5 @@ def format_kind(kind, rows, n) -> list[str]:
     return lines
 
 
-__all__ = ["COLL_DTYPE", "KINDS", "VARIANTS", "bench_kind", "format_kind", "tune_results"]
+__all__ = ["COLL_DTYPE", "KINDS", "VARIANTS", "bench_kind", "format_kind", "reps_for",
+           "tune_results"]

@@ -9,9 +9,12 @@ same on every rank, since all of them see the same arguments. ``library`` is MPI
 
 from __future__ import annotations
 
+from time import perf_counter as _now
+
 import numpy as np
 
 from mpipar.mpi import algorithms as alg
+from mpipar.mpi.algorithms import KINDS
 from mpipar.mpi.common import (
     TAG_LIMIT,
     check_contiguous,
@@ -19,9 +22,19 @@ from mpipar.mpi.common import (
     check_float,
     norm_axis,
 )
-from mpipar.mpi.requests import Request
 from mpipar.mpi.staging import POOL, from_host, host_view, is_device, load_mpi, to_host, xp_of
 from mpipar.mpi.tuning import choose
+
+_ndarray = np.ndarray
+_IN_PLACE = _SUM = None  # MPI.IN_PLACE and MPI.SUM, set by the first Comm
+
+
+def _disjoint(a, b) -> bool:
+    """a and b share no memory: both own theirs (the common case, no further test) or their
+    address ranges do not overlap (MPI forbids aliased send and receive buffers)."""
+    if a.base is None and b.base is None:
+        return a is not b
+    return not np.may_share_memory(a, b)
 
 
 def copy_into(src, dst) -> None:
@@ -40,16 +53,36 @@ class Collectives:
     _dup = None  # the communicator the algorithms talk on (a Dup, made on first use)
     _seq = 0  # collectives run so far: a fresh tag each, so overlapping ones never mix
 
+    def _coll_init(self, MPI) -> None:
+        """Hoist what the fast paths need (called by ``Comm.__init__`` after ``_fast_init``)."""
+        global _IN_PLACE, _SUM
+        _IN_PLACE, _SUM = MPI.IN_PLACE, MPI.SUM
+        self._k_ar, self._k_rs, self._k_ag = (f"{self.axis}.{k}" for k in KINDS)
+
+    @property
+    def coll_mode(self) -> str:
+        """``MPIPAR_COLLECTIVES``'s forced algorithm or "auto" (commbench and tests set it)."""
+        return self._coll_mode
+
+    @coll_mode.setter
+    def coll_mode(self, value) -> None:
+        self._coll_mode = value
+        # per mode and kind: bytes -> algorithm. The hot paths read these dicts directly, so a
+        # repeated size costs one lookup (a group sees few distinct sizes; cleared if it sees
+        # many); kept per mode, so commbench switching modes between calls keeps them warm
+        by_mode = self.__dict__.setdefault("_algos_by_mode", {})
+        self._algos = by_mode.setdefault(value, {kind: {} for kind in KINDS})
+        self._ar_algo, self._rs_algo, self._ag_algo = (self._algos[k] for k in KINDS)
+
     def algorithm(self, kind, nbytes) -> str:
         """The algorithm a ``kind`` collective of ``nbytes`` (``tuning.choose``) runs with here."""
-        if self.coll_mode != "auto":
-            return self.coll_mode
-        key = (kind, nbytes)
-        algo = self._choices.get(key)
+        cache = self._algos[kind]
+        algo = cache.get(nbytes)
         if algo is None:
-            if len(self._choices) > 4096:
-                self._choices.clear()
-            algo = self._choices[key] = choose(kind, nbytes, self.size)
+            if len(cache) > 4096:
+                cache.clear()
+            mode = self._coll_mode
+            algo = cache[nbytes] = mode if mode != "auto" else choose(kind, nbytes, self.size)
         return algo
 
     def _ctx(self, op, like):
@@ -85,13 +118,23 @@ class Collectives:
 
     def allreduce(self, x, op="sum", inplace=False):
         """Elementwise reduction over the group; a new array, or x itself when ``inplace``."""
-        if inplace and op == "sum" and self._fast and type(x) is np.ndarray \
-                and x.flags.c_contiguous and self.algorithm("allreduce", x.nbytes) == "library":
-            # the hot case (in-place sums of host arrays by the library): no further checks
-            start = self.tracer.now()
-            self.mpi.Allreduce(self._MPI.IN_PLACE, x, self._sum)
-            self._rec("allreduce", start, nbytes=x.nbytes)
-            return x
+        if op == "sum" and type(x) is _ndarray and self._fast and x.flags.c_contiguous:
+            # the hot case, a sum of a host array by the library: its call plus one lookup
+            n = x.nbytes
+            if (self._ar_algo.get(n) or self.algorithm("allreduce", n)) == "library":
+                tr = self.tracer
+                start = _now() - tr.t0
+                if inplace:
+                    self.mpi.Allreduce(_IN_PLACE, x, _SUM)
+                    out = x
+                else:
+                    out = np.empty(x.shape, x.dtype)
+                    self.mpi.Allreduce(x, out, _SUM)
+                tr.record_now(self._k_ar, start, -1, -1, n, -1)
+                return out
+        return self._allreduce_general(x, op, inplace)
+
+    def _allreduce_general(self, x, op, inplace):
         mpi_op = self._op(op)
         if inplace:
             check_contiguous(x, f"{self.axis}.allreduce(inplace=True)")
@@ -126,49 +169,30 @@ class Collectives:
         self._rec("allreduce", start, nbytes=x.nbytes)
         return out
 
-    def iallreduce(self, x, op="sum") -> Request:
-        """Post an in-place all-reduce of x; ``wait()`` returns x, reduced. It advances whenever
-        ``algorithms.progress()`` (the executor, between actions) or ``test()`` runs."""
-        mpi_op = self._op(op)
-        check_contiguous(x, f"{self.axis}.iallreduce")
-        if op == "mean":
-            check_float(x, "mean")
-        start = self._begin(x)
-        stage = self._stage(x)
-        buf = POOL.acquire(x.nbytes) if stage else None
-        target = x
-        if stage:
-            target = host_view(buf, x.shape, x.dtype)
-            to_host(x, target)
-        algo = self.algorithm("allreduce", x.nbytes)
-        if algo == "library":
-            req = self.mpi.Iallreduce(load_mpi().IN_PLACE, target, mpi_op)
-        else:
-            req = alg.Stepper(self._allreduce_steps(algo, target.reshape(-1), op))
-        size = self.size
-
-        def finish(status):
-            try:
-                if stage:
-                    from_host(target, x)
-            finally:
-                if buf is not None:
-                    POOL.release(buf)
-            if op == "mean":
-                x[...] /= size
-            return x
-
-        self._rec("allreduce", start, nbytes=x.nbytes)
-        request = Request(self, req, finish, (-1, -1, x.nbytes, -1), keep=target)
-        alg.PENDING[:] = [r for r in alg.PENDING if not r.done]
-        alg.PENDING.append(request)
-        return request
-
     # --- reduce-scatter and all-gather ----------------------------------------------------
 
     def reduce_scatter(self, x, axis=0, op="sum", out=None):
         """This rank's 1/size slice, along ``axis``, of the reduction of every rank's x; into
         ``out`` when given (axis 0 only, not overlapping x)."""
+        if (axis == 0 and op == "sum" and type(x) is _ndarray and self._fast
+                and x.flags.c_contiguous and x.ndim and x.shape[0] % self.size == 0):
+            # the hot case: the library's call on x and out as they are
+            n = x.nbytes
+            if (self._rs_algo.get(n) or self.algorithm("reduce_scatter", n)) == "library":
+                shape = (x.shape[0] // self.size,) + x.shape[1:]
+                if out is None:
+                    out = np.empty(shape, x.dtype)
+                elif not (type(out) is _ndarray and out.shape == shape and out.dtype == x.dtype
+                          and out.flags.c_contiguous and _disjoint(x, out)):
+                    return self._reduce_scatter_general(x, axis, op, out)
+                tr = self.tracer
+                start = _now() - tr.t0
+                self.mpi.Reduce_scatter_block(x, out, _SUM)
+                tr.record_now(self._k_rs, start, -1, -1, n, -1)
+                return out
+        return self._reduce_scatter_general(x, axis, op, out)
+
+    def _reduce_scatter_general(self, x, axis, op, out):
         mpi_op = self._op(op)
         axis = norm_axis(axis, x.ndim)
         check_divisible(self.axis, self.size, x, axis)
@@ -216,54 +240,27 @@ class Collectives:
             release_w()
             release_t()
 
-    def ireduce_scatter(self, x, out, op="sum") -> Request:
-        """Post a reduce-scatter of contiguous x along axis 0 into ``out`` (this rank's
-        x.shape[0] / size rows, contiguous); ``wait()`` returns out. x must stay unchanged until
-        then. Advanced by ``algorithms.progress()``, like ``iallreduce``."""
-        mpi_op = self._op(op)
-        check_contiguous(x, f"{self.axis}.ireduce_scatter")
-        check_contiguous(out, f"{self.axis}.ireduce_scatter(out)")
-        check_divisible(self.axis, self.size, x, 0)
-        want = (x.shape[0] // self.size,) + tuple(x.shape[1:])
-        if tuple(out.shape) != want or out.dtype != x.dtype:
-            raise ValueError(f"{self.axis}.ireduce_scatter: out is {tuple(out.shape)} "
-                             f"{out.dtype}, expected {want} {x.dtype}")
-        if op == "mean":
-            check_float(x, "mean")
-        start = self._begin(x)
-        algo = self.algorithm("reduce_scatter", x.nbytes)
-        stage = self._stage(x)
-        bufs = [POOL.acquire(x.nbytes), POOL.acquire(out.nbytes)] if stage else []
-        if algo != "library":
-            req = alg.Stepper(self._reduce_scatter_steps(algo, x, out, op))
-        elif stage:
-            hin, hout = host_view(bufs[0], x.shape, x.dtype), host_view(bufs[1], want, x.dtype)
-            to_host(x, hin)
-            req = self.mpi.Ireduce_scatter_block(hin, hout, mpi_op)
-        else:
-            req = self.mpi.Ireduce_scatter_block(x, out, mpi_op)
-        size = self.size
-
-        def finish(status):
-            try:
-                if bufs and algo == "library":
-                    from_host(host_view(bufs[1], want, x.dtype), out)
-            finally:
-                for b in bufs:
-                    POOL.release(b)
-            if op == "mean":
-                out[...] /= size
-            return out
-
-        self._rec("reduce_scatter", start, nbytes=x.nbytes)
-        request = Request(self, req, finish, (-1, -1, x.nbytes, -1), keep=(x, out))
-        alg.PENDING[:] = [r for r in alg.PENDING if not r.done]
-        alg.PENDING.append(request)
-        return request
-
     def allgather(self, x, axis=0, out=None):
         """Concatenation of every rank's x (all the same shape) along ``axis``, in rank order;
         into ``out`` when given (axis 0 only: a reused buffer spares fresh-memory page faults)."""
+        if axis == 0 and type(x) is _ndarray and self._fast and x.flags.c_contiguous and x.ndim:
+            # the hot case: the library's call on x and out as they are
+            n = x.nbytes * self.size
+            if (self._ag_algo.get(n) or self.algorithm("allgather", n)) == "library":
+                shape = (x.shape[0] * self.size,) + x.shape[1:]
+                if out is None:
+                    out = np.empty(shape, x.dtype)
+                elif not (type(out) is _ndarray and out.shape == shape and out.dtype == x.dtype
+                          and out.flags.c_contiguous and _disjoint(x, out)):
+                    return self._allgather_general(x, axis, out)
+                tr = self.tracer
+                start = _now() - tr.t0
+                self.mpi.Allgather(x, out)
+                tr.record_now(self._k_ag, start, -1, -1, x.nbytes, -1)
+                return out
+        return self._allgather_general(x, axis, out)
+
+    def _allgather_general(self, x, axis, out):
         axis = norm_axis(axis, x.ndim)
         xp = xp_of(x)
         if out is not None:

@@ -8,7 +8,8 @@
   disagreement between sender and receiver is an error, not silent garbage.
 
 Point-to-point lives in ``p2p.py`` (with a fast path for host arrays), all-reduce,
-reduce-scatter and all-gather in ``collectives.py``: each runs the library's algorithm, a ring or
+reduce-scatter and all-gather in ``collectives.py`` (the non-blocking ones in
+``nonblocking.py``): each runs the library's algorithm, a ring or
 Rabenseifner's (``algorithms.py``), as ``MPIPAR_COLLECTIVES`` forces or ``tuning.py`` chooses.
 
 Device arrays are handed to MPI directly or staged through host buffers (``staging.py``);
@@ -40,6 +41,7 @@ from mpipar.mpi.common import (
     make_tag,
 )
 from mpipar.mpi.local import LocalComm
+from mpipar.mpi.nonblocking import NonBlocking
 from mpipar.mpi.p2p import PointToPoint
 from mpipar.mpi.requests import Request
 from mpipar.mpi.staging import (
@@ -63,7 +65,7 @@ __all__ = [
 MPI = None  # mpi4py.MPI, set when the first Comm is built
 
 
-class Comm(Collectives, PointToPoint):
+class Comm(Collectives, NonBlocking, PointToPoint):
     """One traced communicator of 2 or more ranks (a grid axis). See the module docstring."""
 
     def __init__(self, mpi_comm, axis, tracer=None, backend=None, world_ranks=None, staging=None):
@@ -99,9 +101,8 @@ class Comm(Collectives, PointToPoint):
         self.coll_mode = collectives_mode()  # MPIPAR_COLLECTIVES: forced algorithm or "auto"
         if self.coll_mode == "auto":
             collectives_table()  # a broken table file fails here, before any traffic
-        self._choices = {}  # (kind, bytes) -> algorithm, as auto chose it
-        self._sum = M.SUM
         self._fast_init(M)
+        self._coll_init(M)
 
     # --- helpers ---------------------------------------------------------------------------
 

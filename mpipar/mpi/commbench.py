@@ -6,12 +6,15 @@ reduce-scatter and all-gather over all ranks with every algorithm (``collbench.p
 algorithm chosen, bus bandwidth), for message sizes from bytes to 64 MiB. ``--tune`` writes the
 fastest algorithm per kind and size to the table ``Comm`` chooses from (``tuning.py``).
 Each iteration runs the raw probe and the ``Comm`` path back to back, alternating which goes
-first, and the tables report medians: shared-memory bandwidth on a small machine drifts for
+first, each as ``reps_for(bytes)`` operations in a row (64 up to 4 KiB, one from 256 KiB: a lone
+small operation is no longer than the clock calls and barrier skew around it), and the tables
+report medians of the per-operation time: shared-memory bandwidth on a small machine drifts for
 minutes at a time (DESIGN.md), so only a side-by-side ratio means anything.
 
-An iteration's time is the slowest rank's (all-reduce) or half the round trip seen by rank 0
-(ping-pong). Bus bandwidth follows nccl-tests: algbw * 2 (n-1) / n for all-reduce, (n-1) / n for
-reduce-scatter and all-gather.
+An operation's time is the slowest rank's (collectives) or half the round trip seen by rank 0
+(ping-pong). Raw and ``Comm`` use the same buffers the same way (a send buffer and a separate,
+reused receive buffer), and ``Comm`` traces every operation, as in a run. Bus bandwidth follows
+nccl-tests: algbw * 2 (n-1) / n for all-reduce, (n-1) / n for reduce-scatter and all-gather.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import numpy as np
 
 from mpipar.mpi import tuning
 from mpipar.mpi.algorithms import KINDS
-from mpipar.mpi.collbench import VARIANTS, bench_kind, format_kind, tune_results
+from mpipar.mpi.collbench import VARIANTS, bench_kind, format_kind, reps_for, tune_results
 
 DEFAULT_SIZES = "8,64,512,4K,32K,256K,1M,4M,16M,64M"
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -65,19 +68,26 @@ def format_size(n: int) -> str:
 def _pingpong(world, mpi_comm, MPI, size, iters, warmup, xp, raw_xp):
     """Per-iteration one-way times (raw, comm) seen by rank 0; None on other ranks."""
     rank = world.rank
-    raw_buf = raw_xp.ones(size, dtype=np.uint8)
+    # raw and Comm move the same bytes the same way: a send buffer and a separate, reused
+    # receive buffer on rank 0; rank 1 sends back what it received (a fair baseline: one
+    # buffer for both directions would keep half the bytes in cache for raw only)
+    raw_buf, raw_in = raw_xp.ones(size, dtype=np.uint8), raw_xp.ones(size, dtype=np.uint8)
     comm_buf = xp.ones(size, dtype=np.uint8)
     raw_t, comm_t = [], []
     tag = 11
+    reps = range(reps_for(size))
+    per = 2 * len(reps)  # one-way messages per sample
 
     def raw_once():
         if rank == 0:
             t = time.perf_counter()
-            mpi_comm.Send([raw_buf, MPI.BYTE], 1, tag)
-            mpi_comm.Recv([raw_buf, MPI.BYTE], 1, tag)
-            return (time.perf_counter() - t) / 2
-        mpi_comm.Recv([raw_buf, MPI.BYTE], 0, tag)
-        mpi_comm.Send([raw_buf, MPI.BYTE], 0, tag)
+            for _ in reps:
+                mpi_comm.Send([raw_buf, MPI.BYTE], 1, tag)
+                mpi_comm.Recv([raw_in, MPI.BYTE], 1, tag)
+            return (time.perf_counter() - t) / per
+        for _ in reps:
+            mpi_comm.Recv([raw_in, MPI.BYTE], 0, tag)
+            mpi_comm.Send([raw_in, MPI.BYTE], 0, tag)
         return 0.0
 
     comm_in = xp.ones(size, dtype=np.uint8)  # the receive buffer, reused like the pool's
@@ -85,11 +95,13 @@ def _pingpong(world, mpi_comm, MPI, size, iters, warmup, xp, raw_xp):
     def comm_once():
         if rank == 0:
             t = time.perf_counter()
-            world.send(comm_buf, 1, tag)
-            world.recv((size,), np.uint8, 1, tag, xp=xp, out=comm_in)
-            return (time.perf_counter() - t) / 2
-        got = world.recv((size,), np.uint8, 0, tag, xp=xp, out=comm_in)
-        world.send(got, 0, tag)
+            for _ in reps:
+                world.send(comm_buf, 1, tag)
+                world.recv((size,), np.uint8, 1, tag, xp=xp, out=comm_in)
+            return (time.perf_counter() - t) / per
+        for _ in reps:
+            got = world.recv((size,), np.uint8, 0, tag, xp=xp, out=comm_in)
+            world.send(got, 0, tag)
         return 0.0
 
     if rank > 1:

@@ -13,13 +13,16 @@ the general path, which also produces the error messages.
 
 from __future__ import annotations
 
+from time import perf_counter as _now
+
 import numpy as np
 
 from mpipar.mpi.common import TAG_LIMIT, MessageSizeError, check_contiguous
-from mpipar.mpi.requests import Request
+from mpipar.mpi.requests import P2PRequest, Request
 from mpipar.mpi.staging import POOL, from_host, host_view, load_mpi, to_host
 
 _ndarray = np.ndarray
+_BYTE = _MPIException = None  # MPI.BYTE and MPI.Exception, set by the first Comm
 
 
 class PointToPoint:
@@ -27,22 +30,15 @@ class PointToPoint:
 
     def _fast_init(self, MPI) -> None:
         """Hoist what every message needs out of the per-call path (called by ``__init__``)."""
-        self._peer_of = dict(enumerate(self.world_ranks))
+        global _BYTE, _MPIException
+        _BYTE, _MPIException = MPI.BYTE, MPI.Exception
         self._MPI, self._BYTE = MPI, MPI.BYTE
-        self._status = MPI.Status()  # one per communicator: ranks are single-threaded
+        # the peer table is empty when staging is forced: every message then takes the general
+        # path (one dict lookup decides, instead of a flag and a lookup)
+        self._peer_of = dict(enumerate(self.world_ranks)) if self.staging is not True else {}
         self._fast = self.staging is not True  # NumPy arrays go to MPI as they are
+        self._status = MPI.Status()  # one per communicator: ranks are single-threaded
         self._k_send, self._k_recv = f"{self.axis}.send", f"{self.axis}.recv"
-
-    def _fast_target(self, shape, dtype, xp, out):
-        """The NumPy array a fast receive lands in: ``out`` if it fits, else a new one; None
-        sends the call down the general path (which also explains a misfit ``out``)."""
-        if out is None:
-            if xp is np or xp is None and self.backend is None:
-                return np.empty(shape, dtype=dtype)
-            return None
-        if out.shape != tuple(shape) or out.dtype != dtype:
-            return None
-        return out
 
     @staticmethod
     def _check_tag(tag):
@@ -84,11 +80,11 @@ class PointToPoint:
 
     def send(self, x, dest, tag, *, mb=-1, chunk=-1) -> None:
         peer = self._peer_of.get(dest)
-        if (self._fast and peer is not None and type(x) is _ndarray and 0 <= tag < TAG_LIMIT
+        if (peer is not None and type(x) is _ndarray and 0 <= tag < TAG_LIMIT
                 and x.flags.c_contiguous):
             tr = self.tracer
-            start = tr.now()
-            self.mpi.Send([x, self._BYTE], dest, tag)
+            start = _now() - tr.t0
+            self.mpi.Send([x, _BYTE], dest, tag)
             tr.record_now(self._k_send, start, mb, chunk, x.nbytes, peer)
             return
         self._send_general(x, dest, tag, mb, chunk)
@@ -122,23 +118,30 @@ class PointToPoint:
     def recv(self, shape, dtype, source, tag, *, mb=-1, chunk=-1, xp=None, out=None):
         """Receive into a new array, or into ``out`` (reuse avoids fresh-memory page faults)."""
         peer = self._peer_of.get(source)
-        out_ = self._fast_target(shape, dtype, xp, out)
-        if (self._fast and peer is not None and type(out_) is _ndarray and 0 <= tag < TAG_LIMIT
-                and out_.flags.c_contiguous):
-            out = out_
-            tr = self.tracer
-            start = tr.now()
-            status = self._status
-            try:
-                self.mpi.Recv([out, self._BYTE], source, tag, status)
-            except self._MPI.Exception as exc:
-                raise self.mpi_error(exc, "recv", mb, chunk, out.nbytes, peer) from exc
-            if status.Get_count(self._BYTE) != out.nbytes:
-                self._check_count(status, out.nbytes, shape, dtype, mb, chunk, peer, tag)
-            tr.record_now(self._k_recv, start, mb, chunk, out.nbytes, peer)
-            return out
-        return self._recv_general(shape, dtype, source, tag, mb, chunk, xp,
-                                  out_ if out_ is not None else out)
+        if peer is not None and 0 <= tag < TAG_LIMIT:
+            if out is None:
+                if xp is np or xp is None and self.backend is None:
+                    out = np.empty(shape, dtype=dtype)
+                else:
+                    peer = None
+            elif not (type(out) is _ndarray and out.shape == shape
+                      and (out.dtype is dtype or out.dtype == dtype)
+                      and out.flags.c_contiguous):
+                peer = None  # the general path takes (and explains) a misfit out
+        if peer is None:
+            return self._recv_general(shape, dtype, source, tag, mb, chunk, xp, out)
+        tr = self.tracer
+        start = _now() - tr.t0
+        status = self._status
+        try:
+            self.mpi.Recv([out, _BYTE], source, tag, status)
+        except _MPIException as exc:
+            raise self.mpi_error(exc, "recv", mb, chunk, out.nbytes, peer) from exc
+        n = out.nbytes
+        if status.Get_count(_BYTE) != n:
+            self._check_count(status, n, shape, dtype, mb, chunk, peer, tag)
+        tr.record_now(self._k_recv, start, mb, chunk, n, peer)
+        return out
 
     def _recv_general(self, shape, dtype, source, tag, mb, chunk, xp, out):
         MPI = load_mpi()
@@ -167,13 +170,14 @@ class PointToPoint:
     def isend(self, x, dest, tag, *, mb=-1, chunk=-1) -> Request:
         """Post a send; x must stay alive and unchanged until ``wait`` (staging copies it now)."""
         peer = self._peer_of.get(dest)
-        if (self._fast and peer is not None and type(x) is _ndarray and 0 <= tag < TAG_LIMIT
+        if (peer is not None and type(x) is _ndarray and 0 <= tag < TAG_LIMIT
                 and x.flags.c_contiguous):
             tr = self.tracer
-            start = tr.now()
-            req = self.mpi.Isend([x, self._BYTE], dest, tag)
-            tr.record_now(self._k_send, start, mb, chunk, x.nbytes, peer)
-            return Request(self, req, None, (mb, chunk, x.nbytes, peer), keep=x)
+            start = _now() - tr.t0
+            req = self.mpi.Isend([x, _BYTE], dest, tag)
+            n = x.nbytes
+            tr.record_now(self._k_send, start, mb, chunk, n, peer)
+            return P2PRequest(self, req, x, None, (mb, chunk, n, peer), tag)
         return self._isend_general(x, dest, tag, mb, chunk)
 
     def _isend_general(self, x, dest, tag, mb, chunk) -> Request:
@@ -195,18 +199,24 @@ class PointToPoint:
     def irecv(self, shape, dtype, source, tag, *, mb=-1, chunk=-1, xp=None, out=None) -> Request:
         """Post a receive; ``wait()`` returns the new array (or ``out``, filled)."""
         peer = self._peer_of.get(source)
-        out_ = self._fast_target(shape, dtype, xp, out)
-        if (self._fast and peer is not None and type(out_) is _ndarray and 0 <= tag < TAG_LIMIT
-                and out_.flags.c_contiguous):
-            out = out_
-            tr = self.tracer
-            start = tr.now()
-            req = self.mpi.Irecv([out, self._BYTE], source, tag)
-            tr.record_now(self._k_recv, start, mb, chunk, out.nbytes, peer)
-            return Request(self, req, None, (mb, chunk, out.nbytes, peer), result=out,
-                           expect=(shape, dtype, tag))
-        return self._irecv_general(shape, dtype, source, tag, mb, chunk, xp,
-                                  out_ if out_ is not None else out)
+        if peer is not None and 0 <= tag < TAG_LIMIT:
+            if out is None:
+                if xp is np or xp is None and self.backend is None:
+                    out = np.empty(shape, dtype=dtype)
+                else:
+                    peer = None
+            elif not (type(out) is _ndarray and out.shape == shape
+                      and (out.dtype is dtype or out.dtype == dtype)
+                      and out.flags.c_contiguous):
+                peer = None  # the general path takes (and explains) a misfit out
+        if peer is None:
+            return self._irecv_general(shape, dtype, source, tag, mb, chunk, xp, out)
+        tr = self.tracer
+        start = _now() - tr.t0
+        req = self.mpi.Irecv([out, _BYTE], source, tag)
+        n = out.nbytes
+        tr.record_now(self._k_recv, start, mb, chunk, n, peer)
+        return P2PRequest(self, req, out, out, (mb, chunk, n, peer), tag)
 
     def _irecv_general(self, shape, dtype, source, tag, mb, chunk, xp, out) -> Request:
         MPI = load_mpi()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from time import perf_counter as _now
+
 from mpipar.mpi.staging import load_mpi
 
 
@@ -71,3 +73,62 @@ class Request:
             self._result = self._finish(status)
         self._keep = None
         comm.tracer.record_now(comm.wait_kind, start, mb, chunk, nbytes, peer)
+
+
+class P2PRequest(Request):
+    """A fast-path ``Isend`` / ``Irecv`` of a host array (``p2p.py``): no finish callback, the
+    byte count of a receive checked inline, ``MPI`` looked up only when an error needs it.
+
+    ``_result`` is the receive buffer (what ``wait`` returns), None for a send; ``_keep`` holds
+    the array MPI reads or writes until completion; ``_info`` is (mb, chunk, nbytes, peer).
+    """
+
+    __slots__ = ("_tag",)
+
+    def __init__(self, comm, req, keep, result, info, tag):  # noqa: D107 (positional: hot path)
+        self._comm = comm
+        self._req = req
+        self._keep = keep
+        self._result = result
+        self._info = info
+        self._tag = tag
+        self._done = False
+
+    def wait(self):
+        if self._done:
+            return self._result
+        comm = self._comm
+        tr = comm.tracer
+        start = _now() - tr.t0
+        status = comm._status
+        try:
+            self._req.Wait(status)
+        except load_mpi().Exception as exc:  # evaluated only when something was raised
+            self._done = True
+            raise comm.mpi_error(exc, "wait", *self._info) from exc
+        self._end(comm, tr, status, start)
+        return self._result
+
+    def test(self) -> bool:
+        if self._done:
+            return True
+        comm = self._comm
+        status = comm._status
+        try:
+            flag = self._req.Test(status)
+        except load_mpi().Exception as exc:
+            self._done = True
+            raise comm.mpi_error(exc, "wait", *self._info) from exc
+        if flag:
+            tr = comm.tracer
+            self._end(comm, tr, status, _now() - tr.t0)
+        return flag
+
+    def _end(self, comm, tr, status, start) -> None:
+        self._done = True
+        self._keep = None
+        mb, chunk, nbytes, peer = self._info
+        out = self._result
+        if out is not None and status.Get_count(comm._BYTE) != nbytes:
+            comm._check_count(status, nbytes, out.shape, out.dtype, mb, chunk, peer, self._tag)
+        tr.record_now(comm.wait_kind, start, mb, chunk, nbytes, peer)

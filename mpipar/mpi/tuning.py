@@ -7,9 +7,9 @@ falls back on ``DEFAULT``. Every rank must see the same table (the same file on 
 system): ranks that choose differently would run different message patterns and hang.
 
 Table file (JSON): ``{"version": 1, "mpi_library": "...", "choices": {kind: {comm size:
-[[bytes, algorithm], ...]}}}``, the fastest algorithm measured at each size; a message takes the
-choice measured at the nearest size (on a log scale), a communicator size not in the table the
-nearest one measured.
+[[bytes, algorithm], ...]}}}``, the fastest algorithm measured at each size (the library's
+unless another beat it by ``MARGIN``); a message takes the choice measured at the nearest size
+(on a log scale), a communicator size not in the table the nearest one measured.
 """
 
 from __future__ import annotations
@@ -110,10 +110,26 @@ def choose(kind, nbytes, p, tuned=None) -> str:
     return algo
 
 
+# An algorithm of ours replaces the library's in the tuned table only where it was at least
+# this much faster: where they are within the noise of one run (1 MiB on 2 ranks), a choice made
+# by chance could lose to the library in the next run, and auto must never be slower than it.
+MARGIN = 1.10
+
+
+def pick(times: dict) -> str:
+    """The algorithm ``--tune`` writes for one size: the fastest, unless the library is within
+    ``MARGIN`` of it."""
+    best = min(times, key=times.get)
+    lib = times.get("library")
+    if lib is not None and best != "library" and times[best] * MARGIN > lib:
+        return "library"
+    return best
+
+
 def tuned_table(results: dict, library: str) -> dict:
     """The file ``--tune`` writes from {kind: {p: [(bytes, {algorithm: seconds})]}}."""
     choices = {
-        kind: {str(p): [[int(b), min(times, key=times.get)] for b, times in rows]
+        kind: {str(p): [[int(b), pick(times)] for b, times in rows]
                for p, rows in by_p.items()}
         for kind, by_p in results.items()
     }

@@ -82,6 +82,7 @@ def check_collectives(comm, base):
             want = np.split(total, size, axis=axis)[comm.rank]
             got = comm.reduce_scatter(data(oid, me), axis=axis, op=op)
             close(got, want, f"{where} reduce_scatter {op} axis {axis}")
+    check_out_buffers(comm, base + 50, where)
     try:
         comm.reduce_scatter(np.ones((size * 3 + 1, 2)) if size > 1 else np.ones((1, 2)), axis=0)
         assert size == 1, f"{where}: reduce_scatter of a non-divisible axis must raise"
@@ -102,6 +103,33 @@ def check_collectives(comm, base):
     else:
         assert blobs is None, f"{where} gather_bytes on a non-root must return None"
     comm.barrier()
+
+
+def check_out_buffers(comm, oid, where):
+    """reduce_scatter / allgather into a caller's out (the fast path), into a misfit out (an
+    error naming it), and an all-gather whose input is a view of its output (ZeRO-1's case)."""
+    size, group = comm.size, comm.world_ranks
+    total = np.sum([data(oid, r) for r in group], axis=0)
+    out = np.empty((SHAPE[0] // size,) + SHAPE[1:])
+    got = comm.reduce_scatter(data(oid, me), out=out)
+    assert got is out, f"{where} reduce_scatter(out=) must fill out"
+    close(out, np.split(total, size)[comm.rank], f"{where} reduce_scatter into out")
+    gout = np.empty((size * SHAPE[0],) + SHAPE[1:])
+    assert comm.allgather(data(oid + 1, me), out=gout) is gout, f"{where} allgather(out=)"
+    want = np.concatenate([data(oid + 1, r) for r in group])
+    assert np.array_equal(gout, want), f"rank {me} {where} allgather into out"
+    k = SHAPE[0]
+    gout[comm.rank * k:(comm.rank + 1) * k] = data(oid + 2, me)  # ZeRO-1: the shard is a view
+    comm.allgather(gout[comm.rank * k:(comm.rank + 1) * k], out=gout)
+    assert np.array_equal(gout, np.concatenate([data(oid + 2, r) for r in group])), where
+    bad = (SHAPE[0] // size + 1,) + SHAPE[1:]
+    for call in (lambda: comm.reduce_scatter(data(oid, me), out=np.empty(bad)),
+                 lambda: comm.allgather(data(oid, me), out=np.empty(bad))):
+        try:
+            call()
+            raise AssertionError(f"rank {me} {where}: a misfit out did not raise")
+        except ValueError as exc:
+            assert "out" in str(exc) and "expected" in str(exc), str(exc)
 
 
 def check_ring(comm, n_elems):
@@ -185,6 +213,8 @@ def check_size_errors(comm):
         comm.send(np.ones(10, dtype=np.float32), 1, tag)  # 40 bytes; rank 1 expects 80
         comm.send(np.ones(20), 1, tag)  # 160 bytes; rank 1 expects 80
         comm.isend(np.ones(3), 1, tag).wait()  # 24 bytes; rank 1 expects 80
+        for n in (5, 20, 3):  # the same into the receiver's own buffer (the fast path)
+            comm.send(np.ones(n), 1, tag)
     else:
         for expect in ("expected 80 bytes", "larger than the expected 80"):
             try:
@@ -198,6 +228,25 @@ def check_size_errors(comm):
             raise AssertionError(f"rank {me}: mismatched irecv did not raise")
         except MessageSizeError as exc:
             assert "expected 80 bytes" in str(exc), str(exc)
+        buf = np.empty(10)
+        for expect in ("expected 80 bytes", "larger than the expected 80"):
+            try:
+                comm.recv((10,), np.float64, 0, tag, out=buf)
+                raise AssertionError(f"rank {me}: mismatched recv(out=) did not raise")
+            except MessageSizeError as exc:
+                assert expect in str(exc) and "disagree" in str(exc), str(exc)
+        req = comm.irecv((10,), np.float64, 0, tag, out=buf)
+        try:
+            while not req.test():
+                pass
+            raise AssertionError(f"rank {me}: mismatched irecv(out=) did not raise")
+        except MessageSizeError as exc:
+            assert "expected 80 bytes" in str(exc), str(exc)
+        try:
+            comm.recv((5,), np.float64, 0, tag, out=buf)
+            raise AssertionError(f"rank {me}: a misfit out did not raise")
+        except ValueError as exc:
+            assert "out has shape (10,)" in str(exc), str(exc)
 
 
 base = 0

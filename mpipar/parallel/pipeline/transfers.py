@@ -8,16 +8,14 @@ import sys
 import weakref
 
 from ...mpi.algorithms import progress
+from ...mpi.common import make_tag
 
 ACT, GRAD = 0, 1  # message kinds for tags
 RECV_WINDOW = 2  # receives posted ahead per direction
 SEND_BACKLOG = 4  # unfinished sends kept before testing which are done
 
 
-def tag(kind, mb, chunk):
-    from ...mpi.comm import make_tag
-
-    return make_tag(kind, mb, chunk)
+tag = make_tag  # (kind, mb, chunk) -> tag; mpi.common imports no MPI, so no lazy import here
 
 
 def _refs(bufs, i):
