@@ -22,6 +22,7 @@ from .actions import (
     sends_after,
 )
 from .replay import UNIT_COSTS, Replay
+from .versions import weight_versions  # noqa: F401  (re-exported: PipeDream's versions)
 
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "pipedream", "zb-h2", "zb-v",
              "looped-bfs", "v-half", "v-min", "dualpipev", "pipedream-2bw")
@@ -42,13 +43,18 @@ def default_virtual_stages(kind: str) -> int:
     return 2 if kind in V_SHAPED or kind in MULTI_CHUNK else 1
 
 
-def build_schedule(kind: str, pp: int, microbatches: int, virtual_stages: int = 1) -> Schedule:
+def build_schedule(kind: str, pp: int, microbatches: int, virtual_stages: int = 1, *,
+                   steps: int | None = None, vertical_sync: bool = False) -> Schedule:
     """Build and return the schedule ``kind`` for ``pp`` ranks and ``microbatches`` micro-batches,
     ``virtual_stages`` model chunks per rank.
 
+    ``steps``: PipeDream / PipeDream-2BW without a flush: the continuous schedule of ``steps``
+    training steps (``continuous``); ``vertical_sync``: PipeDream's vertical sync.
     Raises ScheduleError (a ValueError) with a message saying what to change for bad settings.
     """
-    validate(kind, pp, microbatches, virtual_stages)
+    validate(kind, pp, microbatches, virtual_stages, steps=steps, vertical_sync=vertical_sync)
+    if steps is not None or vertical_sync:
+        return continuous(kind, pp, microbatches, steps or 1, vertical_sync)
     orders = _ORDERS[kind](pp, microbatches, virtual_stages)
     placement = placement_of(kind)
     ranks, pairs = _place(pp, pp * virtual_stages, orders, placement,
@@ -57,8 +63,11 @@ def build_schedule(kind: str, pp: int, microbatches: int, virtual_stages: int = 
                     asynchronous=(kind == "pipedream"), placement=placement, pairs=pairs)
 
 
-def validate(kind: str, pp: int, microbatches: int, virtual_stages: int = 1) -> None:
+def validate(kind: str, pp: int, microbatches: int, virtual_stages: int = 1, *,
+             steps: int | None = None, vertical_sync: bool = False) -> None:
     """Check a schedule's settings without building it (cheap; call before any MPI work)."""
+    if steps is not None or vertical_sync:
+        _validate_continuous(kind, pp, microbatches, steps, vertical_sync)
     if kind not in SCHEDULES:
         raise ScheduleError(f"unknown schedule {kind!r}; valid schedules: {', '.join(SCHEDULES)}")
     for name, value in (("pp", pp), ("microbatches", microbatches),
@@ -71,6 +80,22 @@ def validate(kind: str, pp: int, microbatches: int, virtual_stages: int = 1) -> 
             f"the naive schedule does not split the batch (microbatches must be 1, got "
             f"{microbatches}); use microbatches=1, or gpipe/1f1b for micro-batching"
         )
+
+
+def _validate_continuous(kind, pp, microbatches, steps, vertical_sync):
+    if kind not in CONTINUOUS:
+        raise ScheduleError(f"only {' and '.join(CONTINUOUS)} run without a flush between steps "
+                            f"(continuous); {kind!r} drains every step: drop continuous")
+    if vertical_sync and kind != "pipedream":
+        raise ScheduleError(f"vertical sync is PipeDream's (pipedream); {kind} already runs "
+                            f"every stage of a step on one weight version: drop vertical_sync")
+    if steps is not None and (not isinstance(steps, int) or steps < 1):
+        raise ScheduleError(f"steps must be a positive integer, got {steps!r}")
+    if kind == "pipedream-2bw" and steps is not None and microbatches < pp - 1:
+        raise ScheduleError(
+            f"pipedream-2bw without a flush needs microbatches >= pp - 1 = {pp - 1} (got "
+            f"{microbatches}): with fewer, the first stage starts step k+2 before step k's "
+            f"update and would need a third weight buffer; use microbatches={pp - 1} or more")
 
 
 def _validate_chunks(kind, pp, microbatches, virtual_stages):
@@ -160,21 +185,29 @@ def _pipedream(pp, m, v):
     return out
 
 
-def weight_versions(s: Schedule) -> dict[tuple[int, int], int]:
-    """(mb, chunk) -> number of UPDATEs of that chunk before F(mb, chunk) on its rank.
+CONTINUOUS = ("pipedream", "pipedream-2bw")  # schedules that can run without a flush
 
-    That is the weight version F(mb, chunk) sees and the executor stashes for BW(mb, chunk), so a
-    one-rank replay can apply the same staleness. All zero for synchronous schedules.
-    """
-    versions: dict[tuple[int, int], int] = {}
-    for acts in s.ranks:
-        done: dict[int, int] = {}
-        for a in acts:
-            if a.op == "UPDATE":
-                done[a.chunk] = done.get(a.chunk, 0) + 1
-            elif a.op == "F":
-                versions[(a.mb, a.chunk)] = done.get(a.chunk, 0)
-    return versions
+
+def continuous(kind: str, pp: int, m: int, steps: int, vertical_sync: bool = False) -> Schedule:
+    """PipeDream (Harlap et al. 2018) or PipeDream-2BW (Narayanan et al. 2021) across ``steps``
+    training steps with no flush: the 1F1B order over all ``steps * m`` micro-batches (step k's
+    cool-down interleaves with step k+1's warm-up: the warm-up happens once, the drain only at
+    the end of the lists), with weight stashing. PipeDream: UPDATE after every backward;
+    2BW: after the backward of each step's last micro-batch (one update per step, applied to the
+    newest weights while the step's gradient was taken on the older buffer: versions.py)."""
+    total = steps * m
+    probe = Schedule(kind, pp, 1, m, steps=steps)
+    orders = []
+    for r in range(pp):
+        acts = []
+        for a in _1f1b_order(pp, total, r):
+            acts.append(a)
+            if a.op == "BW" and probe.updates_after(a.mb):
+                acts.append(Action("UPDATE", a.mb, a.chunk))
+        orders.append(acts)
+    ranks, _ = _place(pp, pp, orders)
+    return Schedule(kind, pp, 1, m, ranks, asynchronous=True, steps=steps,
+                    vertical_sync=vertical_sync)
 
 
 def _interleaved(pp, m, v):
