@@ -393,15 +393,12 @@ def _validate_parallel(p: ParallelConfig, t: TrainConfig, world_size: int | None
 
 def _validate_continuous(p: ParallelConfig) -> None:
     """``continuous`` and ``vertical_sync``: PipeDream's settings, generated schedules only."""
-    if p.continuous and p.schedule not in ("pipedream", "pipedream-2bw"):
-        raise ConfigError(f"parallel.continuous = true is for pipedream and pipedream-2bw (the "
-                          f"schedule is {p.schedule!r}, which flushes every step): drop it")
-    if p.continuous and p.schedule_file:
-        raise ConfigError("parallel.continuous builds its own cross-step schedule: drop "
-                          "parallel.schedule_file or continuous")
-    if p.vertical_sync and p.schedule != "pipedream":
-        raise ConfigError(f"parallel.vertical_sync = true is for the pipedream schedule (it is "
-                          f"{p.schedule!r}): drop it")
+    for flag, kinds in (("continuous", ("pipedream", "pipedream-2bw")),
+                        ("vertical_sync", ("pipedream",))):
+        if getattr(p, flag) and (p.schedule not in kinds or p.schedule_file):
+            raise ConfigError(f"parallel.{flag} = true is for the generated "
+                              f"{' and '.join(kinds)} schedules (schedule is {p.schedule!r}"
+                              f"{', with a schedule_file' if p.schedule_file else ''}): drop it")
 
 
 def _validate_tp_mode(p: ParallelConfig, t: TrainConfig) -> None:

@@ -84,9 +84,9 @@ def test_bad_continuous_settings_say_what_to_change(args, match):
 
 
 def test_config_rules_for_continuous():
-    with pytest.raises(ConfigError, match="parallel.continuous = true is for pipedream"):
+    with pytest.raises(ConfigError, match="continuous = true is for the generated pipedream and"):
         load_config(None, {"parallel.continuous": True, "parallel.schedule": "1f1b"})
-    with pytest.raises(ConfigError, match="parallel.vertical_sync = true is for the pipedream"):
+    with pytest.raises(ConfigError, match="vertical_sync = true is for the generated pipedream s"):
         load_config(None, {"parallel.vertical_sync": True, "parallel.schedule": "1f1b"})
     load_config(None, {"parallel.continuous": True, "parallel.schedule": "pipedream-2bw"})
 
