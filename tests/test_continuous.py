@@ -148,10 +148,11 @@ def test_continuous_matches_its_one_rank_replay(tokens, case):
 
 # ---- through `mpipar train`: the dump shows no flush; a resumed run equals the whole one -------
 
-def _train(tokens, out, *extra):
+def _train(tokens, out, *extra, continuous=True):
     return [sys.executable, "-m", "mpipar.cli", "train", "--data", tokens, "--out", str(out),
             *SMALL_GPT, "--dtype", "float64", "--pp", "2", "--microbatches", "2",
-            "--set", "parallel.continuous=true", "--set", "train.warmup_steps=0",
+            "--set", f"parallel.continuous={str(continuous).lower()}",
+            "--set", "train.warmup_steps=0",
             "--set", "train.min_lr=1e-3", "--set", "train.lr=1e-3", *extra]
 
 
@@ -172,20 +173,26 @@ def test_dump_of_a_continuous_2bw_run_shows_no_flush(tokens, tmp_path):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("kind", ["pipedream-2bw", "pipedream"])
-def test_a_resumed_continuous_run_equals_the_uninterrupted_one(tokens, tmp_path, kind):
+@pytest.mark.parametrize("kind,continuous", [("pipedream-2bw", True), ("pipedream", True),
+                                             ("pipedream-2bw", False)])
+def test_a_resumed_continuous_run_equals_the_uninterrupted_one(tokens, tmp_path, kind,
+                                                               continuous):
+    """2BW's older buffer is checkpointed (with or without a flush per step); a continuous run
+    drains before each checkpoint, so the resumed run sees what the whole one saw."""
     def final(out):
         with h5py.File(out / "checkpoints" / "step_000004.h5") as f:
             return {k: np.asarray(f[k]) for k in f["params"].keys() for k in [f"params/{k}"]}
 
     whole, half = tmp_path / "whole", tmp_path / "half"
     common = ("--schedule", kind, "--set", "run.checkpoint_final=true")
-    res = run_mpi(2, _train(tokens, whole, *common, "--steps", "4",
-                            "--set", "run.checkpoint_interval=2"), timeout=180)
+    res = run_mpi(2, _train(tokens, whole, *common, "--steps", "4", "--set",
+                            "run.checkpoint_interval=2", continuous=continuous), timeout=180)
     assert res.returncode == 0, res.stderr[-3000:]
-    res = run_mpi(2, _train(tokens, half, *common, "--steps", "2"), timeout=180)
+    res = run_mpi(2, _train(tokens, half, *common, "--steps", "2", continuous=continuous),
+                  timeout=180)
     assert res.returncode == 0, res.stderr[-3000:]
-    res = run_mpi(2, _train(tokens, half, *common, "--steps", "4", "--resume", "latest"),
+    res = run_mpi(2, _train(tokens, half, *common, "--steps", "4", "--resume", "latest",
+                            continuous=continuous),
                   timeout=180)
     assert res.returncode == 0, res.stderr[-3000:]
     a = json.loads(Path(whole / "metrics.json").read_text())["losses"]
