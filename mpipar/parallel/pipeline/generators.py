@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from . import dualpipe, greedy, zbv
+from . import dualpipe, greedy, pipedream, zbv
 from .actions import (
     Action,
     Schedule,
@@ -21,6 +21,7 @@ from .actions import (
     recvs_before,
     sends_after,
 )
+from .pipedream import CONTINUOUS, one_f_one_b, validate_continuous  # noqa: F401
 from .replay import UNIT_COSTS, Replay
 from .versions import weight_versions  # noqa: F401  (re-exported: PipeDream's versions)
 
@@ -67,7 +68,7 @@ def validate(kind: str, pp: int, microbatches: int, virtual_stages: int = 1, *,
              steps: int | None = None, vertical_sync: bool = False) -> None:
     """Check a schedule's settings without building it (cheap; call before any MPI work)."""
     if steps is not None or vertical_sync:
-        _validate_continuous(kind, pp, microbatches, steps, vertical_sync)
+        validate_continuous(kind, pp, microbatches, steps, vertical_sync)
     if kind not in SCHEDULES:
         raise ScheduleError(f"unknown schedule {kind!r}; valid schedules: {', '.join(SCHEDULES)}")
     for name, value in (("pp", pp), ("microbatches", microbatches),
@@ -80,22 +81,6 @@ def validate(kind: str, pp: int, microbatches: int, virtual_stages: int = 1, *,
             f"the naive schedule does not split the batch (microbatches must be 1, got "
             f"{microbatches}); use microbatches=1, or gpipe/1f1b for micro-batching"
         )
-
-
-def _validate_continuous(kind, pp, microbatches, steps, vertical_sync):
-    if kind not in CONTINUOUS:
-        raise ScheduleError(f"only {' and '.join(CONTINUOUS)} run without a flush between steps "
-                            f"(continuous); {kind!r} drains every step: drop continuous")
-    if vertical_sync and kind != "pipedream":
-        raise ScheduleError(f"vertical sync is PipeDream's (pipedream); {kind} already runs "
-                            f"every stage of a step on one weight version: drop vertical_sync")
-    if steps is not None and (not isinstance(steps, int) or steps < 1):
-        raise ScheduleError(f"steps must be a positive integer, got {steps!r}")
-    if kind == "pipedream-2bw" and steps is not None and microbatches < pp - 1:
-        raise ScheduleError(
-            f"pipedream-2bw without a flush needs microbatches >= pp - 1 = {pp - 1} (got "
-            f"{microbatches}): with fewer, the first stage starts step k+2 before step k's "
-            f"update and would need a third weight buffer; use microbatches={pp - 1} or more")
 
 
 def _validate_chunks(kind, pp, microbatches, virtual_stages):
@@ -148,66 +133,16 @@ def _gpipe(pp, m, v):
     ]
 
 
-def _1f1b_order(pp, m, r):
-    """PipeDream-Flush (Narayanan et al. 2021): warm-up, one-forward-one-backward, cool-down."""
-    warm = min(pp - r - 1, m)
-    out = [Action("F", j, r) for j in range(warm)]
-    for i in range(m - warm):
-        out += [Action("F", warm + i, r), Action("BW", i, r)]
-    out += [Action("BW", j, r) for j in range(m - warm, m)]
-    return out
+def continuous(kind: str, pp: int, m: int, steps: int, vertical_sync: bool = False) -> Schedule:
+    """PipeDream or PipeDream-2BW across ``steps`` training steps with no flush
+    (``pipedream.continuous_orders``), with sends and receives placed."""
+    ranks, _ = _place(pp, pp, pipedream.continuous_orders(kind, pp, m, steps))
+    return Schedule(kind, pp, 1, m, ranks, asynchronous=True, steps=steps,
+                    vertical_sync=vertical_sync)
 
 
 def _1f1b(pp, m, v):
-    return [_1f1b_order(pp, m, r) for r in range(pp)]
-
-
-def _pipedream(pp, m, v):
-    """Asynchronous PipeDream (Harlap et al. 2018): the 1F1B order with no flush.
-
-    Right after BW(mb, c) comes UPDATE(mb, c): the optimizer applies that micro-batch's gradient
-    to chunk c's weights at once. Weight stashing: F(mb, c) uses the weights current when it runs
-    and BW(mb, c) uses those same (stashed) weights, so each micro-batch's gradient is exact for
-    the weights its forward saw, but those weights are stale: on rank r, F(mb, c) sees the
-    weights after the updates of every earlier BW on that rank, i.e. version
-    ``weight_versions(s)[(mb, c)]`` = max(0, mb - (pp - r - 1)) in the steady state (mb counted
-    from 0): the first stage runs pp-1 micro-batches behind the last. Different stages thus use
-    different versions for one micro-batch (no vertical sync, as in the paper).
-    """
-    out = []
-    for r in range(pp):
-        acts = []
-        for a in _1f1b_order(pp, m, r):
-            acts.append(a)
-            if a.op == "BW":
-                acts.append(Action("UPDATE", a.mb, a.chunk))
-        out.append(acts)
-    return out
-
-
-CONTINUOUS = ("pipedream", "pipedream-2bw")  # schedules that can run without a flush
-
-
-def continuous(kind: str, pp: int, m: int, steps: int, vertical_sync: bool = False) -> Schedule:
-    """PipeDream (Harlap et al. 2018) or PipeDream-2BW (Narayanan et al. 2021) across ``steps``
-    training steps with no flush: the 1F1B order over all ``steps * m`` micro-batches (step k's
-    cool-down interleaves with step k+1's warm-up: the warm-up happens once, the drain only at
-    the end of the lists), with weight stashing. PipeDream: UPDATE after every backward;
-    2BW: after the backward of each step's last micro-batch (one update per step, applied to the
-    newest weights while the step's gradient was taken on the older buffer: versions.py)."""
-    total = steps * m
-    probe = Schedule(kind, pp, 1, m, steps=steps)
-    orders = []
-    for r in range(pp):
-        acts = []
-        for a in _1f1b_order(pp, total, r):
-            acts.append(a)
-            if a.op == "BW" and probe.updates_after(a.mb):
-                acts.append(Action("UPDATE", a.mb, a.chunk))
-        orders.append(acts)
-    ranks, _ = _place(pp, pp, orders)
-    return Schedule(kind, pp, 1, m, ranks, asynchronous=True, steps=steps,
-                    vertical_sync=vertical_sync)
+    return [one_f_one_b(pp, m, r) for r in range(pp)]
 
 
 def _interleaved(pp, m, v):
@@ -284,7 +219,7 @@ _ORDERS = {
     "1f1b": _1f1b,
     "interleaved": _interleaved,
     "zb-h1": _zb_h1,
-    "pipedream": _pipedream,
+    "pipedream": pipedream.pipedream,
     "zb-h2": greedy.zb_h2,
     "zb-v": zbv.zb_v,
     "looped-bfs": _looped_bfs,
