@@ -200,3 +200,19 @@ def test_a_resumed_continuous_run_equals_the_uninterrupted_one(tokens, tmp_path,
     assert a[2:] == b[-2:]
     fa, fb = final(whole), final(half)
     assert all(np.array_equal(fa[k], fb[k]) for k in fa)
+
+
+def test_schedule_command_simulates_and_charts_a_continuous_schedule(tmp_path):
+    import subprocess
+
+    png = tmp_path / "c.png"
+    res = subprocess.run([sys.executable, "-m", "mpipar.cli", "schedule", "--kind", "pipedream",
+                          "--pp", "4", "-m", "2", "--steps", "3", "--vertical-sync", "--png",
+                          str(png), "--actions"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "steps=3 vsync=true" in res.stdout
+    assert "3 steps without a flush" in res.stdout
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    res = subprocess.run([sys.executable, "-m", "mpipar.cli", "schedule", "--kind", "1f1b",
+                          "--steps", "2"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "run without a flush" in res.stderr
