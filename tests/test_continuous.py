@@ -216,3 +216,13 @@ def test_schedule_command_simulates_and_charts_a_continuous_schedule(tmp_path):
     res = subprocess.run([sys.executable, "-m", "mpipar.cli", "schedule", "--kind", "1f1b",
                           "--steps", "2"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "run without a flush" in res.stderr
+
+
+@pytest.mark.parametrize("kind", ["pipedream", "pipedream-2bw"])
+@pytest.mark.parametrize("pp,m,steps", [(2, 2, 3), (4, 4, 3), (4, 6, 2), (8, 8, 4)])
+def test_unit_cost_bubble_is_one_flush_for_all_steps(kind, pp, m, steps):
+    """F = 1, BW = 2, free updates and messages: 1F1B's bubble (p-1)/(n+p-1) with n = steps * m
+    micro-batches, i.e. the warm-up and drain paid once instead of once per step."""
+    sim = simulate(build_schedule(kind, pp, m, steps=steps))
+    n = steps * m
+    assert sim.bubble_fraction == pytest.approx((pp - 1) / (n + pp - 1), abs=1e-12)
