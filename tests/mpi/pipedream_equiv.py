@@ -5,7 +5,7 @@ usage: pipedream_equiv.py DATA.h5 DP PP TP MICROBATCHES [KIND [MODE]]
 KIND: pipedream (default) or pipedream-2bw. MODE: ``step`` (a flush after every step, the
 default), ``continuous`` (no flush: one continuous schedule for all STEPS steps), ``vsync``
 (continuous with vertical sync), ``drains`` (continuous, drained after step 1 as before an
-evaluation or a checkpoint).
+evaluation or a checkpoint), ``recompute`` (continuous, with full recomputation).
 The replay (world rank 0, no MPI) applies the rules the schedule implies: micro-batch j runs
 chunk c forward and backward with weight version ``weight_versions(schedule)[(j, c)]`` (weight
 stashing) and its gradient, averaged over dp replicas, updates chunk c at the schedule's UPDATE
@@ -30,7 +30,8 @@ from mpipar.trace import Tracer
 from mpipar.training import Batches, Trainer, chunk_bounds, step_lr
 
 STEPS = 4
-SEGMENTS = {"step": [1] * STEPS, "continuous": [STEPS], "vsync": [STEPS], "drains": [2, 2]}
+SEGMENTS = {"step": [1] * STEPS, "continuous": [STEPS], "vsync": [STEPS], "drains": [2, 2],
+            "recompute": [STEPS]}
 
 
 def make_cfg(data, dp, pp, tp, m, kind="pipedream", mode="step"):
@@ -40,6 +41,7 @@ def make_cfg(data, dp, pp, tp, m, kind="pipedream", mode="step"):
         "train.seed": 3, "parallel.dp": dp, "parallel.pp": pp, "parallel.tp": tp,
         "parallel.schedule": kind, "parallel.microbatches": m, "run.trace": False,
         "parallel.continuous": mode != "step", "parallel.vertical_sync": mode == "vsync",
+        "parallel.recompute": mode == "recompute",
         "data.path": data, "model.n_layer": 4, "model.n_embd": 16, "model.n_head": 4,
         "model.block_size": 8, "model.init_std": 0.2})
 
