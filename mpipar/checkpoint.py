@@ -98,9 +98,13 @@ def gather_full(trainer, what=("params", "optim")) -> dict | None:
     ...} on world rank 0 (None elsewhere), gathered over tp (shard axes) and pp (stages)."""
     g = trainer.grid
     tensors = {}
+    older = None
     if "optim" in what:
         opt_state, buffers = _optimizer_state_by_param(trainer)
+        older = trainer.older_weights() if hasattr(trainer, "older_weights") else None
     for p in trainer.params:
+        if older is not None:  # PipeDream-2BW's older weight buffer
+            tensors[f"older/{p.name}"] = _gather_full(older[p.name], p.spec, g.tp_comm)
         if "params" in what:
             tensors[f"params/{p.name}"] = _gather_full(p.data, p.spec, g.tp_comm)
         if "grads" in what:
@@ -124,6 +128,9 @@ def gather_full(trainer, what=("params", "optim")) -> dict | None:
 def save_checkpoint(trainer, directory) -> Path | None:
     """Collective over the world. Returns the path on world rank 0 (None elsewhere)."""
     g = trainer.grid
+    if getattr(trainer, "segment", None) is not None:
+        raise CheckpointError("a checkpoint needs a drained pipeline: a continuous schedule is "
+                              "in flight (the loop drains before each checkpoint)")
     tensors = gather_full(trainer)
     path = _write(Path(directory), trainer, tensors) if g.rank == 0 else None
     g.world_comm.barrier()
@@ -228,6 +235,7 @@ def check_contents(path, tensors: dict, shapes: dict, buffers) -> None:
     """The file holds exactly the model's tensors (``shapes``: parameter name -> full shape)
     and optimizer buffers, each of the right shape; else ``CheckpointError`` naming them."""
     expected = {f"params/{n}": s for n, s in shapes.items()}
+    tensors = {k: v for k, v in tensors.items() if not k.startswith("older/")}  # load_older
     expected.update({f"optim/{n}/{b}": s for n, s in shapes.items() for b in buffers})
     missing, unknown = set(expected) - set(tensors), set(tensors) - set(expected)
     if missing or unknown:
@@ -262,6 +270,7 @@ def load_into(trainer, path) -> int:
                                             p.tp_size), dtype=p.data.dtype)
     per_param = {p.name: {b: take_shard(tensors[f"optim/{p.name}/{b}"], p.spec, p.tp_rank,
                                         p.tp_size) for b in buffers} for p in trainer.params}
+    _load_older(trainer, tensors, path)
     step = int(attrs["optimizer_step"])
     if trainer.sync.zero1:
         shard_state = trainer.sync.scatter_state(per_param, buffers)
@@ -269,6 +278,22 @@ def load_into(trainer, path) -> int:
     else:
         trainer.opt.load_state_dict({k: dict(v, step=step) for k, v in per_param.items()})
     return int(attrs["step"])
+
+
+def _load_older(trainer, tensors, path) -> None:
+    """PipeDream-2BW's older buffer, when the run uses one and the file has it (a file from a
+    run without it: the older buffer starts equal to the weights, as at step 0)."""
+    if not hasattr(trainer, "older_weights") or trainer.older_weights() is None:
+        return
+    names = [f"older/{p.name}" for p in trainer.params]
+    if not all(n in tensors for n in names):
+        return
+    for p, n in zip(trainer.params, names):
+        if tuple(tensors[n].shape) != tuple(p.full_shape):
+            raise CheckpointError(f"{path}: {n} has shape {tuple(tensors[n].shape)}, the model "
+                                  f"needs {tuple(p.full_shape)}")
+    trainer.load_older({p.name: take_shard(tensors[n], p.spec, p.tp_rank, p.tp_size)
+                        for p, n in zip(trainer.params, names)})
 
 
 def maybe_resume(trainer) -> None:

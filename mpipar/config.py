@@ -90,6 +90,10 @@ class ParallelConfig:
     zero1: bool = False  # shard optimizer state over dp
     bucket_mb: float = 4.0  # data-parallel all-reduce bucket size, MiB
     overlap_grad_sync: bool = True
+    # pipedream / pipedream-2bw without a flush between steps: the pipeline drains only before an
+    # evaluation, a checkpoint and at the end (training/trainer.py)
+    continuous: bool = False
+    vertical_sync: bool = False  # pipedream: every stage uses the first stage's weight version
 
 
 @dataclass
@@ -166,6 +170,7 @@ RULES = {
         "boundaries": IntList(0), "recompute": Recompute(), "sequence_parallel": Flag(),
         "zero1": Flag(), "bucket_mb": Real(0, 2**20, lo_open=True), "overlap_grad_sync": Flag(),
         "tp_mode": Choice(("1d", "2d", "2.5d", "3d")), "tp_depth": Int(1), "layout": Text(),
+        "continuous": Flag(), "vertical_sync": Flag(),
     },
     "data": {"path": Text(), "max_bytes": Int(1024)},
     "run": {
@@ -379,10 +384,21 @@ def _validate_parallel(p: ParallelConfig, t: TrainConfig, world_size: int | None
         raise ConfigError(f"parallel.schedule_file {p.schedule_file} not found")
     if p.zero1 and p.schedule in ("pipedream", "pipedream-2bw"):
         raise ConfigError(f"ZeRO-1 with {p.schedule} is not supported: drop zero1")
+    _validate_continuous(p)
     _validate_boundaries(p)
     _validate_tp_mode(p, t)
     if world_size is not None:
         _grid_rule(check_grid, p.dp, p.pp, p.tp, world_size)
+
+
+def _validate_continuous(p: ParallelConfig) -> None:
+    """``continuous`` and ``vertical_sync``: PipeDream's settings, generated schedules only."""
+    for flag, kinds in (("continuous", ("pipedream", "pipedream-2bw")),
+                        ("vertical_sync", ("pipedream",))):
+        if getattr(p, flag) and (p.schedule not in kinds or p.schedule_file):
+            raise ConfigError(f"parallel.{flag} = true is for the generated "
+                              f"{' and '.join(kinds)} schedules (schedule is {p.schedule!r}"
+                              f"{', with a schedule_file' if p.schedule_file else ''}): drop it")
 
 
 def _validate_tp_mode(p: ParallelConfig, t: TrainConfig) -> None:

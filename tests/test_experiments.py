@@ -41,8 +41,13 @@ def run_quick(name: str, out: Path) -> dict:
 
 def test_memory_quick_counts_match_simulator(tmp_path):
     doc = run_quick("memory", tmp_path / "memory")
-    rows = doc["rows"]
-    assert {r["variant"] for r in rows} == {"gpipe", "1f1b", "1f1b+recompute"}
+    sim = [r for r in doc["rows"] if r["source"] == "sim"]  # new schedules at pp 4 and 8
+    assert {(r["variant"], r["pp"]) for r in sim} == {("pipedream-2bw-cont", 4),
+                                                     ("pipedream-2bw-cont", 8)}
+    assert all(r["sim_peak"] == r["pp"] - r["rank"] for r in sim)  # 1F1B's, across steps
+    rows = [r for r in doc["rows"] if r["source"] == "measured"]
+    assert {r["variant"] for r in rows} == {"gpipe", "1f1b", "1f1b+recompute",
+                                            "pipedream-2bw-cont"}
     for r in rows:
         # the dump proxy and the layers' saved contexts agree with the schedule simulator
         assert r["dump_peak"] == r["sim_peak"] == r["probe_peak"], r
@@ -50,7 +55,8 @@ def test_memory_quick_counts_match_simulator(tmp_path):
     # GPipe holds every micro-batch on every stage; 1F1B at most pp - stage
     m, pp = doc["meta"]["microbatches"], doc["meta"]["pp"]
     assert all(r["sim_peak"] == m for r in rows if r["variant"] == "gpipe")
-    assert all(r["sim_peak"] == pp - r["rank"] for r in rows if r["variant"] == "1f1b")
+    assert all(r["sim_peak"] == pp - r["rank"] for r in rows
+               if r["variant"] in ("1f1b", "pipedream-2bw-cont"))
 
 
 def test_tp_comm_quick_bytes_match_megatron_count(tmp_path):

@@ -24,6 +24,11 @@ def add_arguments(p) -> None:
                    "a .csv file is read as torch.distributed.pipelining's schedule CSV")
     p.add_argument("--costs", default="",
                    help="cost model, e.g. F=1,B=1,W=1,BW=2,comm=0,UPDATE=0 (per stage)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="pipedream / pipedream-2bw without a flush: the continuous schedule of "
+                        "this many training steps (parallel.continuous)")
+    p.add_argument("--vertical-sync", action="store_true",
+                   help="pipedream: every stage uses the first stage's weight version")
     p.add_argument("--png", help="also write a Gantt chart to this PNG file")
     p.add_argument("--save", help="write the schedule's action lists to this text file (.csv: "
                    "torch.distributed.pipelining's CSV, with communication)")
@@ -117,7 +122,8 @@ def run(args) -> int:
             virtual_stages = args.virtual_stages
             if virtual_stages is None:
                 virtual_stages = default_virtual_stages(kind)
-            s = build_schedule(kind, args.pp, args.microbatches, virtual_stages)
+            s = build_schedule(kind, args.pp, args.microbatches, virtual_stages,
+                               steps=args.steps, vertical_sync=args.vertical_sync)
         check_schedule(s)
         result = simulate(s, costs)
         if args.save and args.save.endswith(".csv"):  # torch's CSV, with sends and receives
@@ -140,18 +146,7 @@ def run(args) -> int:
     print(f"makespan: {result.makespan:g}")
     print(f"bubble fraction (simulated): {result.bubble_fraction:.4f}   per rank: "
           + " ".join(f"{b:.3f}" for b in result.per_rank_bubble))
-    tb = textbook_bubble(s.kind, s.pp, s.microbatches, s.virtual_stages)
-    if tb is None:
-        why = {
-            "pipedream": "asynchronous, no flush: the bubble vanishes in the steady state",
-            "zb-h1": "the published schedule assumes microbatches >= pp",
-        }.get(s.kind, "no formula")
-        print(f"bubble fraction (textbook): n/a ({why})")
-    else:
-        note = " (assumes no comm time)"
-        if s.kind == "zb-h1":
-            note = " (assumes F = B = W, no comm time)"
-        print(f"bubble fraction (textbook): {tb:.4f}{note}")
+    _print_textbook(s, textbook_bubble)
     print("peak activations (micro-batch x chunk held, per rank): "
           + " ".join(str(x) for x in result.peak_activations))
     _print_published(s, result)
@@ -160,6 +155,24 @@ def run(args) -> int:
     if args.save:
         print(f"wrote {args.save}")
     return 0
+
+
+def _print_textbook(s, textbook_bubble) -> None:
+    tb = (textbook_bubble(s.kind, s.pp, s.microbatches, s.virtual_stages) if s.steps == 1
+          else None)
+    if tb is None:
+        why = {
+            "pipedream": "asynchronous, no flush: the bubble vanishes in the steady state",
+            "zb-h1": "the published schedule assumes microbatches >= pp",
+        }.get(s.kind, "no formula")
+        if s.steps > 1:
+            why = f"{s.steps} steps without a flush: warm-up and drain paid once"
+        print(f"bubble fraction (textbook): n/a ({why})")
+    else:
+        note = " (assumes no comm time)"
+        if s.kind == "zb-h1":
+            note = " (assumes F = B = W, no comm time)"
+        print(f"bubble fraction (textbook): {tb:.4f}{note}")
 
 
 def _print_published(s, result) -> None:

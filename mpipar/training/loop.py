@@ -138,11 +138,12 @@ def _steps(cfg: Config, trainer: Trainer, lead: bool, flush, checkpoint):
     start = time.perf_counter()
     n = cfg.train.steps
     dog = Watchdog(cfg.run.watchdog_s, first_step=trainer.step).start()
+    pending = 0  # a stop agreed while a continuous run is in flight waits for its drain
     try:
         with StopSignals() as signals:
             for i in range(trainer.step, n):
                 begin_step(i)
-                rec = trainer.train_step()
+                rec = trainer.train_step(until=drain_point(cfg, i))
                 last = i + 1 == n
                 val = float("nan")
                 if cfg.train.eval_interval and ((i + 1) % cfg.train.eval_interval == 0 or last):
@@ -154,13 +155,22 @@ def _steps(cfg: Config, trainer: Trainer, lead: bool, flush, checkpoint):
                 if lead and cfg.run.progress:
                     _maybe_progress(cfg, i, n, rec, start)
                 # every rank stops after the same step (the last one needs no agreement)
-                stop = 0 if last else signals.agree()
-                if stop:
-                    return history, val_loss, stop
+                pending = pending or (0 if last else signals.agree())
+                if pending and trainer.segment is None:
+                    return history, val_loss, pending
                 _periodic(cfg, i + 1, last, flush, checkpoint)
     finally:
         dog.stop()
     return history, val_loss, 0
+
+
+def drain_point(cfg: Config, i: int) -> int:
+    """The first step >= i after which the pipeline must drain (continuous schedules): before
+    an evaluation or a checkpoint, so that they see one weight version per stage, and at the
+    end. A stop signal (preemption) is honoured at the next of these."""
+    n, ev, ci = cfg.train.steps, cfg.train.eval_interval, cfg.run.checkpoint_interval
+    ends = [n - 1] + [i + (-(i + 1)) % k for k in (ev, ci) if k]
+    return min(ends)
 
 
 def _maybe_progress(cfg, i, n, rec, start):

@@ -30,8 +30,13 @@ def make_schedule(cfg: Config):
             raise ConfigError(f"schedule file {p.schedule_file} is for pp={s.pp}, microbatches="
                               f"{s.microbatches}; the run has pp={p.pp}, microbatches="
                               f"{p.microbatches}")
+    elif p.continuous:  # a few steps of the cross-step schedule (the trainer builds each run's)
+        steps = min(cfg.train.steps, 2 + -(-p.pp // p.microbatches))
+        s = build_schedule(p.schedule, p.pp, p.microbatches, p.virtual_stages, steps=steps,
+                           vertical_sync=p.vertical_sync)
     else:
-        s = build_schedule(p.schedule, p.pp, p.microbatches, p.virtual_stages)
+        s = build_schedule(p.schedule, p.pp, p.microbatches, p.virtual_stages,
+                           vertical_sync=p.vertical_sync)
     check_schedule(s)
     return s
 

@@ -4,6 +4,14 @@ synchronisation (tp partial sums, dp buckets), clipping by the global norm, the 
 The executor reports gradients straight to ``GradSync`` (its ``unit_ready`` / ``chunk_ready``);
 the trainer wires them up and steps. Asynchronous PipeDream updates each chunk once per
 micro-batch instead, from the executor's UPDATE actions.
+
+``parallel.continuous`` (pipedream, pipedream-2bw): no flush between steps. The steps from now
+to the next drain point (``train_step(until=...)``: the loop passes the next evaluation,
+checkpoint or the end) form one continuous schedule (``generators.continuous``), run a step at a
+time; each call feeds the batches of the steps whose forwards start early. 2BW then updates each
+chunk once per step from its UPDATE action (the gradient taken on the older buffer, which the
+trainer keeps per chunk and checkpoints); no global-norm clipping there (a global norm needs
+every stage at one point, i.e. a flush), as for PipeDream.
 """
 
 from __future__ import annotations
@@ -124,7 +132,8 @@ class Trainer:
         chunk_params = {c: ch.params() for c, ch in self.chunks.items()}
         self.sync = GradSync(chunk_params, grid.dp_comm, backend, self.tp, bucket_mb=p.bucket_mb,
                              overlap=p.overlap_grad_sync, zero1=p.zero1)
-        self.asynchronous = bool(self.schedule.asynchronous)
+        self.continuous = bool(getattr(p, "continuous", False))
+        self.asynchronous = bool(self.schedule.asynchronous) or self.continuous
         if self.asynchronous:
             # PipeDream: each chunk steps on its own, once per micro-batch
             self.opt = ChunkOptimizers({c: make_optimizer(cfg, ps)
@@ -143,8 +152,11 @@ class Trainer:
         self.step = 0
         # PipeDream-2BW: the gradients of step k are taken at the weights before step k-1's
         # update (double buffering) and applied to the current ones: one step of delay
-        self.delayed = self.schedule.kind == "pipedream-2bw"
+        self.delayed = self.schedule.kind == "pipedream-2bw" and not self.continuous
         self.previous = None  # made at the first step (after any resume): W(-1) = W(0)
+        self.segment = None  # continuous: the ContinuousRun in flight (None: drained)
+        self.segment_start = self.step  # the step of micro-batch 0 of the running lists
+        self._segment_schedules = {}  # steps -> the continuous schedule of that many steps
 
     # -- pieces of a step
     def _local_microbatches(self, x, y):
@@ -172,10 +184,13 @@ class Trainer:
             mine = sum(losses.values()) / self.cfg.parallel.microbatches / g.dp_size
         return g.world_comm.allreduce_scalar(mine, op="sum")
 
-    def forward_backward(self) -> dict:
+    def forward_backward(self, until=None) -> dict:
         """Gradients of this step's batch, fully synchronised (tp partial sums and dp)."""
         cfg = self.cfg
         self.tracer.step = self.step
+        if self.continuous:
+            return self._continuous_step(until)
+        self.segment_start = self.step
         x, y = self.batches.get("train", self.step, cfg.train.batch_size)
         xs, ys = self._local_microbatches(x, y)
         for p in self.params:
@@ -196,11 +211,82 @@ class Trainer:
             self.sync.finish()
         return losses
 
+    def _continuous_step(self, until):
+        """Step ``self.step`` of a continuous run, opening one (lists up to step ``until``,
+        default the last) when none is in flight; the run drains after its last step."""
+        from ..parallel.pipeline.check import check_schedule
+        from ..parallel.pipeline.generators import build_schedule
+
+        if self.segment is None:
+            p, last = self.cfg.parallel, self.cfg.train.steps - 1
+            n = max(1, min(last if until is None else until, last) - self.step + 1)
+            if n not in self._segment_schedules:
+                s = build_schedule(p.schedule, p.pp, p.microbatches, steps=n,
+                                   vertical_sync=p.vertical_sync)
+                check_schedule(s)
+                # the lengths recur (the drain interval, the rest at the end); building and
+                # checking is linear in the steps (~0.1 s per step at pp = m = 8)
+                self._segment_schedules[n] = s
+            ex = PipelineExecutor(
+                self.model, self.chunks, self._segment_schedules[n], self.grid.pp_rank,
+                comm=self.grid.pp_comm, tracer=self.tracer, recompute=p.recompute,
+                backend=self.backend, on_update=self._async_update)
+            for q in self.params:
+                q.zero_grad()
+            if self.schedule.kind == "pipedream-2bw" and self.previous is None:
+                self.previous = [q.data.copy() for q in self.params]  # W(-1) = W(0)
+            self.segment_start, self._fed = self.step, {}
+            self.segment = ex.start_continuous(self._feed, older=self._older_by_chunk())
+        losses = self.segment.run_step()
+        if self.segment.done:
+            self.segment = None
+        return losses
+
+    def _feed(self, k):
+        """The local micro-batches of step k of the running lists (the trainer feeds step k+1
+        while step k's are in flight); each batch is read once and dropped when done."""
+        step = self.segment_start + k
+        if step not in self._fed:
+            x, y = self.batches.get("train", step, self.cfg.train.batch_size)
+            self._fed = {s: v for s, v in self._fed.items() if s >= self.step}
+            self._fed[step] = self._local_microbatches(x, y)
+        return self._fed[step]
+
+    def _older_by_chunk(self):
+        """2BW's older buffer as {chunk: arrays in chunk.params() order} (None: not 2BW)."""
+        if self.previous is None:
+            return None
+        by_id = {id(q): w for q, w in zip(self.params, self.previous)}
+        return {c: [by_id[id(q)] for q in ch.params()] for c, ch in self.chunks.items()}
+
+    def older_weights(self):
+        """{parameter name: 2BW's older weights} for checkpoints (None: no older buffer).
+        Only between continuous runs (drained), where the next step needs exactly these."""
+        if self.schedule.kind != "pipedream-2bw":
+            return None
+        prev = self.previous or [q.data for q in self.params]  # W(-1) = W(0) before step 0
+        return {q.name: w for q, w in zip(self.params, prev)}
+
+    def load_older(self, arrays: dict):
+        """Resume: 2BW's older buffer as a checkpoint saved it (``older_weights``)."""
+        xp = self.backend.xp
+        self.previous = [xp.array(arrays[q.name], dtype=q.data.dtype) for q in self.params]
+
     def _async_update(self, mb, c):
-        """PipeDream: apply micro-batch mb's gradient to chunk c now (synchronised over tp, dp)."""
+        """PipeDream: apply micro-batch mb's gradient to chunk c now (synchronised over tp, dp).
+        Continuous 2BW: mb is its step's last; the step's gradient (taken on the older buffer)
+        goes to the current weights, which first become the chunk's older buffer."""
+        step = self.segment_start + mb // self.cfg.parallel.microbatches
+        ps = self.chunks[c].params()
+        if self.continuous and self.schedule.kind == "pipedream-2bw":
+            keep = {id(q): q.data.copy() for q in ps}
+            self.previous = [keep.get(id(q), w) for q, w in zip(self.params, self.previous)]
         self.sync.reduce_now(c)
-        with self.tracer.region("OPT", mb=mb, chunk=c):
-            self.opt.chunks[c].step(step_lr(self.cfg, self.step))
+        with self.tracer.region("OPT", mb=mb % self.cfg.parallel.microbatches, chunk=c):
+            self.opt.chunks[c].step(step_lr(self.cfg, step))
+        if self.continuous and self.schedule.kind == "pipedream-2bw":
+            for q in ps:
+                q.zero_grad()
 
     def update(self) -> tuple[float, float]:
         """Clip by the global norm and step the optimizer. Returns (grad norm, lr)."""
@@ -219,12 +305,14 @@ class Trainer:
             self.sync.after_step()
         return norm, lr
 
-    def train_step(self) -> dict:
+    def train_step(self, until=None) -> dict:
+        """One step. ``until``: continuous schedules only, the last step of the run that opens
+        here (the next drain point: an evaluation, a checkpoint; default the last step)."""
         cfg, tr = self.cfg, self.tracer
         tr.step = self.step
         t0 = tr.now()
         start = time.perf_counter()
-        losses = self.forward_backward()
+        losses = self.forward_backward(until)
         if self.asynchronous:  # the executor already applied every micro-batch's update
             norm, lr = float("nan"), step_lr(cfg, self.step)
         else:
@@ -244,6 +332,9 @@ class Trainer:
         """Mean validation loss over ``eval_batches`` batches (forward only, through the
         pipeline)."""
         cfg = self.cfg
+        if self.segment is not None:
+            raise RuntimeError("evaluation needs a drained pipeline: a continuous schedule is in "
+                               "flight (train_step(until=...) must end its run first)")
         if self.eval_executor is None:
             s = forward_only_schedule(cfg.parallel.pp, cfg.parallel.microbatches,
                                       self.schedule.virtual_stages, self.schedule.placement)

@@ -51,10 +51,10 @@ def inject():
 real_step = Trainer.train_step
 
 
-def train_step(self):
+def train_step(self, *args, **kwargs):
     if self.step == at and me == rank:
         inject()
-    return real_step(self)
+    return real_step(self, *args, **kwargs)
 
 
 Trainer.train_step = train_step

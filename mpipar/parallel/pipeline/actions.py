@@ -16,7 +16,13 @@ schedule's *placement*:
   ``RECV_F(mb, c)``: receive the input of chunk c from the rank of chunk c-1.
 - ``SEND_B(mb, c)``: send the input-gradient of chunk c to the rank of chunk c-1.
   ``RECV_B(mb, c)``: receive the output-gradient of chunk c from the rank of chunk c+1.
-- ``UPDATE(mb, c)``: asynchronous PipeDream only: apply mb's gradient to chunk c's weights now.
+- ``UPDATE(mb, c)``: asynchronous PipeDream only: apply mb's gradient to chunk c's weights now
+  (PipeDream-2BW: the gradient of mb's whole step, after the step's last micro-batch).
+
+A *continuous* schedule (``steps=S`` in the header, S > 1) runs S training steps without a flush:
+micro-batch ``j`` (``0 <= j < S * microbatches``) belongs to step ``j // microbatches``, and the
+warm-up of step k+1 overlaps the cool-down of step k. ``vsync=true``: vertical sync (every stage
+runs a micro-batch with the weight version the first stage used; ``versions.weight_versions``).
 
 ``F3.0&B1.7`` is a paired action (DualPipe's F&B): the forward of one micro-batch and the backward
 of another, issued together (``Schedule.pairs``); here they run one after the other.
@@ -118,6 +124,24 @@ class Schedule:
     # paired actions (DualPipe's F&B: a forward and a backward of other micro-batches issued as
     # one, overlapped on a GPU, run in sequence here): (rank, index of the F; the B follows)
     pairs: list[tuple[int, int]] = field(default_factory=list)
+    steps: int = 1  # training steps the lists span without a flush (continuous: > 1)
+    vertical_sync: bool = False  # asynchronous only: every stage uses the first stage's version
+
+    @property
+    def total_microbatches(self) -> int:
+        """Micro-batches in the lists: ``microbatches`` per step, ``steps`` steps."""
+        return self.microbatches * self.steps
+
+    def step_of(self, mb: int) -> int:
+        """The step (0-based, within the lists) whose batch micro-batch ``mb`` comes from."""
+        return mb // self.microbatches
+
+    def updates_after(self, mb: int) -> bool:
+        """Whether an asynchronous schedule has an UPDATE after micro-batch mb's backward:
+        every one (PipeDream), or the last of each step (PipeDream-2BW)."""
+        if self.kind == "pipedream-2bw":
+            return mb % self.microbatches == self.microbatches - 1
+        return True
 
     @property
     def n_chunks(self) -> int:
@@ -140,6 +164,8 @@ class Schedule:
             f"schedule kind={self.kind} pp={self.pp} virtual={self.virtual_stages} "
             f"microbatches={self.microbatches} asynchronous={str(self.asynchronous).lower()} "
             f"placement={self.placement}"
+            + (f" steps={self.steps}" if self.steps != 1 else "")
+            + (" vsync=true" if self.vertical_sync else "")
         )
 
     def format(self) -> str:
@@ -199,6 +225,8 @@ class Schedule:
             asynchronous=header["asynchronous"],
             placement=header["placement"],
             pairs=sorted(pairs),
+            steps=header["steps"],
+            vertical_sync=header["vsync"],
         )
 
     def save(self, path) -> None:
@@ -224,7 +252,8 @@ def _parse_header(line: str, lineno: int) -> dict:
             "'schedule kind=NAME pp=P virtual=V microbatches=M [asynchronous=false]', "
             f"got {words[0]!r}"
         )
-    out: dict = {"kind": "custom", "virtual": 1, "asynchronous": False, "placement": "loop"}
+    out: dict = {"kind": "custom", "virtual": 1, "asynchronous": False, "placement": "loop",
+                 "steps": 1, "vsync": False}
     col = len(words[0]) + 1
     for w in words[1:]:
         col = line.index(w, col) + 1
@@ -234,13 +263,13 @@ def _parse_header(line: str, lineno: int) -> dict:
             raise ScheduleError(f"{where}: expected key=value, got {w!r}")
         if key == "kind":
             out[key] = value
-        elif key in ("pp", "virtual", "microbatches"):
+        elif key in ("pp", "virtual", "microbatches", "steps"):
             if not value.isdigit() or int(value) < 1:
                 raise ScheduleError(f"{where}: {key} must be a positive integer, got {value!r}")
             out[key] = int(value)
-        elif key == "asynchronous":
+        elif key in ("asynchronous", "vsync"):
             if value.lower() not in ("true", "false", "1", "0"):
-                raise ScheduleError(f"{where}: asynchronous must be true or false, got {value!r}")
+                raise ScheduleError(f"{where}: {key} must be true or false, got {value!r}")
             out[key] = value.lower() in ("true", "1")
         elif key == "placement":
             if value not in PLACEMENTS:
@@ -250,7 +279,7 @@ def _parse_header(line: str, lineno: int) -> dict:
         else:
             raise ScheduleError(
                 f"{where}: unknown header key {key!r} "
-                "(known: kind, pp, virtual, microbatches, asynchronous, placement)"
+                "(known: kind, pp, virtual, microbatches, asynchronous, placement, steps, vsync)"
             )
         col += len(w)
     for key in ("pp", "microbatches"):

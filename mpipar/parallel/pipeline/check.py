@@ -19,6 +19,7 @@ from .actions import (
     sends_after,
 )
 from .replay import Replay
+from .versions import check_versions
 
 
 def _where(r: int, i: int, a: Action) -> str:
@@ -26,11 +27,14 @@ def _where(r: int, i: int, a: Action) -> str:
 
 
 def check_schedule(s: Schedule) -> None:
-    if s.pp < 1 or s.virtual_stages < 1 or s.microbatches < 1:
+    if s.pp < 1 or s.virtual_stages < 1 or s.microbatches < 1 or s.steps < 1:
         raise ScheduleError(
-            f"pp, virtual_stages and microbatches must be >= 1 (got {s.pp}, {s.virtual_stages}, "
-            f"{s.microbatches})"
+            f"pp, virtual_stages, microbatches and steps must be >= 1 (got {s.pp}, "
+            f"{s.virtual_stages}, {s.microbatches}, {s.steps})"
         )
+    if s.vertical_sync and not s.asynchronous:
+        raise ScheduleError("vsync=true (vertical sync) needs an asynchronous schedule: set "
+                            "asynchronous=true or drop vsync")
     if len(s.ranks) != s.pp:
         raise ScheduleError(f"schedule has pp={s.pp} but {len(s.ranks)} rank lists")
     check_placement(s.placement, s.virtual_stages)
@@ -39,11 +43,13 @@ def check_schedule(s: Schedule) -> None:
     _check_counts(s, index)
     _check_local_order(s, index)
     _check_deadlock(s)
+    if s.asynchronous:
+        check_versions(s)
 
 
 def _check_actions(s: Schedule) -> dict[Action, tuple[int, int]]:
     """Ranges, placement and duplicates; returns action -> (rank, index)."""
-    n, m = s.n_chunks, s.microbatches
+    n, m = s.n_chunks, s.total_microbatches
     index: dict[Action, tuple[int, int]] = {}
     for r, acts in enumerate(s.ranks):
         for i, a in enumerate(acts):
@@ -71,9 +77,10 @@ def _check_actions(s: Schedule) -> dict[Action, tuple[int, int]]:
                         f"{where}: chunks {a.chunk} and {peer} are both on rank {r} (placement "
                         f"{s.placement}, pp={s.pp}); they pass data in memory: remove {a}"
                     )
-            if a.op == "UPDATE" and not s.asynchronous:
+            if a.op == "UPDATE" and not (s.asynchronous and s.updates_after(a.mb)):
                 raise ScheduleError(
-                    f"{where}: UPDATE is only allowed in asynchronous (PipeDream) schedules; "
+                    f"{where}: UPDATE is only allowed in asynchronous (PipeDream) schedules, "
+                    "after each micro-batch (pipedream) or each step's last one (pipedream-2bw); "
                     "set asynchronous=true in the header or remove it"
                 )
             if a in index:
@@ -100,7 +107,7 @@ def _check_pairs(s: Schedule) -> None:
 def _check_counts(s: Schedule, index: dict) -> None:
     """Every (mb, chunk) has F and either BW or B+W; sends and receives as needed; UPDATEs."""
     n = s.n_chunks
-    for mb in range(s.microbatches):
+    for mb in range(s.total_microbatches):
         for c in range(n):
             r = s.rank_of(c)
             need = [Action("F", mb, c)]
@@ -114,7 +121,7 @@ def _check_counts(s: Schedule, index: dict) -> None:
                 )
             back = [Action("BW", mb, c)] if has_bw else [Action("B", mb, c), Action("W", mb, c)]
             need += back
-            if s.asynchronous:
+            if s.asynchronous and s.updates_after(mb):
                 need.append(Action("UPDATE", mb, c))
             for a in [need[0], back[0]]:
                 need += recvs_before(a, n, s.rank_of) + sends_after(a, n, s.rank_of)

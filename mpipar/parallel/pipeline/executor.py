@@ -9,20 +9,24 @@ gradients of an earlier micro-batch still in flight).
 The loss is computed on the last chunk right after its forward (as Megatron does), scaled by
 1 / microbatches so that the accumulated gradient is that of the mean over the whole batch.
 
-Asynchronous PipeDream (``schedule.asynchronous``): each micro-batch is its own update. F stashes
-the weights it ran with; BW runs with that stash (weight stashing, Harlap et al. 2018) on freshly
-zeroed gradients; UPDATE hands the gradient to ``on_update(mb, chunk)`` at once. The loss is not
-scaled by 1 / microbatches then. The pipeline still drains at the end of each ``run`` (a step).
+Asynchronous PipeDream (``schedule.asynchronous``): each micro-batch is its own update. F runs
+with its weight version and stashes it; BW runs with that stash (weight stashing, Harlap et al.
+2018; ``continuous.VersionStash``) on freshly zeroed gradients; UPDATE hands the gradient to
+``on_update(mb, chunk)`` at once. The loss is not scaled by 1 / microbatches then. ``run`` drains
+at its end (a step); a continuous schedule runs a step at a time through
+``continuous.ContinuousRun`` (``start_continuous``), draining only at the end of its lists.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 
+from ...mpi.common import MAX_MB
 from ...nn.layers import Sequential, set_selective_recompute
 from ...progress import beat
-from .actions import ScheduleError
+from .actions import Action, ScheduleError
+from .continuous import VersionStash
 from .transfers import ACT, GRAD, Receives, Sends, tag
 
 
@@ -36,30 +40,6 @@ class Chunk(Sequential):
         self.last_unit = first_unit + len(units) - 1
 
 
-class WeightStash:
-    """PipeDream weight stashing: F saves the weights it ran with, the backward of that
-    micro-batch runs with them (on freshly zeroed gradients), then the current ones come back."""
-
-    def __init__(self):
-        self.saved = {}  # (mb, chunk) -> copies of the chunk's weights when F ran
-
-    def save(self, mb, c, chunk):
-        self.saved[(mb, c)] = [p.data.copy() for p in chunk.params()]
-
-    @contextmanager
-    def swapped(self, mb, c, chunk):
-        params = chunk.params()
-        current = [p.data for p in params]
-        for p, w in zip(params, self.saved.pop((mb, c))):
-            p.data = w
-            p.zero_grad()
-        try:
-            yield
-        finally:
-            for p, w in zip(params, current):
-                p.data = w
-
-
 class StepState:
     """Everything one ``run`` keeps between its actions."""
 
@@ -69,7 +49,7 @@ class StepState:
         self.acts_in, self.acts_out = {}, {}  # (mb, chunk) -> activation arriving at / leaving
         self.grads_in, self.grads_out = {}, {}  # (mb, chunk) -> gradient at output / input
         self.saved_inputs = {}  # recomputation: the chunk input of each micro-batch
-        self.stash = WeightStash()  # asynchronous only
+        self.stash = None  # asynchronous only: continuous.VersionStash
         self.losses = {}
         self.w_done = defaultdict(int)  # chunk -> weight-gradient passes done this step
         self.receives, self.sends = receives, Sends()
@@ -127,17 +107,36 @@ class PipelineExecutor:
         if len(inputs) != m:
             raise ValueError(f"schedule has {m} micro-batches but {len(inputs)} were given")
         loss_scale = 1.0 if self.asynchronous else 1.0 / m
+        if self.schedule.steps != 1:
+            raise ScheduleError("a continuous schedule runs a step at a time: use "
+                                "start_continuous")
         st = StepState(inputs, targets, forward_only, loss_scale, self._receives(inputs[0]))
+        if self.asynchronous and not forward_only:
+            st.stash = VersionStash(self.schedule, self.chunks)
         for a in self.actions:
-            beat(a)  # the watchdog names the action a stalled rank is blocked in
-            self._handlers[a.op](a, st)
-            st.sends.release_finished()
+            self.dispatch(a, st)
+        self.finish(st)
+        return st.losses
+
+    def start_continuous(self, fetch, older=None):
+        """A ``continuous.ContinuousRun`` of this (continuous) schedule: ``fetch(step) -> (xs,
+        ys)`` of each step in the lists, ``older``: 2BW's older buffer {chunk: arrays}."""
+        from .continuous import ContinuousRun
+
+        return ContinuousRun(self, fetch, older)
+
+    def dispatch(self, a, st):
+        beat(a)  # the watchdog names the action a stalled rank is blocked in
+        self._handlers[a.op](a, st)
+        st.sends.release_finished()
+
+    def finish(self, st):
+        """The drain: every send done and nothing left over."""
         st.sends.wait_all()
         leftovers = st.leftovers()
         if leftovers:
             raise ScheduleError(f"rank {self.pp_rank}: schedule left data unused at the end of "
                                 f"the step: {leftovers}")
-        return st.losses
 
     def _receives(self, x0):
         mb_batch = x0.shape[0]
@@ -146,8 +145,8 @@ class PipelineExecutor:
         def shape(unit):
             return self.model.boundary_shape(unit, mb_batch, seq_len)
 
-        return Receives(self.comm, self.actions, self._source, shape, self.backend.dtype,
-                        self.backend.xp)
+        return Receives(self.comm, [_wire(a) for a in self.actions], self._source, shape,
+                        self.backend.dtype, self.backend.xp)
 
     def _source(self, op, c):
         """(sending rank, unit whose output it is, tag kind) of the receive ``op`` for chunk c."""
@@ -158,20 +157,20 @@ class PipelineExecutor:
     def _region(self, kind, mb, chunk):
         if self.tracer is None:
             return nullcontext()
-        return self.tracer.region(kind, mb=mb, chunk=chunk)
+        # the micro-batch within its step (a continuous schedule numbers them across steps)
+        return self.tracer.region(kind, mb=mb % self.schedule.microbatches, chunk=chunk)
 
     # -- handlers, one per op
     def _forward(self, a, st):
         mb, c = a.mb, a.chunk
         chunk = self.chunks[c]
         x = self._chunk_input(st, mb, c)
-        with self._region("F", mb, c):
+        with self._region("F", mb, c), (st.stash.forward(mb, c, chunk) if st.stash is not None
+                                         else nullcontext()):
             y = chunk.forward(x, mb)
         if st.forward_only:
             self._forward_only_output(st, chunk, mb, c, y)
             return
-        if self.asynchronous:
-            st.stash.save(mb, c, chunk)
         if self.recompute:
             st.saved_inputs[(mb, c)] = x
             chunk.drop(mb)  # keep only the input; rebuilt before the backward
@@ -232,22 +231,23 @@ class PipelineExecutor:
     def _send_forward(self, a, st):
         mb, c = a.mb, a.chunk
         y = st.acts_out.pop((mb, c))
-        st.sends.add(self.comm.isend(y, self.schedule.rank_of(c + 1), tag(ACT, mb, c + 1),
+        st.sends.add(self.comm.isend(y, self.schedule.rank_of(c + 1), tag(ACT, mb % MAX_MB, c + 1),
                                      mb=mb, chunk=c))
 
     def _send_backward(self, a, st):
         mb, c = a.mb, a.chunk
         dx = st.grads_out.pop((mb, c))
-        st.sends.add(self.comm.isend(dx, self.schedule.rank_of(c - 1), tag(GRAD, mb, c - 1),
-                                     mb=mb, chunk=c))
+        st.sends.add(self.comm.isend(dx, self.schedule.rank_of(c - 1),
+                                     tag(GRAD, mb % MAX_MB, c - 1), mb=mb, chunk=c))
 
     def _receive(self, a, st):
-        arr = st.receives.take(a)
+        arr = st.receives.take(_wire(a))
         (st.acts_in if a.op == "RECV_F" else st.grads_in)[(a.mb, a.chunk)] = arr
 
     def _update(self, a, st):
         if self.on_update is None:
             raise ScheduleError("UPDATE actions need an asynchronous (PipeDream) run")
+        st.stash.updating(a.chunk, self.chunks[a.chunk])
         self.on_update(a.mb, a.chunk)
 
     # -- where a compute's input comes from
@@ -326,6 +326,12 @@ def build_chunks(model, bounds: dict, pp_rank: int, pp: int, rank_of=None) -> di
         if (rank_of(c) if rank_of is not None else c % pp) == pp_rank:
             out[c] = Chunk(c, model.units[lo:hi], lo)
     return out
+
+
+def _wire(a):
+    """A receive as its message is tagged: tags tell MAX_MB micro-batches apart, and a continuous
+    schedule numbers more; receives are posted a short window ahead, so the wrap is harmless."""
+    return Action(a.op, a.mb % MAX_MB, a.chunk) if a.mb >= MAX_MB else a
 
 
 _COMM_OPS = frozenset(("SEND_F", "SEND_B", "RECV_F", "RECV_B"))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from . import dualpipe, greedy, zbv
+from . import dualpipe, greedy, pipedream, zbv
 from .actions import (
     Action,
     Schedule,
@@ -21,7 +21,9 @@ from .actions import (
     recvs_before,
     sends_after,
 )
+from .pipedream import CONTINUOUS, one_f_one_b, validate_continuous  # noqa: F401
 from .replay import UNIT_COSTS, Replay
+from .versions import weight_versions  # noqa: F401  (re-exported: PipeDream's versions)
 
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "pipedream", "zb-h2", "zb-v",
              "looped-bfs", "v-half", "v-min", "dualpipev", "pipedream-2bw")
@@ -42,13 +44,18 @@ def default_virtual_stages(kind: str) -> int:
     return 2 if kind in V_SHAPED or kind in MULTI_CHUNK else 1
 
 
-def build_schedule(kind: str, pp: int, microbatches: int, virtual_stages: int = 1) -> Schedule:
+def build_schedule(kind: str, pp: int, microbatches: int, virtual_stages: int = 1, *,
+                   steps: int | None = None, vertical_sync: bool = False) -> Schedule:
     """Build and return the schedule ``kind`` for ``pp`` ranks and ``microbatches`` micro-batches,
     ``virtual_stages`` model chunks per rank.
 
+    ``steps``: PipeDream / PipeDream-2BW without a flush: the continuous schedule of ``steps``
+    training steps (``continuous``); ``vertical_sync``: PipeDream's vertical sync.
     Raises ScheduleError (a ValueError) with a message saying what to change for bad settings.
     """
-    validate(kind, pp, microbatches, virtual_stages)
+    validate(kind, pp, microbatches, virtual_stages, steps=steps, vertical_sync=vertical_sync)
+    if steps is not None or vertical_sync:
+        return continuous(kind, pp, microbatches, steps or 1, vertical_sync)
     orders = _ORDERS[kind](pp, microbatches, virtual_stages)
     placement = placement_of(kind)
     ranks, pairs = _place(pp, pp * virtual_stages, orders, placement,
@@ -57,8 +64,11 @@ def build_schedule(kind: str, pp: int, microbatches: int, virtual_stages: int = 
                     asynchronous=(kind == "pipedream"), placement=placement, pairs=pairs)
 
 
-def validate(kind: str, pp: int, microbatches: int, virtual_stages: int = 1) -> None:
+def validate(kind: str, pp: int, microbatches: int, virtual_stages: int = 1, *,
+             steps: int | None = None, vertical_sync: bool = False) -> None:
     """Check a schedule's settings without building it (cheap; call before any MPI work)."""
+    if steps is not None or vertical_sync:
+        validate_continuous(kind, pp, microbatches, steps, vertical_sync)
     if kind not in SCHEDULES:
         raise ScheduleError(f"unknown schedule {kind!r}; valid schedules: {', '.join(SCHEDULES)}")
     for name, value in (("pp", pp), ("microbatches", microbatches),
@@ -123,58 +133,16 @@ def _gpipe(pp, m, v):
     ]
 
 
-def _1f1b_order(pp, m, r):
-    """PipeDream-Flush (Narayanan et al. 2021): warm-up, one-forward-one-backward, cool-down."""
-    warm = min(pp - r - 1, m)
-    out = [Action("F", j, r) for j in range(warm)]
-    for i in range(m - warm):
-        out += [Action("F", warm + i, r), Action("BW", i, r)]
-    out += [Action("BW", j, r) for j in range(m - warm, m)]
-    return out
+def continuous(kind: str, pp: int, m: int, steps: int, vertical_sync: bool = False) -> Schedule:
+    """PipeDream or PipeDream-2BW across ``steps`` training steps with no flush
+    (``pipedream.continuous_orders``), with sends and receives placed."""
+    ranks, _ = _place(pp, pp, pipedream.continuous_orders(kind, pp, m, steps))
+    return Schedule(kind, pp, 1, m, ranks, asynchronous=True, steps=steps,
+                    vertical_sync=vertical_sync)
 
 
 def _1f1b(pp, m, v):
-    return [_1f1b_order(pp, m, r) for r in range(pp)]
-
-
-def _pipedream(pp, m, v):
-    """Asynchronous PipeDream (Harlap et al. 2018): the 1F1B order with no flush.
-
-    Right after BW(mb, c) comes UPDATE(mb, c): the optimizer applies that micro-batch's gradient
-    to chunk c's weights at once. Weight stashing: F(mb, c) uses the weights current when it runs
-    and BW(mb, c) uses those same (stashed) weights, so each micro-batch's gradient is exact for
-    the weights its forward saw, but those weights are stale: on rank r, F(mb, c) sees the
-    weights after the updates of every earlier BW on that rank, i.e. version
-    ``weight_versions(s)[(mb, c)]`` = max(0, mb - (pp - r - 1)) in the steady state (mb counted
-    from 0): the first stage runs pp-1 micro-batches behind the last. Different stages thus use
-    different versions for one micro-batch (no vertical sync, as in the paper).
-    """
-    out = []
-    for r in range(pp):
-        acts = []
-        for a in _1f1b_order(pp, m, r):
-            acts.append(a)
-            if a.op == "BW":
-                acts.append(Action("UPDATE", a.mb, a.chunk))
-        out.append(acts)
-    return out
-
-
-def weight_versions(s: Schedule) -> dict[tuple[int, int], int]:
-    """(mb, chunk) -> number of UPDATEs of that chunk before F(mb, chunk) on its rank.
-
-    That is the weight version F(mb, chunk) sees and the executor stashes for BW(mb, chunk), so a
-    one-rank replay can apply the same staleness. All zero for synchronous schedules.
-    """
-    versions: dict[tuple[int, int], int] = {}
-    for acts in s.ranks:
-        done: dict[int, int] = {}
-        for a in acts:
-            if a.op == "UPDATE":
-                done[a.chunk] = done.get(a.chunk, 0) + 1
-            elif a.op == "F":
-                versions[(a.mb, a.chunk)] = done.get(a.chunk, 0)
-    return versions
+    return [one_f_one_b(pp, m, r) for r in range(pp)]
 
 
 def _interleaved(pp, m, v):
@@ -251,7 +219,7 @@ _ORDERS = {
     "1f1b": _1f1b,
     "interleaved": _interleaved,
     "zb-h1": _zb_h1,
-    "pipedream": _pipedream,
+    "pipedream": pipedream.pipedream,
     "zb-h2": greedy.zb_h2,
     "zb-v": zbv.zb_v,
     "looped-bfs": _looped_bfs,
