@@ -1,0 +1,81 @@
+"""The cost model's fit from dump events (mpipar.analysis.costmodel), on hand-made dumps whose
+right answer is known."""
+
+import pytest
+
+from mpipar.analysis.dump import load
+from mpipar.analysis.synthetic import ev, write
+from mpipar.parallel.pipeline.generators import build_schedule
+
+LATENCY, OFFSET = 0.3, 5.0  # true p2p latency; rank 1's clock reads true time + OFFSET
+
+
+def one_f_one_b_step():
+    """One 1F1B step at pp = 2, m = 2, true times, every message taking LATENCY.
+
+    Rank 0 finds its send of F0 complete (a ``test`` between actions records a zero-length
+    ``pp.wait`` mb 0 chunk 0 peer 1) at 2.25, before rank 1 even sends the gradient of mb 0
+    (4.4), and then waits for that gradient under the same (mb, chunk, peer): the first wait is
+    not a receive. Its send of F1 completes at the end of the step (outside the receive's window).
+    """
+    r0 = [ev("STEP", 0, 0.0, 10.0),
+          ev("pp.recv", 0, 0.0, 0.01, mb=0, chunk=0, nbytes=64, peer=1),
+          ev("pp.recv", 0, 0.01, 0.02, mb=1, chunk=0, nbytes=64, peer=1),
+          ev("F", 0, 0.1, 1.1, mb=0, chunk=0),
+          ev("pp.send", 0, 1.1, 1.12, mb=0, chunk=0, nbytes=64, peer=1),
+          ev("F", 0, 1.2, 2.2, mb=1, chunk=0),
+          ev("pp.send", 0, 2.2, 2.22, mb=1, chunk=0, nbytes=64, peer=1),
+          ev("pp.wait", 0, 2.25, 2.25, mb=0, chunk=0, nbytes=64, peer=1),  # send F0 done
+          ev("pp.wait", 0, 2.3, 4.4 + LATENCY, mb=0, chunk=0, nbytes=64, peer=1),  # grad 0
+          ev("B", 0, 4.7, 6.7, mb=0, chunk=0),
+          ev("pp.wait", 0, 6.73, 7.45 + LATENCY, mb=1, chunk=0, nbytes=64, peer=1),  # grad 1
+          ev("B", 0, 7.75, 9.75, mb=1, chunk=0),
+          ev("pp.wait", 0, 9.76, 9.76, mb=1, chunk=0, nbytes=64, peer=1),  # send F1 done
+          ev("OPT", 0, 9.8, 10.0)]
+    r1 = [ev("STEP", 0, 0.0, 10.0),
+          ev("pp.recv", 0, 0.0, 0.01, mb=0, chunk=1, nbytes=64, peer=0),
+          ev("pp.recv", 0, 0.01, 0.02, mb=1, chunk=1, nbytes=64, peer=0),
+          ev("pp.wait", 0, 0.03, 1.1 + LATENCY, mb=0, chunk=1, nbytes=64, peer=0),  # act 0
+          ev("F", 0, 1.4, 2.4, mb=0, chunk=1),
+          ev("B", 0, 2.4, 4.4, mb=0, chunk=1),
+          ev("pp.send", 0, 4.4, 4.42, mb=0, chunk=1, nbytes=64, peer=0),
+          ev("pp.wait", 0, 4.42, 4.43, mb=1, chunk=1, nbytes=64, peer=0),  # act 1, long there
+          ev("F", 0, 4.45, 5.45, mb=1, chunk=1),
+          ev("B", 0, 5.45, 7.45, mb=1, chunk=1),
+          ev("pp.send", 0, 7.45, 7.47, mb=1, chunk=1, nbytes=64, peer=0),
+          ev("pp.wait", 0, 7.5, 7.5, mb=0, chunk=1, nbytes=64, peer=0),
+          ev("pp.wait", 0, 7.5, 7.51, mb=1, chunk=1, nbytes=64, peer=0),
+          ev("OPT", 0, 9.8, 10.0)]
+    r1 = [(k, s, mb, c, start + OFFSET, end + OFFSET, nb, peer)
+          for (k, s, mb, c, start, end, nb, peer) in r1]
+    return [r0, r1]
+
+
+@pytest.fixture
+def skewed(tmp_path):
+    return load(write(tmp_path / "skewed.h5", one_f_one_b_step(), {"dp": 1, "pp": 2, "tp": 1}))
+
+
+def test_receives_are_matched_to_their_own_sends(skewed):
+    from mpipar.analysis.costmodel import _received
+
+    sched = build_schedule("1f1b", 2, 2)
+    # rank 0: the wait for gradient 0 cannot be told from the send's completion (both lie after
+    # F0 and before B0): dropped; gradient 1's is the only wait of its key before B1
+    assert _received(skewed.events[0], 0, sched, skewed.coords) == [
+        (pytest.approx(7.45 + LATENCY), 1, 1, 1)]
+    # rank 1: both activations (a send's completion never precedes its post)
+    got = sorted(_received(skewed.events[1], 1, sched, skewed.coords))
+    assert got == [(pytest.approx(1.1 + LATENCY + OFFSET), 0, 0, 0),
+                   (pytest.approx(4.43 + OFFSET), 0, 1, 0)]
+
+
+def test_latency_fit_cancels_the_clock_offset(skewed):
+    from mpipar.analysis.costmodel import fit, transfer_times
+
+    sched = build_schedule("1f1b", 2, 2)
+    # pairing the send's completion at 2.25 with gradient 0's send (4.4 + OFFSET) gave
+    # (5.3 - 7.15) / 2 < 0, clipped to 0
+    assert transfer_times(skewed, [0], sched) == [pytest.approx(LATENCY)]
+    model, notes = fit(skewed, [0], sched)
+    assert model.latency == pytest.approx(LATENCY) and notes == []
