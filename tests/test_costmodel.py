@@ -79,3 +79,38 @@ def test_latency_fit_cancels_the_clock_offset(skewed):
     assert transfer_times(skewed, [0], sched) == [pytest.approx(LATENCY)]
     model, notes = fit(skewed, [0], sched)
     assert model.latency == pytest.approx(LATENCY) and notes == []
+
+
+def replica_events(f, b, wait, steps=2, reduce=0.5, opt=0.5, step_len=10.0):
+    """One data-parallel replica of GPipe at pp = 1, m = 2: F F B B from 0, its gradient
+    reduction (``wait`` for the other replica, then ``reduce``), the optimizer, to ``step_len``."""
+    rows = []
+    for s in range(steps):
+        t0 = s * step_len
+        end = t0 + 2 * (f + b)
+        rows += [ev("STEP", s, t0, t0 + step_len),
+                 ev("F", s, t0, t0 + f, mb=0, chunk=0),
+                 ev("F", s, t0 + f, t0 + 2 * f, mb=1, chunk=0),
+                 ev("B", s, t0 + 2 * f, t0 + 2 * f + b, mb=0, chunk=0),
+                 ev("B", s, t0 + 2 * f + b, end, mb=1, chunk=0),
+                 ev("dp.allreduce", s, end, end + wait + reduce, nbytes=1 << 20),
+                 ev("OPT", s, end + wait + reduce, end + wait + reduce + opt)]
+    return rows
+
+
+def test_data_parallel_replicas_are_simulated_each(tmp_path):
+    """Replica 1 computes 9 s a step, replica 0 6 s and then waits 3 s in the reduction: the
+    pipeline window (0 to 9) holds replica 0's wait, measured and predicted alike."""
+    from mpipar.analysis import breakdown
+    from mpipar.analysis.synthetic import gpt_config
+
+    events = [replica_events(1.0, 2.0, wait=3.0), replica_events(1.5, 3.0, wait=0.0)]
+    path = write(tmp_path / "dp2.h5", events, {"dp": 2, "pp": 1, "tp": 1},
+                 config=gpt_config(microbatches=2, schedule="gpipe"))
+    s = breakdown(path)["summary"]
+    assert s["bubble_pipeline"] == pytest.approx((1 - 6 / 9) / 2)
+    assert s["bubble_pred"] == pytest.approx((1 - 6 / 9) / 2), s["predict_note"]
+    # reduction 0.5 after the slower replica (9.5), optimizer 0.5: 10 s, as measured
+    assert s["step_time_pred"] == pytest.approx(10.0) and s["step_time"] == pytest.approx(10.0)
+    assert s["predicted"]["replicas"] == 2
+    assert s["predicted"]["compute"] == [pytest.approx(7.5)]

@@ -128,6 +128,8 @@ def fit(run: Run, steps, schedule) -> tuple:
     n_actions = {p: len(acts) for p, acts in enumerate(schedule.ranks)}
     parts = defaultdict(list)  # name -> [(world rank, step, value)]
     for (r, s), e in by.items():
+        if not e.size:
+            continue  # a rank left out (``predict.replicas`` empties the other replicas)
         p = int(run.coords[r, 1])
         for name, val in _rank_step_parts(e, n_actions.get(p, 1)).items():
             parts[name].append((r, s, val))

@@ -16,6 +16,8 @@ formula (e.g. (p-1)/(m+p-1) for GPipe).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from .dump import Run
@@ -87,15 +89,18 @@ def predict(run: Run, steps) -> dict:
     return out
 
 
-def pipeline_bubble(sim) -> float:
+def pipeline_bubble(sims) -> float:
     """1 - compute / window per rank, window = first to last compute over all ranks (the
-    definition of the measured ``bubble_pipeline``), mean over ranks."""
-    spans = [(a, b) for tl in sim.timeline for a, b, act in tl
+    definition of the measured ``bubble_pipeline``), mean over ranks. ``sims``: one SimResult, or
+    one per data-parallel replica (the window then spans them all, as measured)."""
+    sims = sims if isinstance(sims, (list, tuple)) else [sims]
+    spans = [(a, b) for sim in sims for tl in sim.timeline for a, b, act in tl
              if not act.op.startswith(("SEND", "RECV"))]
     if not spans:
         return float("nan")
     window = max(b for _, b in spans) - min(a for a, _ in spans)
-    return sum(1 - b / window for b in sim.busy) / len(sim.busy) if window > 0 else 0.0
+    busy = [b for sim in sims for b in sim.busy]
+    return sum(1 - b / window for b in busy) / len(busy) if window > 0 else 0.0
 
 
 def run_model(run: Run, steps, kind: str, pp: int, m: int, v: int):
@@ -110,23 +115,72 @@ def run_model(run: Run, steps, kind: str, pp: int, m: int, v: int):
     return sched, model, notes, simulate(sched, model)
 
 
+def replicas(run: Run) -> list[Run]:
+    """One ``Run`` per data-parallel replica: the same world ranks, the other replicas' events
+    left out (a pipeline's ranks talk only to each other; what replicas share is the reduction)."""
+    groups = sorted({int(d) for d in run.coords[:, 0]})
+    if len(groups) == 1:
+        return [run]
+    return [replace(run, events=[ev if int(run.coords[r, 0]) == d else ev[:0]
+                                 for r, ev in enumerate(run.events)]) for d in groups]
+
+
+def replica_models(run: Run, steps, kind: str, pp: int, m: int, v: int):
+    """(schedule, [fitted CostModel], fit notes, [SimResult]): one simulation per data-parallel
+    replica, each on its own measured unit costs, so that one replica's slower compute shows as
+    the others' wait for the reduction, inside the pipeline window as it is measured. Each
+    replica's dp time, as fitted, includes that wait; the reduction itself is what the replica
+    that arrived last spent (the least, per rank and chunk), and every replica gets that."""
+    from mpipar.parallel.pipeline.generators import build_schedule
+    from mpipar.parallel.pipeline.simulate import simulate
+
+    from .costmodel import fit
+
+    sched = build_schedule(kind, pp, m, virtual_stages=v)
+    fitted = [fit(sub, steps, sched) for sub in replicas(run)]
+    models = [mod for mod, _ in fitted]
+    keys = set().union(*(mod.dp_reduce for mod in models))
+    least = {k: min(mod.dp_reduce.get(k, 0.0) for mod in models) for k in keys}
+    for mod in models:
+        mod.dp_reduce = dict(least)
+    return sched, models, fitted[0][1], [simulate(sched, mod) for mod in models]
+
+
+def _step(models, sims) -> tuple[float, list, list]:
+    """(step time, per pipeline rank compute, per pipeline rank communication) of replicas that
+    meet at the gradient-norm collective: the last replica's pipeline and reduction end, the
+    collective, the slowest optimizer, the fixed rest. Per rank: the mean over replicas."""
+    meet = max(max(sim.pipeline_end) for sim in sims) + min(mod.sync for mod in models)
+    opt = max(max(mod.optimizer.values(), default=0.0) for mod in models)
+    step = meet + opt + min(mod.step_post for mod in models)
+    comm = [[c + (meet - e) + (opt - mod.optimizer.get(r, 0.0))
+             for r, (c, e) in enumerate(zip(sim.comm, sim.pipeline_end, strict=True))]
+            for mod, sim in zip(models, sims, strict=True)]
+    return step, np.mean([s.busy for s in sims], axis=0).tolist(), np.mean(comm, axis=0).tolist()
+
+
 def calibrated(run: Run, steps, kind: str, pp: int, m: int, v: int) -> dict:
     """The simulator on the fitted cost model, and the memory model; keys in the module doc."""
     from .memory_model import chunk_bounds, rank_memory
 
-    sched, model, notes, sim = run_model(run, steps, kind, pp, m, v)
-    mem = rank_memory(run.config, run.grid, sched, sim.peak_activations,
+    sched, models, notes, sims = replica_models(run, steps, kind, pp, m, v)
+    step, compute, comm = _step(models, sims)
+    busy = [b for sim in sims for b in sim.busy]
+    mem = rank_memory(run.config, run.grid, sched, sims[0].peak_activations,
                       chunk_bounds(run.config, run.grid, v))
+    model = models[0]
     return {
-        "step_time_pred": sim.step_time,
-        "bubble_pred": pipeline_bubble(sim),
-        "bubble_step_pred": sim.step_bubble,
+        "step_time_pred": step,
+        "bubble_pred": pipeline_bubble(sims),
+        "bubble_step_pred": sum(1 - b / step for b in busy) / len(busy) if step > 0 else 0.0,
         "predicted": {
-            "compute": list(sim.busy), "comm": list(sim.comm), "overhead": list(sim.overhead),
+            "compute": compute, "comm": comm,
+            "overhead": np.mean([s.overhead for s in sims], axis=0).tolist(),
             "memory": [r["total"] for r in mem] if mem else None, "memory_parts": mem,
             "model": {k: getattr(model, k) for k in (
                 "overhead", "send_post", "recv_post", "latency", "sync", "step_pre",
                 "step_post", "default_bytes")} | {"optimizer": model.optimizer},
+            "replicas": len(sims),
             "notes": notes,
         },
         "memory_measured": measured_memory(run),
