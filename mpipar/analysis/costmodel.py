@@ -11,7 +11,9 @@ part of the unit):
 - ``send_post``: median ``pp.send`` (posting); ``recv_post``: median ``pp.recv`` (posting, done
   once per receive) plus the lower quartile of ``pp.wait`` (testing a message already there).
 - ``latency``: per pair of neighbouring ranks, the two directions' minimum of receive wait end -
-  send start, averaged (which cancels the ranks' clock offset); the median over pairs.
+  send start, averaged (which cancels the ranks' clock offset); the median over pairs. Each
+  receive's wait is told from a send's completion (both are ``pp.wait`` with the same mb, chunk
+  and peer) by the windows the schedule allows (``_received``), and paired with its own send.
 - ``dp_reduce[(p, chunk)]``: summed ``dp.*`` durations of the step (posts and waits).
 - ``optimizer[p]``: ``OPT`` minus the collectives nested in it; ``sync``: the collectives nested
   in ``OPT`` plus the gap between a rank's last pipeline event and its ``OPT`` (less its dp

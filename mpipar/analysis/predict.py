@@ -4,8 +4,11 @@ Two predictions. The **calibrated** one (``predicted``, ``bubble_pred``, ``step_
 the simulator on a ``CostModel`` fitted from the run's unit measurements
 (``mpipar.analysis.costmodel``: per rank and chunk F/B/W, per-action overhead, p2p latency, dp
 reductions, optimizer, fixed per-step costs; never from the step time or the bubble it is
-compared with), and the memory model (``mpipar.analysis.memory_model``) beside the measured peak
-(``mem.peak`` - ``mem.base`` events, when the run recorded them).
+compared with), one simulation per data-parallel replica on that replica's own unit costs
+(``replica_models``: the measured pipeline window spans all ranks, so a replica that waits for a
+slower one to join the reduction is idle inside it, and is predicted so), and the memory model
+(``mpipar.analysis.memory_model``) beside the measured peak (``mem.peak`` - ``mem.base`` events,
+when the run recorded them).
 
 The **uniform predicted bubble** (``bubble_sim``): the simulator with one cost per action kind
 for every rank, the measured mean per-chunk F, B, W times ``virtual_stages`` (the simulator takes
