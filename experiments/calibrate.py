@@ -11,8 +11,8 @@ of experiments/configs/exp_bubble.toml and puts side by side:
   per-action overhead from the gaps between a rank's pipeline events, send/receive posting from
   ``pp.send`` / ``pp.recv`` / ``pp.wait``, the p2p latency from receives that waited for their
   send (each matched to its own send), dp reductions from ``dp.*`` (one simulation per dp
-  replica, each on its own unit costs), optimizer and fixed per-step costs from ``OPT`` and
-  ``STEP``.
+  replica and tp rank, each on its own unit costs), optimizer and fixed per-step costs from
+  ``OPT`` and ``STEP``.
   Nothing is fitted to the step time or the bubble of a row: those are what the row checks.
 - the uniform prediction (one cost per kind for all ranks, the model before calibration) and the
   textbook formula.
@@ -65,7 +65,7 @@ def row(path, dp, pp, tp, sched, v, m) -> dict:
     if out["bubble_pred"] is not None and out["step_pred_ms"] is not None:
         out["bubble_err_pts"] = 100 * (out["bubble_pred"] - out["bubble_measured"])
         out["step_err_pct"] = 100 * (out["step_pred_ms"] - out["step_ms"]) / out["step_ms"]
-        # every row, dp = 2 and tp = 2 too: the prediction simulates each dp replica
+        # every row, dp = 2 and tp = 2 too: the prediction simulates each dp replica and tp rank
         out["ok"] = (abs(out["step_err_pct"]) <= STEP_PCT
                      and abs(out["bubble_err_pts"]) <= BUBBLE_PTS)
     return out

@@ -114,3 +114,27 @@ def test_data_parallel_replicas_are_simulated_each(tmp_path):
     assert s["step_time_pred"] == pytest.approx(10.0) and s["step_time"] == pytest.approx(10.0)
     assert s["predicted"]["replicas"] == 2
     assert s["predicted"]["compute"] == [pytest.approx(7.5)]
+
+
+def test_tensor_parallel_ranks_are_simulated_each(tmp_path):
+    """tp rank 1 starts 0.5 s late; rank 0's first F waits for it inside the F (a tp collective
+    is part of the unit). Window 0 to 6.5: rank 1 idles 0.5 of it, measured and predicted."""
+    from mpipar.analysis import breakdown
+    from mpipar.analysis.synthetic import gpt_config
+
+    def rank(f0_start):
+        rows = []
+        for s in range(2):
+            t = 10.0 * s
+            rows += [ev("STEP", s, t, t + 7.0), ev("F", s, t + f0_start, t + 1.5, mb=0, chunk=0),
+                     ev("F", s, t + 1.5, t + 2.5, mb=1, chunk=0),
+                     ev("B", s, t + 2.5, t + 4.5, mb=0, chunk=0),
+                     ev("B", s, t + 4.5, t + 6.5, mb=1, chunk=0), ev("OPT", s, t + 6.5, t + 7.0)]
+        return rows
+
+    path = write(tmp_path / "tp2.h5", [rank(0.0), rank(0.5)], {"dp": 1, "pp": 1, "tp": 2},
+                 config=gpt_config(microbatches=2, schedule="gpipe"))
+    s = breakdown(path)["summary"]
+    assert s["bubble_pipeline"] == pytest.approx(0.5 / 6.5 / 2)
+    assert s["bubble_pred"] == pytest.approx(0.5 / 6.5 / 2), s["predict_note"]
+    assert s["step_time_pred"] == pytest.approx(7.0)

@@ -4,7 +4,7 @@ Two predictions. The **calibrated** one (``predicted``, ``bubble_pred``, ``step_
 the simulator on a ``CostModel`` fitted from the run's unit measurements
 (``mpipar.analysis.costmodel``: per rank and chunk F/B/W, per-action overhead, p2p latency, dp
 reductions, optimizer, fixed per-step costs; never from the step time or the bubble it is
-compared with), one simulation per data-parallel replica on that replica's own unit costs
+compared with), one simulation per pipeline (dp replica and tp rank) on its own unit costs
 (``replica_models``: the measured pipeline window spans all ranks, so a replica that waits for a
 slower one to join the reduction is idle inside it, and is predicted so), and the memory model
 (``mpipar.analysis.memory_model``) beside the measured peak (``mem.peak`` - ``mem.base`` events,
@@ -119,19 +119,22 @@ def run_model(run: Run, steps, kind: str, pp: int, m: int, v: int):
 
 
 def replicas(run: Run) -> list[Run]:
-    """One ``Run`` per data-parallel replica: the same world ranks, the other replicas' events
-    left out (a pipeline's ranks talk only to each other; what replicas share is the reduction)."""
-    groups = sorted({int(d) for d in run.coords[:, 0]})
+    """One ``Run`` per pipeline: per data-parallel replica and tensor-parallel rank (p2p goes
+    between ranks of the same dp and tp coordinates), the same world ranks, the other
+    pipelines' events left out. Pipelines meet in the dp reduction and, inside the units, in the
+    tp collectives (their waits are part of the unit costs each pipeline measured)."""
+    key = [(int(d), int(t)) for d, _, t in run.coords]
+    groups = sorted(set(key))
     if len(groups) == 1:
         return [run]
-    return [replace(run, events=[ev if int(run.coords[r, 0]) == d else ev[:0]
-                                 for r, ev in enumerate(run.events)]) for d in groups]
+    return [replace(run, events=[ev if key[r] == g else ev[:0] for r, ev in enumerate(run.events)])
+            for g in groups]
 
 
 def replica_models(run: Run, steps, kind: str, pp: int, m: int, v: int):
-    """(schedule, [fitted CostModel], fit notes, [SimResult]): one simulation per data-parallel
-    replica, each on its own measured unit costs, so that one replica's slower compute shows as
-    the others' wait for the reduction, inside the pipeline window as it is measured. Each
+    """(schedule, [fitted CostModel], fit notes, [SimResult]): one simulation per pipeline
+    (``replicas``), each on its own measured unit costs, so that one replica's slower compute
+    shows as the others' wait for the reduction, inside the pipeline window as measured. Each
     replica's dp time, as fitted, includes that wait; the reduction itself is what the replica
     that arrived last spent (the least, per rank and chunk), and every replica gets that."""
     from mpipar.parallel.pipeline.generators import build_schedule
