@@ -63,11 +63,11 @@ def test_receives_are_matched_to_their_own_sends(skewed):
     # rank 0: the wait for gradient 0 cannot be told from the send's completion (both lie after
     # F0 and before B0): dropped; gradient 1's is the only wait of its key before B1
     assert _received(skewed.events[0], 0, sched, skewed.coords) == [
-        (pytest.approx(7.45 + LATENCY), 1, 1, 1)]
+        (pytest.approx(7.45 + LATENCY), 1, 1, 1, "SEND_B")]
     # rank 1: both activations (a send's completion never precedes its post)
     got = sorted(_received(skewed.events[1], 1, sched, skewed.coords))
-    assert got == [(pytest.approx(1.1 + LATENCY + OFFSET), 0, 0, 0),
-                   (pytest.approx(4.43 + OFFSET), 0, 1, 0)]
+    assert got == [(pytest.approx(1.1 + LATENCY + OFFSET), 0, 0, 0, "SEND_F"),
+                   (pytest.approx(4.43 + OFFSET), 0, 1, 0, "SEND_F")]
 
 
 def test_latency_fit_cancels_the_clock_offset(skewed):
@@ -138,3 +138,21 @@ def test_tensor_parallel_ranks_are_simulated_each(tmp_path):
     assert s["bubble_pipeline"] == pytest.approx(0.5 / 6.5 / 2)
     assert s["bubble_pred"] == pytest.approx(0.5 / 6.5 / 2), s["predict_note"]
     assert s["step_time_pred"] == pytest.approx(7.0)
+
+
+def test_sends_of_one_chunk_to_one_peer_are_told_apart_by_order(tmp_path):
+    """Interleaved pp = 2, v = 2: chunk 2 sends micro-batch 0's activation (to chunk 3) and its
+    gradient (to chunk 1), both to rank 1 with the same (mb, chunk, peer); the activation first."""
+    from mpipar.analysis.costmodel import _send_starts
+
+    r0 = [ev("STEP", 0, 0.0, 5.0),
+          ev("pp.send", 0, 3.0, 3.1, mb=0, chunk=2, nbytes=64, peer=1),
+          ev("pp.send", 0, 0.5, 0.6, mb=0, chunk=0, nbytes=64, peer=1),
+          ev("pp.send", 0, 1.0, 1.1, mb=0, chunk=2, nbytes=64, peer=1)]
+    r1 = [ev("STEP", 0, 0.0, 5.0)]
+    run = load(write(tmp_path / "v2.h5", [r0, r1], {"dp": 1, "pp": 2, "tp": 1},
+                     config=None))
+    sched = build_schedule("interleaved", 2, 2, virtual_stages=2)
+    assert _send_starts(run, [0], sched) == {
+        (0, 0, 1, 0, 0, "SEND_F"): 0.5, (0, 0, 1, 0, 2, "SEND_F"): 1.0,
+        (0, 0, 1, 0, 2, "SEND_B"): 3.0}

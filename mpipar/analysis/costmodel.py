@@ -171,8 +171,8 @@ def _computes(ev: np.ndarray) -> tuple[dict, dict]:
 
 
 def _requests(ev: np.ndarray, r: int, schedule, coords) -> dict:
-    """{(mb, chunk, peer): [(lo, hi, sender chunk or None)]}: every message request of world rank
-    r in one step, keyed as its ``pp.wait`` is, with the window that wait must lie in.
+    """{(mb, chunk, peer): [(lo, hi, (sender chunk, send op) or None)]}: every message request of
+    world rank r in one step, keyed as its ``pp.wait`` is, with the window that wait must lie in.
 
     A send (its ``pp.send`` post; sender chunk None) completes after it was posted. RECV_F(mb, c)
     (from chunk c - 1) completes before F(mb, c) starts; RECV_B(mb, c) (from chunk c + 1) after
@@ -188,8 +188,8 @@ def _requests(ev: np.ndarray, r: int, schedule, coords) -> dict:
     for a in schedule.ranks[p]:
         if a.op not in ("RECV_F", "RECV_B"):
             continue
-        src = a.chunk - 1 if a.op == "RECV_F" else a.chunk + 1
-        peer = world.get((dp, schedule.rank_of(src), tp))
+        src = (a.chunk - 1, "SEND_F") if a.op == "RECV_F" else (a.chunk + 1, "SEND_B")
+        peer = world.get((dp, schedule.rank_of(src[0]), tp))
         f0, f1 = fwd.get((a.mb, a.chunk), (math.inf, -math.inf))
         lo, hi = (-math.inf, f0) if a.op == "RECV_F" else (f1, bwd.get((a.mb, a.chunk), math.inf))
         out[(a.mb, a.chunk, peer)].append((lo, hi, src))
@@ -197,7 +197,8 @@ def _requests(ev: np.ndarray, r: int, schedule, coords) -> dict:
 
 
 def _received(ev: np.ndarray, r: int, schedule, coords) -> list[tuple]:
-    """(wait end, peer, mb, sender chunk) of the receive waits of world rank r in one step.
+    """(wait end, peer, mb, sender chunk, send op) of the receive waits of world rank r in one
+    step.
 
     A ``pp.wait`` carries (mb, chunk, peer) but not whether it completed a send or a receive, and
     a rank's send of F(mb, c) and its receive of the gradient of (mb, c) share all three (the
@@ -222,7 +223,35 @@ def _received(ev: np.ndarray, r: int, schedule, coords) -> list[tuple]:
                     chosen[i].add(w)
         for i, (_, _, src) in enumerate(reqs):
             if src is not None and len(chosen[i]) == 1:
-                out.append((got[chosen[i].pop()][1], key[2], key[0], src))
+                out.append((got[chosen[i].pop()][1], key[2], key[0], *src))
+    return out
+
+
+def _send_starts(run: Run, steps, schedule) -> dict:
+    """{(step, sender, receiver, mb, sender chunk, op): send start}. A ``pp.send`` carries no
+    direction, and at pp = 2 with v > 1 a chunk sends both its activation and its gradient of
+    one micro-batch to the same peer: of two such sends SEND_F is the earlier (the gradient
+    needs the activation to have gone through the chunks after it first)."""
+    from mpipar.parallel.pipeline.actions import Action
+
+    out = {}
+    for r, ev in enumerate(run.events):
+        e = np.sort(ev[np.isin(ev["step"], steps) & (ev["kind"] == "pp.send")], order="start")
+        if not e.size:
+            continue
+        p = int(run.coords[r, 1])
+        acts = set(schedule.ranks[p])
+        groups = defaultdict(list)
+        for x in e:
+            groups[(int(x["step"]), int(x["peer"]), int(x["mb"]), int(x["chunk"]))].append(
+                float(x["start"]))
+        for (s, peer, mb, c), starts in groups.items():
+            to = int(run.coords[peer, 1])
+            ops = [op for op, dst in (("SEND_F", c + 1), ("SEND_B", c - 1))
+                   if Action(op, mb, c) in acts and schedule.rank_of(dst) == to]
+            if len(ops) == len(starts):
+                for op, t in zip(ops, starts, strict=True):
+                    out[(s, r, peer, mb, c, op)] = t
     return out
 
 
@@ -232,19 +261,16 @@ def transfer_times(run: Run, steps, schedule) -> list[float]:
     For messages a -> b, min(receive wait end on b - send start on a) is latency + offset(b) -
     offset(a) (a receive cannot end before its message arrived; the minimum is reached by one
     that waited for it); the two directions averaged cancel the offset (ranks take t0 after a
-    barrier, but under load they leave it milliseconds apart). Receives are matched to their
-    sends by (step, sender, receiver, micro-batch, sender chunk) (``_received``)."""
-    sends = {}
-    for r, ev in enumerate(run.events):
-        e = ev[np.isin(ev["step"], steps) & (ev["kind"] == "pp.send")]
-        for x in e:
-            key = (int(x["step"]), r, int(x["peer"]), int(x["mb"]), int(x["chunk"]))
-            sends[key] = float(x["start"])
+    barrier, but under load they leave it milliseconds apart). Each receive is matched to its
+    own send by (step, sender, receiver, micro-batch, sender chunk, direction): ``_received``,
+    ``_send_starts``."""
+    sends = _send_starts(run, steps, schedule)
     best = {}  # (sender, receiver) -> min(wait end - send start)
     for r, ev in enumerate(run.events):
         for s in steps:
-            for end, peer, mb, chunk in _received(ev[ev["step"] == s], r, schedule, run.coords):
-                t = sends.get((s, peer, r, mb, chunk))
+            e = ev[ev["step"] == s]
+            for end, peer, mb, chunk, op in _received(e, r, schedule, run.coords):
+                t = sends.get((s, peer, r, mb, chunk, op))
                 if t is not None:
                     best[(peer, r)] = min(best.get((peer, r), math.inf), end - t)
     return [max(0.0, (d + best[(b, a)]) / 2) for (a, b), d in best.items()
