@@ -251,8 +251,11 @@ class Trainer:
             norm, lr = float("nan"), step_lr(cfg, self.step)
         else:
             norm, lr = self.update(losses)
-        beat("the loss all-reduce")
-        loss = self.global_loss(losses) if self.asynchronous else self.step_loss
+        if self.asynchronous:
+            beat("the loss all-reduce")
+            loss = self.global_loss(losses)
+        else:
+            loss = self.step_loss  # came with the norm (``update``)
         self.backend.synchronize()
         tr.record("STEP", t0, tr.now())
         tr.record("mem.peak", tr.now(), tr.now(), nbytes=peak_resident_bytes())

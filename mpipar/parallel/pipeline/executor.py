@@ -194,7 +194,6 @@ class PipelineExecutor:
             return self.schedule.rank_of(c - 1), self.chunks[c].first_unit - 1, ACT
         return self.schedule.rank_of(c + 1), self.chunks[c].last_unit, GRAD
 
-
     # -- handlers, one per op
     def _forward(self, a, st):
         mb, c = a.mb, a.chunk
