@@ -12,7 +12,7 @@ of experiments/configs/exp_bubble.toml and puts side by side:
   ``pp.send`` / ``pp.recv`` / ``pp.wait``, the p2p latency from receives that waited for their
   send (each matched to its own send), dp reductions from ``dp.*`` (one simulation per dp
   replica and tp rank, each on its own unit costs), optimizer and fixed per-step costs from
-  ``OPT`` and ``STEP``.
+  ``OPT`` and ``STEP``; step by step, averaged, as the measurement is.
   Nothing is fitted to the step time or the bubble of a row: those are what the row checks.
 - the uniform prediction (one cost per kind for all ranks, the model before calibration) and the
   textbook formula.

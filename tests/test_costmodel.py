@@ -84,8 +84,13 @@ def test_latency_fit_cancels_the_clock_offset(skewed):
 def replica_events(f, b, wait, steps=2, reduce=0.5, opt=0.5, step_len=10.0):
     """One data-parallel replica of GPipe at pp = 1, m = 2: F F B B from 0, its gradient
     reduction (``wait`` for the other replica, then ``reduce``), the optimizer, to ``step_len``."""
+    return replica_steps([(f, b, wait)] * steps, reduce, opt, step_len)
+
+
+def replica_steps(plan, reduce=0.5, opt=0.5, step_len=10.0):
+    """``replica_events`` with its own (f, b, wait) in each step."""
     rows = []
-    for s in range(steps):
+    for s, (f, b, wait) in enumerate(plan):
         t0 = s * step_len
         end = t0 + 2 * (f + b)
         rows += [ev("STEP", s, t0, t0 + step_len),
@@ -156,3 +161,21 @@ def test_sends_of_one_chunk_to_one_peer_are_told_apart_by_order(tmp_path):
     assert _send_starts(run, [0], sched) == {
         (0, 0, 1, 0, 0, "SEND_F"): 0.5, (0, 0, 1, 0, 2, "SEND_F"): 1.0,
         (0, 0, 1, 0, 2, "SEND_B"): 3.0}
+
+
+def test_replicas_taking_turns_as_the_straggler_are_predicted_step_by_step(tmp_path):
+    """Step 1: replica 0 is the slow one (9 s of compute against 6), step 2: replica 1. On costs
+    averaged over the steps the replicas are equal (no bubble); each step has one that waits,
+    and the prediction, step by step like the measurement, shows it."""
+    from mpipar.analysis import breakdown
+    from mpipar.analysis.synthetic import gpt_config
+
+    slow, fast = (1.5, 3.0, 0.0), (1.0, 2.0, 3.0)
+    events = [replica_steps([fast, slow, fast]), replica_steps([fast, fast, slow])]
+    path = write(tmp_path / "turns.h5", events, {"dp": 2, "pp": 1, "tp": 1},
+                 config=gpt_config(microbatches=2, schedule="gpipe"))
+    s = breakdown(path)["summary"]
+    assert s["bubble_pipeline"] == pytest.approx((1 - 6 / 9) / 2)
+    assert s["bubble_pred"] == pytest.approx((1 - 6 / 9) / 2), s["predict_note"]
+    assert s["predicted"]["mean_costs"]["bubble"] == pytest.approx(0.0, abs=1e-12)
+    assert s["step_time_pred"] == pytest.approx(10.0)
