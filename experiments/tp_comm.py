@@ -11,7 +11,8 @@ per rank and step, the ``tp.*`` events of the dump:
 - ``pred_wire_MiB``: Megatron's count: per micro-batch, each block does 2 activation-sized
   all-reduces forward and 2 backward (with sequence parallelism each becomes a reduce-scatter
   plus an all-gather: the same volume), the vocab-parallel embedding and head one each, and the
-  vocab-parallel loss 3 scalars per token, and clipping one float64 (the gradient norm);
+  vocab-parallel loss 3 scalars per token (the gradient norm goes with the loss in one world
+  all-reduce, not over tp);
 - ``tp_ms`` (inclusive time in tp collectives), ``tp_share`` (their self time / step time).
 
 Run: ``python experiments/tp_comm.py [--quick] [--out DIR]``.
@@ -51,8 +52,8 @@ def predicted_wire(cfg: dict, t: int) -> float:
     tokens = tr["batch_size"] * tr["seq_len"]
     act = tokens * m["n_embd"] * item
     n_act = 4 * m["n_layer"] + 2  # all-reduce equivalents per step (all micro-batches)
-    # + the gradient norm's partial sum (one float64) reduced over tp before clipping
-    return 2 * (t - 1) / t * (n_act * act + 3 * tokens * item + 8)
+    # the gradient norm's partial sum is not a tp collective: it goes with the loss over world
+    return 2 * (t - 1) / t * (n_act * act + 3 * tokens * item)
 
 
 def tp_stats(run, steps) -> dict:

@@ -26,7 +26,7 @@ sequences of s tokens, hidden h, L blocks, vocabulary V):
   the weight piece twice, reduce-scatters of q-fold outputs, input and weight gradients, the
   all-gather of the output gradient); per LayerNorm 4T + 4h/q; the embedding b_m s h/q +
   2 q T h/q + T h/q, positions 2 s h/q; the loss 3T plus two scalars per micro-batch;
-- all: + 8 bytes (the gradient norm's float64 partial sum).
+- the gradient norm's partial sum is not counted: it goes with the loss in one world all-reduce.
 
 Ranks outnumber the cores of a small machine: step times are oversubscribed and indicative
 only; bytes and memory are exact. Run: ``python experiments/tp_modes.py [--quick] [--out DIR]``.
@@ -97,13 +97,13 @@ def predicted(m: dict, tp: int, mode: str) -> float:
     if tp == 1:
         return 0.0
     if mode == "1d":
-        return mb * ((4 * L + 2) * b * s * h + 3 * b * s) * item + 8
+        return mb * ((4 * L + 2) * b * s * h + 3 * b * s) * item
     if mode == "3d":
         elems, scalars = _elems_3d(m, round(tp ** (1 / 3)))
     else:
         d = DEPTH if mode == "2.5d" else 1
         elems, scalars = _elems_2d(m, round((tp // d) ** 0.5), d)
-    return mb * (elems * item + 8 * scalars) + 8  # + the gradient norm's float64
+    return mb * (elems * item + 8 * scalars)
 
 
 def main(argv=None) -> int:

@@ -227,3 +227,29 @@ def test_a_bad_thread_count_is_refused_with_what_to_change(value, monkeypatch, c
     assert f"MPIPAR_KERNEL_THREADS={value!r}" in err and "whole number" in err
     with pytest.raises(ValueError, match="MPIPAR_KERNEL_THREADS"):
         cpu._threads_from_environment()
+
+
+def test_the_readme_tiny_model_keeps_every_kernel_on_the_calling_thread(monkeypatch):
+    """README's one-rank tiny run (experiments/configs/tiny.toml: 4 blocks of width 64, a
+    micro-batch of 4 x 64 tokens) with two kernel threads: every product, element-wise chain and
+    the AdamW update are below the sizes that pay for a hand-off, so the size of the work keeps
+    it on one thread, where it ran fastest (README); the pool is never used."""
+    from mpipar.backend import Backend
+
+    def no_pool():
+        raise AssertionError("a tiny model's kernel was handed to the kernel threads")
+
+    before = cpu.kernel_threads()
+    cpu.set_kernel_threads(2)
+    monkeypatch.setattr(cpu, "_thread_pool", no_pool)
+    try:
+        model = build_model(gpt_cfg(vocab_size=256, block_size=64, n_layer=4, n_embd=64,
+                                    n_head=4), Backend("cpu", "float32"))
+        rng = np.random.default_rng(0)
+        x, y = (rng.integers(0, 256, size=(4, 64)) for _ in range(2))
+        for p in model.params():
+            p.zero_grad()
+        loss_and_grads(model, x, y)
+        AdamW(model.params(), 1e-3, weight_decay=0.1).step()
+    finally:
+        cpu.set_kernel_threads(before)

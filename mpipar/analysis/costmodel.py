@@ -11,7 +11,9 @@ part of the unit):
 - ``send_post``: median ``pp.send`` (posting); ``recv_post``: median ``pp.recv`` (posting, done
   once per receive) plus the lower quartile of ``pp.wait`` (testing a message already there).
 - ``latency``: per pair of neighbouring ranks, the two directions' minimum of receive wait end -
-  send start, averaged (which cancels the ranks' clock offset); the median over pairs.
+  send start, averaged (which cancels the ranks' clock offset); the median over pairs. Each
+  receive's wait is told from a send's completion (both are ``pp.wait`` with the same mb, chunk
+  and peer) by the windows the schedule allows (``_received``), and paired with its own send.
 - ``dp_reduce[(p, chunk)]``: summed ``dp.*`` durations of the step (posts and waits).
 - ``optimizer[p]``: ``OPT`` minus the collectives nested in it; ``sync``: the collectives nested
   in ``OPT`` plus the gap between a rank's last pipeline event and its ``OPT`` (less its dp
@@ -21,6 +23,7 @@ part of the unit):
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 
@@ -127,6 +130,8 @@ def fit(run: Run, steps, schedule) -> tuple:
     n_actions = {p: len(acts) for p, acts in enumerate(schedule.ranks)}
     parts = defaultdict(list)  # name -> [(world rank, step, value)]
     for (r, s), e in by.items():
+        if not e.size:
+            continue  # a rank left out (``predict.replicas`` empties the other replicas)
         p = int(run.coords[r, 1])
         for name, val in _rank_step_parts(e, n_actions.get(p, 1)).items():
             parts[name].append((r, s, val))
@@ -139,7 +144,7 @@ def fit(run: Run, steps, schedule) -> tuple:
     waits = dur[ev["kind"] == "pp.wait"]
     model.recv_post = _med(dur[ev["kind"] == "pp.recv"]) + (
         float(np.percentile(waits, 25)) if waits.size else 0.0)
-    lat = transfer_times(run, steps)
+    lat = transfer_times(run, steps, schedule)
     model.latency = _med(lat)
     sent = ev[ev["kind"] == "pp.send"]
     model.default_bytes = float(np.median(sent["bytes"])) if sent.size else 0.0
@@ -153,40 +158,119 @@ def fit(run: Run, steps, schedule) -> tuple:
     return model, notes
 
 
-def _received(ev: np.ndarray) -> list[tuple]:
-    """(wait end, peer, mb, sender chunk) of the receive waits in one rank's step: a wait whose
-    next compute is F (from chunk c - 1) or B / R (from chunk c + 1) of its (mb, chunk)."""
-    out = []
-    for i in np.flatnonzero(ev["kind"] == "pp.wait"):
-        nxt = ev[i + 1:]
-        nxt = nxt[np.isin(nxt["kind"], ("F", "B", "R", "W"))][:1]
-        if not nxt.size or (nxt["mb"][0], nxt["chunk"][0]) != (ev["mb"][i], ev["chunk"][i]):
-            continue  # a send's completion, or a receive not consumed next
-        step = -1 if nxt["kind"][0] == "F" else 1
-        out.append((float(ev["end"][i]), int(ev["peer"][i]), int(ev["mb"][i]),
-                    int(ev["chunk"][i]) + step))
+def _computes(ev: np.ndarray) -> tuple[dict, dict]:
+    """({(mb, chunk): (F start, F end)}, {(mb, chunk): start of its backward (R or B)})."""
+    fwd, bwd = {}, {}
+    for x in ev[np.isin(ev["kind"], ("F", "B", "R"))]:
+        key = (int(x["mb"]), int(x["chunk"]))
+        if x["kind"] == "F":
+            fwd.setdefault(key, (float(x["start"]), float(x["end"])))
+        else:
+            bwd[key] = min(bwd.get(key, math.inf), float(x["start"]))
+    return fwd, bwd
+
+
+def _requests(ev: np.ndarray, r: int, schedule, coords) -> dict:
+    """{(mb, chunk, peer): [(lo, hi, (sender chunk, send op) or None)]}: every message request of
+    world rank r in one step, keyed as its ``pp.wait`` is, with the window that wait must lie in.
+
+    A send (its ``pp.send`` post; sender chunk None) completes after it was posted. RECV_F(mb, c)
+    (from chunk c - 1) completes before F(mb, c) starts; RECV_B(mb, c) (from chunk c + 1) after
+    F(mb, c) ends (its sender needed that activation) and before the backward of (mb, c) starts.
+    """
+    fwd, bwd = _computes(ev)
+    out = defaultdict(list)
+    for x in ev[ev["kind"] == "pp.send"]:
+        out[(int(x["mb"]), int(x["chunk"]), int(x["peer"]))].append(
+            (float(x["start"]), math.inf, None))
+    dp, p, tp = (int(v) for v in coords[r])
+    world = {tuple(int(v) for v in c): w for w, c in enumerate(coords)}
+    for a in schedule.ranks[p]:
+        if a.op not in ("RECV_F", "RECV_B"):
+            continue
+        src = (a.chunk - 1, "SEND_F") if a.op == "RECV_F" else (a.chunk + 1, "SEND_B")
+        peer = world.get((dp, schedule.rank_of(src[0]), tp))
+        f0, f1 = fwd.get((a.mb, a.chunk), (math.inf, -math.inf))
+        lo, hi = (-math.inf, f0) if a.op == "RECV_F" else (f1, bwd.get((a.mb, a.chunk), math.inf))
+        out[(a.mb, a.chunk, peer)].append((lo, hi, src))
     return out
 
 
-def transfer_times(run: Run, steps) -> list[float]:
+def _received(ev: np.ndarray, r: int, schedule, coords) -> list[tuple]:
+    """(wait end, peer, mb, sender chunk, send op) of the receive waits of world rank r in one
+    step.
+
+    A ``pp.wait`` carries (mb, chunk, peer) but not whether it completed a send or a receive, and
+    a rank's send of F(mb, c) and its receive of the gradient of (mb, c) share all three (the
+    send's completion, found by a ``test`` between actions, can land just before the receive's
+    wait). So each request is matched to a wait of its key inside its window (``_requests``), in
+    every way the windows allow; a receive is kept only when all of them give it the same wait
+    (pairing by order took a send's completion for a receive: latencies below zero)."""
+    waits = defaultdict(list)
+    for x in ev[ev["kind"] == "pp.wait"]:
+        waits[(int(x["mb"]), int(x["chunk"]), int(x["peer"]))].append(
+            (float(x["start"]), float(x["end"])))
+    out = []
+    for key, reqs in _requests(ev, r, schedule, coords).items():
+        got = waits.get(key, [])
+        if len(got) != len(reqs) or len(reqs) > 4:
+            continue  # not every request recorded (or more than one step's worth): skip
+        chosen = defaultdict(set)  # request index -> waits it gets in some feasible matching
+        for perm in itertools.permutations(range(len(got))):
+            if all(lo <= got[w][0] and got[w][1] <= hi
+                   for (lo, hi, _), w in zip(reqs, perm, strict=True)):
+                for i, w in enumerate(perm):
+                    chosen[i].add(w)
+        for i, (_, _, src) in enumerate(reqs):
+            if src is not None and len(chosen[i]) == 1:
+                out.append((got[chosen[i].pop()][1], key[2], key[0], *src))
+    return out
+
+
+def _send_starts(run: Run, steps, schedule) -> dict:
+    """{(step, sender, receiver, mb, sender chunk, op): send start}. A ``pp.send`` carries no
+    direction, and at pp = 2 with v > 1 a chunk sends both its activation and its gradient of
+    one micro-batch to the same peer: of two such sends SEND_F is the earlier (the gradient
+    needs the activation to have gone through the chunks after it first)."""
+    from mpipar.parallel.pipeline.actions import Action
+
+    out = {}
+    for r, ev in enumerate(run.events):
+        e = np.sort(ev[np.isin(ev["step"], steps) & (ev["kind"] == "pp.send")], order="start")
+        if not e.size:
+            continue
+        p = int(run.coords[r, 1])
+        acts = set(schedule.ranks[p])
+        groups = defaultdict(list)
+        for x in e:
+            groups[(int(x["step"]), int(x["peer"]), int(x["mb"]), int(x["chunk"]))].append(
+                float(x["start"]))
+        for (s, peer, mb, c), starts in groups.items():
+            to = int(run.coords[peer, 1])
+            ops = [op for op, dst in (("SEND_F", c + 1), ("SEND_B", c - 1))
+                   if Action(op, mb, c) in acts and schedule.rank_of(dst) == to]
+            if len(ops) == len(starts):
+                for op, t in zip(ops, starts, strict=True):
+                    out[(s, r, peer, mb, c, op)] = t
+    return out
+
+
+def transfer_times(run: Run, steps, schedule) -> list[float]:
     """p2p latency per pair of neighbouring ranks, immune to their clock offset.
 
     For messages a -> b, min(receive wait end on b - send start on a) is latency + offset(b) -
-    offset(a) when some receive waited for its message (less is impossible); the two directions
-    averaged cancel the offset (ranks take t0 after a barrier, but under load they leave it
-    milliseconds apart)."""
-    sends = {}
-    for r, ev in enumerate(run.events):
-        e = ev[np.isin(ev["step"], steps) & (ev["kind"] == "pp.send")]
-        for x in e:
-            key = (int(x["step"]), r, int(x["peer"]), int(x["mb"]), int(x["chunk"]))
-            sends[key] = float(x["start"])
+    offset(a) (a receive cannot end before its message arrived; the minimum is reached by one
+    that waited for it); the two directions averaged cancel the offset (ranks take t0 after a
+    barrier, but under load they leave it milliseconds apart). Each receive is matched to its
+    own send by (step, sender, receiver, micro-batch, sender chunk, direction): ``_received``,
+    ``_send_starts``."""
+    sends = _send_starts(run, steps, schedule)
     best = {}  # (sender, receiver) -> min(wait end - send start)
     for r, ev in enumerate(run.events):
         for s in steps:
-            e = np.sort(ev[ev["step"] == s], order="start")
-            for end, peer, mb, chunk in _received(e):
-                t = sends.get((s, peer, r, mb, chunk))
+            e = ev[ev["step"] == s]
+            for end, peer, mb, chunk, op in _received(e, r, schedule, run.coords):
+                t = sends.get((s, peer, r, mb, chunk, op))
                 if t is not None:
                     best[(peer, r)] = min(best.get((peer, r), math.inf), end - t)
     return [max(0.0, (d + best[(b, a)]) / 2) for (a, b), d in best.items()

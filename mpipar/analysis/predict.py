@@ -4,8 +4,12 @@ Two predictions. The **calibrated** one (``predicted``, ``bubble_pred``, ``step_
 the simulator on a ``CostModel`` fitted from the run's unit measurements
 (``mpipar.analysis.costmodel``: per rank and chunk F/B/W, per-action overhead, p2p latency, dp
 reductions, optimizer, fixed per-step costs; never from the step time or the bubble it is
-compared with), and the memory model (``mpipar.analysis.memory_model``) beside the measured peak
-(``mem.peak`` - ``mem.base`` events, when the run recorded them).
+compared with), one simulation per pipeline (dp replica and tp rank) on its own unit costs
+(``replica_models``: the measured pipeline window spans all ranks, so a replica that waits for a
+slower one to join the reduction is idle inside it, and is predicted so), each measured step on
+its own unit costs and the results averaged, as the measurement averages steps (``calibrated``),
+and the memory model (``mpipar.analysis.memory_model``) beside the measured peak (``mem.peak`` -
+``mem.base`` events, when the run recorded them).
 
 The **uniform predicted bubble** (``bubble_sim``): the simulator with one cost per action kind
 for every rank, the measured mean per-chunk F, B, W times ``virtual_stages`` (the simulator takes
@@ -15,6 +19,8 @@ formula (e.g. (p-1)/(m+p-1) for GPipe).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
@@ -87,15 +93,18 @@ def predict(run: Run, steps) -> dict:
     return out
 
 
-def pipeline_bubble(sim) -> float:
+def pipeline_bubble(sims) -> float:
     """1 - compute / window per rank, window = first to last compute over all ranks (the
-    definition of the measured ``bubble_pipeline``), mean over ranks."""
-    spans = [(a, b) for tl in sim.timeline for a, b, act in tl
+    definition of the measured ``bubble_pipeline``), mean over ranks. ``sims``: one SimResult, or
+    one per data-parallel replica (the window then spans them all, as measured)."""
+    sims = sims if isinstance(sims, (list, tuple)) else [sims]
+    spans = [(a, b) for sim in sims for tl in sim.timeline for a, b, act in tl
              if not act.op.startswith(("SEND", "RECV"))]
     if not spans:
         return float("nan")
     window = max(b for _, b in spans) - min(a for a, _ in spans)
-    return sum(1 - b / window for b in sim.busy) / len(sim.busy) if window > 0 else 0.0
+    busy = [b for sim in sims for b in sim.busy]
+    return sum(1 - b / window for b in busy) / len(busy) if window > 0 else 0.0
 
 
 def run_model(run: Run, steps, kind: str, pp: int, m: int, v: int):
@@ -110,23 +119,102 @@ def run_model(run: Run, steps, kind: str, pp: int, m: int, v: int):
     return sched, model, notes, simulate(sched, model)
 
 
+def replicas(run: Run) -> list[Run]:
+    """One ``Run`` per pipeline: per data-parallel replica and tensor-parallel rank (p2p goes
+    between ranks of the same dp and tp coordinates), the same world ranks, the other
+    pipelines' events left out. Pipelines meet in the dp reduction and, inside the units, in the
+    tp collectives (their waits are part of the unit costs each pipeline measured)."""
+    key = [(int(d), int(t)) for d, _, t in run.coords]
+    groups = sorted(set(key))
+    if len(groups) == 1:
+        return [run]
+    return [replace(run, events=[ev if key[r] == g else ev[:0] for r, ev in enumerate(run.events)])
+            for g in groups]
+
+
+def replica_models(run: Run, steps, kind: str, pp: int, m: int, v: int, latency=None):
+    """(schedule, [fitted CostModel], fit notes, [SimResult]): one simulation per pipeline
+    (``replicas``), each on its own measured unit costs, so that one replica's slower compute
+    shows as the others' wait for the reduction, inside the pipeline window as measured. Each
+    replica's dp time, as fitted, includes that wait; the reduction itself is what the replica
+    that arrived last spent (the least, per rank and chunk), and every replica gets that.
+    ``latency``: per replica, the p2p latency to use instead of the one fitted from ``steps``."""
+    from mpipar.parallel.pipeline.generators import build_schedule
+    from mpipar.parallel.pipeline.simulate import simulate
+
+    from .costmodel import fit
+
+    sched = build_schedule(kind, pp, m, virtual_stages=v)
+    fitted = [fit(sub, steps, sched) for sub in replicas(run)]
+    models = [mod for mod, _ in fitted]
+    keys = set().union(*(mod.dp_reduce for mod in models))
+    least = {k: min(mod.dp_reduce.get(k, 0.0) for mod in models) for k in keys}
+    for i, mod in enumerate(models):
+        mod.dp_reduce = dict(least)
+        if latency is not None:
+            mod.latency = latency[i]
+    return sched, models, fitted[0][1], [simulate(sched, mod) for mod in models]
+
+
+def _step(models, sims) -> tuple[float, list, list]:
+    """(step time, per pipeline rank compute, per pipeline rank communication) of replicas that
+    meet at the gradient-norm collective: the last replica's pipeline and reduction end, the
+    collective, the slowest optimizer, the fixed rest. Per rank: the mean over replicas."""
+    meet = max(max(sim.pipeline_end) for sim in sims) + min(mod.sync for mod in models)
+    opt = max(max(mod.optimizer.values(), default=0.0) for mod in models)
+    step = meet + opt + min(mod.step_post for mod in models)
+    comm = [[c + (meet - e) + (opt - mod.optimizer.get(r, 0.0))
+             for r, (c, e) in enumerate(zip(sim.comm, sim.pipeline_end, strict=True))]
+            for mod, sim in zip(models, sims, strict=True)]
+    return step, np.mean([s.busy for s in sims], axis=0).tolist(), np.mean(comm, axis=0).tolist()
+
+
+def _predict(run: Run, steps, kind: str, pp: int, m: int, v: int, latency=None) -> tuple:
+    """({step, bubble, bubble_step, compute, comm, overhead}, schedule, models, notes, sims) of
+    the replicas' simulations on costs fitted from ``steps``."""
+    sched, models, notes, sims = replica_models(run, steps, kind, pp, m, v, latency)
+    step, compute, comm = _step(models, sims)
+    busy = [b for sim in sims for b in sim.busy]
+    out = {"step": step, "bubble": pipeline_bubble(sims),
+           "bubble_step": sum(1 - b / step for b in busy) / len(busy) if step > 0 else 0.0,
+           "compute": compute, "comm": comm,
+           "overhead": np.mean([s.overhead for s in sims], axis=0).tolist()}
+    return out, sched, models, notes, sims
+
+
 def calibrated(run: Run, steps, kind: str, pp: int, m: int, v: int) -> dict:
-    """The simulator on the fitted cost model, and the memory model; keys in the module doc."""
+    """The simulator on the fitted cost model, and the memory model; keys in the module doc.
+
+    The measured bubble and step time are means over steps of each step's own (its window, its
+    ranks' waits), so the prediction is too: each step's unit costs through the simulator, the
+    predictions averaged (the p2p latency, a property of the link, fitted over all steps). The
+    mean of per-step bubbles is not the bubble of the mean step: when ranks or replicas take
+    turns being the slow one, every step has a straggler that mean costs smooth away. The
+    prediction from the costs averaged over all steps is kept beside (``mean_costs``)."""
     from .memory_model import chunk_bounds, rank_memory
 
-    sched, model, notes, sim = run_model(run, steps, kind, pp, m, v)
-    mem = rank_memory(run.config, run.grid, sched, sim.peak_activations,
+    whole, sched, models, notes, sims = _predict(run, steps, kind, pp, m, v)
+    pred = whole
+    if len(steps) > 1:
+        lat = [mod.latency for mod in models]
+        each = [_predict(run, [s], kind, pp, m, v, lat)[0] for s in steps]
+        pred = {k: (np.mean([e[k] for e in each], axis=0).tolist() if isinstance(whole[k], list)
+                    else float(np.mean([e[k] for e in each]))) for k in whole}
+    mem = rank_memory(run.config, run.grid, sched, sims[0].peak_activations,
                       chunk_bounds(run.config, run.grid, v))
+    model = models[0]
     return {
-        "step_time_pred": sim.step_time,
-        "bubble_pred": pipeline_bubble(sim),
-        "bubble_step_pred": sim.step_bubble,
+        "step_time_pred": pred["step"],
+        "bubble_pred": pred["bubble"],
+        "bubble_step_pred": pred["bubble_step"],
         "predicted": {
-            "compute": list(sim.busy), "comm": list(sim.comm), "overhead": list(sim.overhead),
+            "compute": pred["compute"], "comm": pred["comm"], "overhead": pred["overhead"],
             "memory": [r["total"] for r in mem] if mem else None, "memory_parts": mem,
             "model": {k: getattr(model, k) for k in (
                 "overhead", "send_post", "recv_post", "latency", "sync", "step_pre",
                 "step_post", "default_bytes")} | {"optimizer": model.optimizer},
+            "mean_costs": {"step_time": whole["step"], "bubble": whole["bubble"]},
+            "replicas": len(sims),
             "notes": notes,
         },
         "memory_measured": measured_memory(run),

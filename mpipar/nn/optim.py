@@ -204,10 +204,17 @@ class AdamW(Optimizer):
 
     def step(self, lr: float | None = None) -> None:
         """One update of every parameter: the blocks of all of them go to the kernel threads in
-        one batch (small parameters would each pay a hand-off to the threads otherwise)."""
+        one batch (small parameters would each pay a hand-off to the threads otherwise), unless
+        all of them together are below ``cpu.PARALLEL_MIN_ELEMENTS``."""
         lr = self._begin_step(lr)
-        cpu.run_blocks([blk for p in self.params
-                        for blk in self._blocks(p, self.state[p.name], lr)], _run)
+        blocks = [blk for p in self.params for blk in self._blocks(p, self.state[p.name], lr)]
+        if sum(p.data.size for p in self.params) < cpu.PARALLEL_MIN_ELEMENTS:
+            # a small model's whole update is shorter than handing blocks to the threads and
+            # waking them (15-50 us each): the calling thread does it, block by block
+            for blk in blocks:
+                _run(blk)
+            return
+        cpu.run_blocks(blocks, _run)
 
     def _thread_scratch(self, like):
         """A scratch array like ``like``, this thread's own (blocks run on kernel threads)."""

@@ -21,6 +21,8 @@ import os
 import sys
 import time
 
+import numpy as np
+
 from ..backend import Backend
 from ..config import Config
 from ..models import build_model
@@ -175,14 +177,30 @@ class Trainer:
             sq = self.grid.dp_comm.allreduce_scalar(sq, op="sum")
         return math.sqrt(self._replica_sum(sq))
 
-    def global_loss(self, losses: dict) -> float:
-        """The batch-mean loss, known on every rank (reported by the last stage's tp rank 0)."""
+    def _loss_share(self, losses: dict) -> float:
+        """This rank's part of the batch-mean loss (the last chunk's tp rank 0 holds it)."""
         g = self.grid
-        mine = 0.0
         holds_loss = g.pp_rank == self.schedule.rank_of(self.schedule.n_chunks - 1)
         if holds_loss and g.tp_rank == 0:  # the last chunk's rank (rank 0 in a V)
-            mine = sum(losses.values()) / self.cfg.parallel.microbatches / g.dp_size
-        return g.world_comm.allreduce_scalar(mine, op="sum")
+            return sum(losses.values()) / self.cfg.parallel.microbatches / g.dp_size
+        return 0.0
+
+    def global_loss(self, losses: dict) -> float:
+        """The batch-mean loss, known on every rank (reported by the last stage's tp rank 0)."""
+        return self.grid.world_comm.allreduce_scalar(self._loss_share(losses), op="sum")
+
+    def norm_and_loss(self, losses: dict) -> tuple[float, float]:
+        """``grad_norm()`` and ``global_loss(losses)`` in one world all-reduce of two numbers:
+        a small model's step pays per collective, not per byte. Replicas hold the same
+        gradients, so only dp rank 0 adds its squares (all do with ZeRO-1: each holds a slice)."""
+        g = self.grid
+        sq = float(grad_norm_sq_local(self.sync.norm_params(self.params)))
+        if not self.sync.zero1 and g.dp_rank != 0:
+            sq = 0.0
+        both = np.array([sq, self._loss_share(losses)], dtype=np.float64)
+        if g.world_comm.size > 1:
+            g.world_comm.allreduce(both, op="sum", inplace=True)
+        return math.sqrt(float(both[0])), float(both[1])
 
     def forward_backward(self, until=None) -> dict:
         """Gradients of this step's batch, fully synchronised (tp partial sums and dp)."""
@@ -288,12 +306,16 @@ class Trainer:
             for q in ps:
                 q.zero_grad()
 
-    def update(self) -> tuple[float, float]:
-        """Clip by the global norm and step the optimizer. Returns (grad norm, lr)."""
+    def update(self, losses: dict | None = None) -> tuple[float, float]:
+        """Clip by the global norm and step the optimizer. Returns (grad norm, lr). Given the
+        step's ``losses``, their global mean comes with the norm (``step_loss``)."""
         t = self.cfg.train
         with self.tracer.region("OPT"):
-            beat("the gradient-norm all-reduce and the optimizer step")
-            norm = self.grad_norm()
+            beat("the gradient-norm (and loss) all-reduce and the optimizer step")
+            if losses is None:
+                norm = self.grad_norm()
+            else:
+                norm, self.step_loss = self.norm_and_loss(losses)
             if t.grad_clip > 0:
                 clip_grads_(self.sync.norm_params(self.params) if self.sync.zero1
                             else self.params, t.grad_clip, norm)
@@ -316,9 +338,12 @@ class Trainer:
         if self.asynchronous:  # the executor already applied every micro-batch's update
             norm, lr = float("nan"), step_lr(cfg, self.step)
         else:
-            norm, lr = self.update()
-        beat("the loss all-reduce")
-        loss = self.global_loss(losses)
+            norm, lr = self.update(losses)
+        if self.asynchronous:
+            beat("the loss all-reduce")
+            loss = self.global_loss(losses)
+        else:
+            loss = self.step_loss  # came with the norm (``update``)
         self.backend.synchronize()
         tr.record("STEP", t0, tr.now())
         tr.record("mem.peak", tr.now(), tr.now(), nbytes=peak_resident_bytes())

@@ -73,8 +73,8 @@ def run(cfg, world):
         ls = tr.forward_backward()
         if step == 0:
             grads = gather_full(tr, what=("grads",))
-        tr.update()
-        losses.append(tr.global_loss(ls))
+        tr.update(ls)  # as train_step: the norm and the loss in one all-reduce
+        losses.append(tr.step_loss)
         tr.step += 1
     params = gather_full(tr, what=("params",))
     return losses, grads, params

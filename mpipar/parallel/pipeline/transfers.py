@@ -18,6 +18,16 @@ SEND_BACKLOG = 4  # unfinished sends kept before testing which are done
 tag = make_tag  # (kind, mb, chunk) -> tag; mpi.common imports no MPI, so no lazy import here
 
 
+def receive_plan(actions) -> dict:
+    """{"RECV_F": [...], "RECV_B": [...]}: a rank's receives in the order it takes them (the
+    same every step, so an executor makes it once)."""
+    plan = {"RECV_F": [], "RECV_B": []}
+    for a in actions:
+        if a.op in plan:
+            plan[a.op].append(a)
+    return plan
+
+
 def _refs(bufs, i):
     return sys.getrefcount(bufs[i])
 
@@ -68,18 +78,15 @@ def pool_for(comm) -> RecvPool:
 class Receives:
     """Posts a rank's RECV_F / RECV_B in the order it will need them, ``RECV_WINDOW`` ahead.
 
-    ``source(op, chunk) -> (peer rank, boundary unit, tag kind)`` says where each comes from.
-    Every received array lands in a buffer of the communicator's ``RecvPool``, owned by its
-    micro-batch until the last reference to it goes.
+    ``plan``: ``receive_plan(actions)``; ``routes[(op, chunk)] = (peer rank, shape, tag kind)``
+    says where each receive comes from and what it holds (both the same every step, made once
+    by the executor, not per message). Every received array lands in a buffer of the
+    communicator's ``RecvPool``, owned by its micro-batch until the last reference to it goes.
     """
 
-    def __init__(self, comm, actions, source, shape, dtype, xp, pool=None):
-        self.comm, self.source, self.shape, self.dtype, self.xp = comm, source, shape, dtype, xp
+    def __init__(self, comm, plan, routes, dtype, xp, pool=None):
+        self.comm, self.plan, self.routes, self.dtype, self.xp = comm, plan, routes, dtype, xp
         self.pool = pool if pool is not None else pool_for(comm)
-        self.plan = {"RECV_F": [], "RECV_B": []}
-        for a in actions:
-            if a.op in self.plan:
-                self.plan[a.op].append(a)
         self.posted = {}
         self.next_post = {"RECV_F": 0, "RECV_B": 0}
         self.consumed = {"RECV_F": 0, "RECV_B": 0}
@@ -91,8 +98,7 @@ class Receives:
         while self.next_post[op] < min(len(plan), upto):
             a = plan[self.next_post[op]]
             self.next_post[op] += 1
-            peer, unit, kind = self.source(op, a.chunk)
-            shape = self.shape(unit)
+            peer, shape, kind = self.routes[(op, a.chunk)]
             out = self.pool.take(shape, self.dtype, self.xp)
             self.posted[(op, a.mb, a.chunk)] = self.comm.irecv(
                 shape, self.dtype, peer, tag(kind, a.mb, a.chunk),

@@ -1,0 +1,181 @@
+"""The cost model's fit from dump events (mpipar.analysis.costmodel), on hand-made dumps whose
+right answer is known."""
+
+import pytest
+
+from mpipar.analysis.dump import load
+from mpipar.analysis.synthetic import ev, write
+from mpipar.parallel.pipeline.generators import build_schedule
+
+LATENCY, OFFSET = 0.3, 5.0  # true p2p latency; rank 1's clock reads true time + OFFSET
+
+
+def one_f_one_b_step():
+    """One 1F1B step at pp = 2, m = 2, true times, every message taking LATENCY.
+
+    Rank 0 finds its send of F0 complete (a ``test`` between actions records a zero-length
+    ``pp.wait`` mb 0 chunk 0 peer 1) at 2.25, before rank 1 even sends the gradient of mb 0
+    (4.4), and then waits for that gradient under the same (mb, chunk, peer): the first wait is
+    not a receive. Its send of F1 completes at the end of the step (outside the receive's window).
+    """
+    r0 = [ev("STEP", 0, 0.0, 10.0),
+          ev("pp.recv", 0, 0.0, 0.01, mb=0, chunk=0, nbytes=64, peer=1),
+          ev("pp.recv", 0, 0.01, 0.02, mb=1, chunk=0, nbytes=64, peer=1),
+          ev("F", 0, 0.1, 1.1, mb=0, chunk=0),
+          ev("pp.send", 0, 1.1, 1.12, mb=0, chunk=0, nbytes=64, peer=1),
+          ev("F", 0, 1.2, 2.2, mb=1, chunk=0),
+          ev("pp.send", 0, 2.2, 2.22, mb=1, chunk=0, nbytes=64, peer=1),
+          ev("pp.wait", 0, 2.25, 2.25, mb=0, chunk=0, nbytes=64, peer=1),  # send F0 done
+          ev("pp.wait", 0, 2.3, 4.4 + LATENCY, mb=0, chunk=0, nbytes=64, peer=1),  # grad 0
+          ev("B", 0, 4.7, 6.7, mb=0, chunk=0),
+          ev("pp.wait", 0, 6.73, 7.45 + LATENCY, mb=1, chunk=0, nbytes=64, peer=1),  # grad 1
+          ev("B", 0, 7.75, 9.75, mb=1, chunk=0),
+          ev("pp.wait", 0, 9.76, 9.76, mb=1, chunk=0, nbytes=64, peer=1),  # send F1 done
+          ev("OPT", 0, 9.8, 10.0)]
+    r1 = [ev("STEP", 0, 0.0, 10.0),
+          ev("pp.recv", 0, 0.0, 0.01, mb=0, chunk=1, nbytes=64, peer=0),
+          ev("pp.recv", 0, 0.01, 0.02, mb=1, chunk=1, nbytes=64, peer=0),
+          ev("pp.wait", 0, 0.03, 1.1 + LATENCY, mb=0, chunk=1, nbytes=64, peer=0),  # act 0
+          ev("F", 0, 1.4, 2.4, mb=0, chunk=1),
+          ev("B", 0, 2.4, 4.4, mb=0, chunk=1),
+          ev("pp.send", 0, 4.4, 4.42, mb=0, chunk=1, nbytes=64, peer=0),
+          ev("pp.wait", 0, 4.42, 4.43, mb=1, chunk=1, nbytes=64, peer=0),  # act 1, long there
+          ev("F", 0, 4.45, 5.45, mb=1, chunk=1),
+          ev("B", 0, 5.45, 7.45, mb=1, chunk=1),
+          ev("pp.send", 0, 7.45, 7.47, mb=1, chunk=1, nbytes=64, peer=0),
+          ev("pp.wait", 0, 7.5, 7.5, mb=0, chunk=1, nbytes=64, peer=0),
+          ev("pp.wait", 0, 7.5, 7.51, mb=1, chunk=1, nbytes=64, peer=0),
+          ev("OPT", 0, 9.8, 10.0)]
+    r1 = [(k, s, mb, c, start + OFFSET, end + OFFSET, nb, peer)
+          for (k, s, mb, c, start, end, nb, peer) in r1]
+    return [r0, r1]
+
+
+@pytest.fixture
+def skewed(tmp_path):
+    return load(write(tmp_path / "skewed.h5", one_f_one_b_step(), {"dp": 1, "pp": 2, "tp": 1}))
+
+
+def test_receives_are_matched_to_their_own_sends(skewed):
+    from mpipar.analysis.costmodel import _received
+
+    sched = build_schedule("1f1b", 2, 2)
+    # rank 0: the wait for gradient 0 cannot be told from the send's completion (both lie after
+    # F0 and before B0): dropped; gradient 1's is the only wait of its key before B1
+    assert _received(skewed.events[0], 0, sched, skewed.coords) == [
+        (pytest.approx(7.45 + LATENCY), 1, 1, 1, "SEND_B")]
+    # rank 1: both activations (a send's completion never precedes its post)
+    got = sorted(_received(skewed.events[1], 1, sched, skewed.coords))
+    assert got == [(pytest.approx(1.1 + LATENCY + OFFSET), 0, 0, 0, "SEND_F"),
+                   (pytest.approx(4.43 + OFFSET), 0, 1, 0, "SEND_F")]
+
+
+def test_latency_fit_cancels_the_clock_offset(skewed):
+    from mpipar.analysis.costmodel import fit, transfer_times
+
+    sched = build_schedule("1f1b", 2, 2)
+    # pairing the send's completion at 2.25 with gradient 0's send (4.4 + OFFSET) gave
+    # (5.3 - 7.15) / 2 < 0, clipped to 0
+    assert transfer_times(skewed, [0], sched) == [pytest.approx(LATENCY)]
+    model, notes = fit(skewed, [0], sched)
+    assert model.latency == pytest.approx(LATENCY) and notes == []
+
+
+def replica_events(f, b, wait, steps=2, reduce=0.5, opt=0.5, step_len=10.0):
+    """One data-parallel replica of GPipe at pp = 1, m = 2: F F B B from 0, its gradient
+    reduction (``wait`` for the other replica, then ``reduce``), the optimizer, to ``step_len``."""
+    return replica_steps([(f, b, wait)] * steps, reduce, opt, step_len)
+
+
+def replica_steps(plan, reduce=0.5, opt=0.5, step_len=10.0):
+    """``replica_events`` with its own (f, b, wait) in each step."""
+    rows = []
+    for s, (f, b, wait) in enumerate(plan):
+        t0 = s * step_len
+        end = t0 + 2 * (f + b)
+        rows += [ev("STEP", s, t0, t0 + step_len),
+                 ev("F", s, t0, t0 + f, mb=0, chunk=0),
+                 ev("F", s, t0 + f, t0 + 2 * f, mb=1, chunk=0),
+                 ev("B", s, t0 + 2 * f, t0 + 2 * f + b, mb=0, chunk=0),
+                 ev("B", s, t0 + 2 * f + b, end, mb=1, chunk=0),
+                 ev("dp.allreduce", s, end, end + wait + reduce, nbytes=1 << 20),
+                 ev("OPT", s, end + wait + reduce, end + wait + reduce + opt)]
+    return rows
+
+
+def test_data_parallel_replicas_are_simulated_each(tmp_path):
+    """Replica 1 computes 9 s a step, replica 0 6 s and then waits 3 s in the reduction: the
+    pipeline window (0 to 9) holds replica 0's wait, measured and predicted alike."""
+    from mpipar.analysis import breakdown
+    from mpipar.analysis.synthetic import gpt_config
+
+    events = [replica_events(1.0, 2.0, wait=3.0), replica_events(1.5, 3.0, wait=0.0)]
+    path = write(tmp_path / "dp2.h5", events, {"dp": 2, "pp": 1, "tp": 1},
+                 config=gpt_config(microbatches=2, schedule="gpipe"))
+    s = breakdown(path)["summary"]
+    assert s["bubble_pipeline"] == pytest.approx((1 - 6 / 9) / 2)
+    assert s["bubble_pred"] == pytest.approx((1 - 6 / 9) / 2), s["predict_note"]
+    # reduction 0.5 after the slower replica (9.5), optimizer 0.5: 10 s, as measured
+    assert s["step_time_pred"] == pytest.approx(10.0) and s["step_time"] == pytest.approx(10.0)
+    assert s["predicted"]["replicas"] == 2
+    assert s["predicted"]["compute"] == [pytest.approx(7.5)]
+
+
+def test_tensor_parallel_ranks_are_simulated_each(tmp_path):
+    """tp rank 1 starts 0.5 s late; rank 0's first F waits for it inside the F (a tp collective
+    is part of the unit). Window 0 to 6.5: rank 1 idles 0.5 of it, measured and predicted."""
+    from mpipar.analysis import breakdown
+    from mpipar.analysis.synthetic import gpt_config
+
+    def rank(f0_start):
+        rows = []
+        for s in range(2):
+            t = 10.0 * s
+            rows += [ev("STEP", s, t, t + 7.0), ev("F", s, t + f0_start, t + 1.5, mb=0, chunk=0),
+                     ev("F", s, t + 1.5, t + 2.5, mb=1, chunk=0),
+                     ev("B", s, t + 2.5, t + 4.5, mb=0, chunk=0),
+                     ev("B", s, t + 4.5, t + 6.5, mb=1, chunk=0), ev("OPT", s, t + 6.5, t + 7.0)]
+        return rows
+
+    path = write(tmp_path / "tp2.h5", [rank(0.0), rank(0.5)], {"dp": 1, "pp": 1, "tp": 2},
+                 config=gpt_config(microbatches=2, schedule="gpipe"))
+    s = breakdown(path)["summary"]
+    assert s["bubble_pipeline"] == pytest.approx(0.5 / 6.5 / 2)
+    assert s["bubble_pred"] == pytest.approx(0.5 / 6.5 / 2), s["predict_note"]
+    assert s["step_time_pred"] == pytest.approx(7.0)
+
+
+def test_sends_of_one_chunk_to_one_peer_are_told_apart_by_order(tmp_path):
+    """Interleaved pp = 2, v = 2: chunk 2 sends micro-batch 0's activation (to chunk 3) and its
+    gradient (to chunk 1), both to rank 1 with the same (mb, chunk, peer); the activation first."""
+    from mpipar.analysis.costmodel import _send_starts
+
+    r0 = [ev("STEP", 0, 0.0, 5.0),
+          ev("pp.send", 0, 3.0, 3.1, mb=0, chunk=2, nbytes=64, peer=1),
+          ev("pp.send", 0, 0.5, 0.6, mb=0, chunk=0, nbytes=64, peer=1),
+          ev("pp.send", 0, 1.0, 1.1, mb=0, chunk=2, nbytes=64, peer=1)]
+    r1 = [ev("STEP", 0, 0.0, 5.0)]
+    run = load(write(tmp_path / "v2.h5", [r0, r1], {"dp": 1, "pp": 2, "tp": 1},
+                     config=None))
+    sched = build_schedule("interleaved", 2, 2, virtual_stages=2)
+    assert _send_starts(run, [0], sched) == {
+        (0, 0, 1, 0, 0, "SEND_F"): 0.5, (0, 0, 1, 0, 2, "SEND_F"): 1.0,
+        (0, 0, 1, 0, 2, "SEND_B"): 3.0}
+
+
+def test_replicas_taking_turns_as_the_straggler_are_predicted_step_by_step(tmp_path):
+    """Step 1: replica 0 is the slow one (9 s of compute against 6), step 2: replica 1. On costs
+    averaged over the steps the replicas are equal (no bubble); each step has one that waits,
+    and the prediction, step by step like the measurement, shows it."""
+    from mpipar.analysis import breakdown
+    from mpipar.analysis.synthetic import gpt_config
+
+    slow, fast = (1.5, 3.0, 0.0), (1.0, 2.0, 3.0)
+    events = [replica_steps([fast, slow, fast]), replica_steps([fast, fast, slow])]
+    path = write(tmp_path / "turns.h5", events, {"dp": 2, "pp": 1, "tp": 1},
+                 config=gpt_config(microbatches=2, schedule="gpipe"))
+    s = breakdown(path)["summary"]
+    assert s["bubble_pipeline"] == pytest.approx((1 - 6 / 9) / 2)
+    assert s["bubble_pred"] == pytest.approx((1 - 6 / 9) / 2), s["predict_note"]
+    assert s["predicted"]["mean_costs"]["bubble"] == pytest.approx(0.0, abs=1e-12)
+    assert s["step_time_pred"] == pytest.approx(10.0)
