@@ -79,9 +79,10 @@ def main(argv=None) -> int:
     for dp, pp, tp, sched, v, m in configurations(args.quick):
         run_dir = out / f"dp{dp}_pp{pp}_tp{tp}_{sched}_m{m}"
         sets = dict(base)
+        kind, cont = bubble.kind_of(sched)  # "-cont": the schedule without a flush
         sets.update({"parallel.dp": dp, "parallel.pp": pp, "parallel.tp": tp,
-                     "parallel.schedule": sched, "parallel.microbatches": m,
-                     "parallel.virtual_stages": v})
+                     "parallel.schedule": kind, "parallel.continuous": cont,
+                     "parallel.microbatches": m, "parallel.virtual_stages": v})
         if pp > 1:
             sets["parallel.boundaries"] = common.balanced_boundaries(n_layer, pp * v)
         else:

@@ -24,7 +24,8 @@ All numbers are seconds *per step*, averaged over the measured steps. Definition
   (it is part of computing the layer); pipeline waits sit outside F/B and count as bubble.
   The run's ``bubble`` is the mean over measured steps and ranks. ``bubble_pipeline`` uses the
   pipeline window instead of the whole step (first compute start to last compute end over all
-  ranks, excluding ``OPT``), which is what a schedule simulator models.
+  ranks, excluding ``OPT``), which is what a schedule simulator models; for a continuous
+  schedule (no flush between steps) one window over all measured steps.
 - **predicted bubble**: see ``mpipar.analysis.predict`` (the simulator on the measured costs).
 - **throughput**: run step time = per step, last ``STEP`` end - first ``STEP`` start over all
   ranks, averaged; tokens/s = tokens per step / step time; FLOPs per step from
@@ -247,8 +248,21 @@ def _step_times(steps, per) -> np.ndarray:
     return np.array(out)
 
 
-def _pipeline_bubble(steps, per) -> float:
-    """1 - model compute / pipeline window, window shared by all ranks in a step; mean over both."""
+def _pipeline_bubble(steps, per, continuous=False) -> float:
+    """1 - model compute / pipeline window, window shared by all ranks in a step; mean over both.
+
+    ``continuous`` (PipeDream without a flush): a step's events carry the step of their
+    micro-batch, so consecutive steps' windows overlap and a per-step ratio means nothing; the
+    window is then the measured steps together (one window, each rank's compute summed), what
+    a simulation of the schedule over as many steps models."""
+    if continuous:
+        rows = [[p[i] for i in range(len(steps)) if p[i]] for p in per]
+        timed = [d for r in rows for d in r if not math.isnan(d["pipe_lo"])]
+        if not timed:
+            return math.nan
+        lo, hi = min(d["pipe_lo"] for d in timed), max(d["pipe_hi"] for d in timed)
+        return (float(np.mean([1.0 - sum(d["pipe_compute"] for d in r) / (hi - lo)
+                               for r in rows if r])) if hi > lo else math.nan)
     vals = []
     for i in range(len(steps)):
         rows = [p[i] for p in per if p[i]]
@@ -321,7 +335,7 @@ def _summary(run, steps, per, table, notes, peak) -> dict:
         for c in ("compute", "comm", "exposed", "idle"):
             s[f"{c}_frac"] = float(np.nanmean(table[c] / st)) if st.size else math.nan
     s["bubble"] = float(np.nanmean(table["bubble"]))
-    s["bubble_pipeline"] = _pipeline_bubble(steps, per)
+    s["bubble_pipeline"] = _pipeline_bubble(steps, per, bool(get(cfg, "continuous", False)))
     s.update(predict(run, steps))
     if not run.complete:
         notes.append("dump is not marked complete: the run crashed or this is a mid-run flush")
