@@ -1,8 +1,9 @@
 """Experiment: the calibrated cost model against measurement, at pp = 2 and for tp = 2, dp = 2.
 
 For pp = 2, every schedule bubble.py measures (naive, GPipe, 1F1B, interleaved v = 2, ZB-H1 and
-the 2023-2025 ones, PipeDream-2BW, continuous PipeDream / 2BW) and m in 1, 2, 4, 8 (where valid), plus one tp = 2 and one dp = 2 run (1F1B on one stage, m = 4), it trains the GPT
-of experiments/configs/exp_bubble.toml and puts side by side:
+the 2023-2025 ones, PipeDream-2BW, continuous PipeDream / 2BW) and m in 1, 2, 4, 8 (where
+valid), plus one tp = 2 and one dp = 2 run (1F1B on one stage, m = 4), it trains the GPT of
+experiments/configs/exp_bubble.toml and puts side by side:
 
 - measured: ``bubble_pipeline`` (1 - model compute / pipeline window) and the step time, from
   ``mpipar.analysis.breakdown``;
