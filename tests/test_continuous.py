@@ -171,6 +171,17 @@ def test_dump_of_a_continuous_2bw_run_shows_no_flush(tokens, tmp_path):
         b_last = ev["end"][(kind == "B") & (ev["step"] == k - 1)].max()
         # with a flush, step k's first forward starts after step k-1's last backward ends
         assert f_next < b_last, (k, f_next, b_last)
+    # the analysis takes one pipeline window over the measured steps (they overlap) and
+    # simulates the continuous schedule over as many steps, and says it has no calibrated model
+    from mpipar.analysis import breakdown
+    from mpipar.parallel.pipeline.generators import build_schedule
+    from mpipar.parallel.pipeline.simulate import simulate
+
+    s = breakdown(str(out / "trace.h5"))["summary"]
+    assert 0 < s["bubble_pipeline"] < 1 and "continuous schedule" in s["predict_note"]
+    costs = {k: c for k, c in s["costs"].items()}
+    sim = simulate(build_schedule("pipedream-2bw", 2, 2, steps=s["steps_measured"]), costs=costs)
+    assert s["bubble_sim"] == pytest.approx(sim.bubble_fraction, abs=1e-12)
 
 
 @pytest.mark.mpi

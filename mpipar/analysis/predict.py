@@ -52,6 +52,7 @@ def predict(run: Run, steps) -> dict:
     pp = int(run.grid["pp"])
     m = get(cfg, "microbatches")
     v = int(get(cfg, "virtual_stages", 1) or 1)
+    continuous = bool(get(cfg, "continuous", False))
     costs = measured_costs(run, steps)
     out = {
         "costs": costs,
@@ -79,12 +80,20 @@ def predict(run: Run, steps) -> dict:
 
         # the simulator's compute costs are per stage (it divides by virtual for a chunk)
         stage_costs = {k: (c * v if k != "comm" else c) for k, c in costs.items()}
-        sim = simulate(build_schedule(kind, pp, int(m), virtual_stages=v), costs=stage_costs)
+        # a continuous schedule (no flush) is simulated over the measured steps as one run, as
+        # its measured bubble_pipeline takes one window over them
+        runs = len(steps) if continuous and len(steps) > 1 else None
+        sim = simulate(build_schedule(kind, pp, int(m), virtual_stages=v, steps=runs),
+                       costs=stage_costs)
         out["bubble_sim"] = float(sim.bubble_fraction)
         out["sim_makespan"] = float(sim.makespan)
         out["sim_peak_activations"] = sim.peak_activations
     except Exception as exc:
         out["predict_note"] += f"simulate failed ({exc.__class__.__name__}: {exc})"
+        return out
+    if continuous:
+        out["predict_note"] += ("continuous schedule: simulated over the measured steps with mean "
+                                "costs; the calibrated per-rank model fits per-step schedules only")
         return out
     try:
         out.update(calibrated(run, steps, kind, pp, int(m), v))
