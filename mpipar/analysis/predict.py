@@ -82,8 +82,8 @@ def predict(run: Run, steps) -> dict:
         stage_costs = {k: (c * v if k != "comm" else c) for k, c in costs.items()}
         # a continuous schedule (no flush) is simulated over the measured steps as one run, as
         # its measured bubble_pipeline takes one window over them
-        runs = len(steps) if continuous and len(steps) > 1 else None
-        sim = simulate(build_schedule(kind, pp, int(m), virtual_stages=v, steps=runs),
+        runs = {"steps": len(steps)} if continuous and len(steps) > 1 else {}
+        sim = simulate(build_schedule(kind, pp, int(m), virtual_stages=v, **runs),
                        costs=stage_costs)
         out["bubble_sim"] = float(sim.bubble_fraction)
         out["sim_makespan"] = float(sim.makespan)
