@@ -26,6 +26,7 @@ from ...mpi.algorithms import PENDING
 from ...mpi.common import MAX_MB
 from ...nn.layers import Sequential, set_selective_recompute
 from ...progress import beat
+from ...trace import Clock
 from .actions import Action, ScheduleError
 from .continuous import VersionStash
 from .transfers import ACT, GRAD, SEND_BACKLOG, Receives, Sends, receive_plan, tag
@@ -39,34 +40,6 @@ class Chunk(Sequential):
         self.index = index
         self.first_unit = first_unit
         self.last_unit = first_unit + len(units) - 1
-
-
-class _Clock:
-    """Times the executor's compute regions (F, LOSS, R, B, W) as the tracer's ``region`` does
-    (GPU synchronised at both ends), with one object reused for all of them: they never nest,
-    and a region object per action was a third of the executor's calls per action."""
-
-    __slots__ = ("tracer", "m", "kind", "mb", "chunk", "start")
-
-    def __init__(self, tracer, microbatches):
-        self.tracer, self.m = tracer, microbatches
-
-    def __call__(self, kind, mb, chunk):
-        # the micro-batch within its step (a continuous schedule numbers them across steps)
-        self.kind, self.mb, self.chunk = kind, mb % self.m, chunk
-        return self
-
-    def __enter__(self):
-        t = self.tracer
-        t.sync()  # earlier GPU work must not be billed to this region
-        self.start = t.now()
-        return self
-
-    def __exit__(self, *exc):
-        t = self.tracer
-        t.sync()
-        t.record_now(self.kind, self.start, self.mb, self.chunk, 0, -1)
-        return False
 
 
 def _no_clock(kind, mb, chunk):
@@ -134,7 +107,8 @@ class PipelineExecutor:
             "RECV_F": self._receive, "RECV_B": self._receive, "UPDATE": self._update,
         }
         timed = tracer is not None and tracer.enabled
-        self._clock = _Clock(tracer, schedule.microbatches) if timed else _no_clock
+        # one reused region for all compute actions (they never nest)
+        self._clock = Clock(tracer, schedule.microbatches) if timed else _no_clock
 
     # -- one step
     def run(self, inputs, targets, forward_only=False):

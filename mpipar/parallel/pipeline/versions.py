@@ -19,14 +19,7 @@ from .actions import Schedule, ScheduleError
 
 def weight_versions(s: Schedule) -> dict[tuple[int, int], int]:
     """(mb, chunk) -> the weight version F(mb, chunk) runs with (all 0 when synchronous)."""
-    versions: dict[tuple[int, int], int] = {}
-    for acts in s.ranks:
-        done: dict[int, int] = {}
-        for a in acts:
-            if a.op == "UPDATE":
-                done[a.chunk] = done.get(a.chunk, 0) + 1
-            elif a.op == "F":
-                versions[(a.mb, a.chunk)] = done.get(a.chunk, 0)
+    versions = updates_before(s)  # PipeDream: the newest version when the forward runs
     if s.asynchronous and s.kind == "pipedream-2bw":
         return {key: s.step_of(key[0]) - 1 for key in versions}
     if s.asynchronous and s.vertical_sync:
