@@ -173,6 +173,12 @@ class Tracer:
             end = time.perf_counter() - self.t0
             self._events.append((kind, self.step, mb, chunk, start, end, nbytes, peer))
 
+    def sink(self):
+        """The list's ``append`` taking ``record_now``'s tuples with times already relative to
+        ``t0``, for a per-message hot path (``mpi/fastp2p.py``); None when disabled. The list is
+        cleared in place, never replaced, so the ``append`` stays valid for the tracer's life."""
+        return self._events.append if self.enabled else None
+
     def sync(self) -> None:
         """Wait for queued GPU work when tracing a GPU backend (clocks must not run ahead)."""
         if self._sync is not None:

@@ -68,11 +68,14 @@ def format_size(n: int) -> str:
 def _pingpong(world, mpi_comm, MPI, size, iters, warmup, xp, raw_xp):
     """Per-iteration one-way times (raw, comm) seen by rank 0; None on other ranks."""
     rank = world.rank
-    # raw and Comm move the same bytes the same way: a send buffer and a separate, reused
-    # receive buffer on rank 0; rank 1 sends back what it received (a fair baseline: one
-    # buffer for both directions would keep half the bytes in cache for raw only)
+    # raw and Comm move the same bytes between the same buffers: a send buffer and a separate,
+    # reused receive buffer on rank 0; rank 1 sends back what it received. The same memory for
+    # both, so a difference between the columns is Comm's own work, not where pages landed
     raw_buf, raw_in = raw_xp.ones(size, dtype=np.uint8), raw_xp.ones(size, dtype=np.uint8)
-    comm_buf = xp.ones(size, dtype=np.uint8)
+    same = raw_xp is xp
+    comm_buf = raw_buf if same else xp.ones(size, dtype=np.uint8)
+    comm_in = raw_in if same else xp.ones(size, dtype=np.uint8)
+    u8 = np.dtype(np.uint8)  # a dtype object, as the pipeline passes its activations' dtype
     raw_t, comm_t = [], []
     tag = 11
     reps = range(reps_for(size))
@@ -90,17 +93,15 @@ def _pingpong(world, mpi_comm, MPI, size, iters, warmup, xp, raw_xp):
             mpi_comm.Send([raw_in, MPI.BYTE], 0, tag)
         return 0.0
 
-    comm_in = xp.ones(size, dtype=np.uint8)  # the receive buffer, reused like the pool's
-
     def comm_once():
         if rank == 0:
             t = time.perf_counter()
             for _ in reps:
                 world.send(comm_buf, 1, tag)
-                world.recv((size,), np.uint8, 1, tag, xp=xp, out=comm_in)
+                world.recv((size,), u8, 1, tag, xp=xp, out=comm_in)
             return (time.perf_counter() - t) / per
         for _ in reps:
-            got = world.recv((size,), np.uint8, 0, tag, xp=xp, out=comm_in)
+            got = world.recv((size,), u8, 0, tag, xp=xp, out=comm_in)
             world.send(got, 0, tag)
         return 0.0
 

@@ -4,25 +4,21 @@ A mixin: ``Comm`` (``comm.py``) supplies ``mpi``, ``axis``, ``backend``, ``_peer
 ``_stage`` and ``_rec``. Tags come from ``make_tag``; a received message must have exactly the
 byte count the receiver expects, so a shape or dtype disagreement is an error, not garbage.
 
-Fast path: a C-contiguous NumPy array, a valid peer and tag, no forced staging. Everything it
-needs is looked up once (``_fast_init``: peer table, ``MPI.BYTE``, one reused ``Status``, the
-trace kinds), so a small message costs the MPI call, one tuple for the trace event and, for the
-non-blocking calls, one ``Request``. Anything else (device arrays, staging, bad arguments) takes
-the general path, which also produces the error messages.
+The methods here are the general path (device arrays, staging, bad arguments and their error
+messages). A C-contiguous NumPy array to a valid peer and tag takes the fast path instead:
+closures that ``fastp2p.bind`` installs on each instance at construction (``_fast_init``), over
+everything a message needs looked up once, so a small message costs little more than the MPI
+call and its trace event.
 """
 
 from __future__ import annotations
 
-from time import perf_counter as _now
-
 import numpy as np
 
+from mpipar.mpi import fastp2p
 from mpipar.mpi.common import TAG_LIMIT, MessageSizeError, check_contiguous
-from mpipar.mpi.requests import P2PRequest, Request
+from mpipar.mpi.requests import Request
 from mpipar.mpi.staging import POOL, from_host, host_view, load_mpi, to_host
-
-_ndarray = np.ndarray
-_BYTE = _MPIException = None  # MPI.BYTE and MPI.Exception, set by the first Comm
 
 
 class PointToPoint:
@@ -30,15 +26,13 @@ class PointToPoint:
 
     def _fast_init(self, MPI) -> None:
         """Hoist what every message needs out of the per-call path (called by ``__init__``)."""
-        global _BYTE, _MPIException
-        _BYTE, _MPIException = MPI.BYTE, MPI.Exception
         self._MPI, self._BYTE = MPI, MPI.BYTE
-        # the peer table is empty when staging is forced: every message then takes the general
-        # path (one dict lookup decides, instead of a flag and a lookup)
-        self._peer_of = dict(enumerate(self.world_ranks)) if self.staging is not True else {}
+        self._peer_of = dict(enumerate(self.world_ranks))  # local rank -> world rank
         self._fast = self.staging is not True  # NumPy arrays go to MPI as they are
         self._status = MPI.Status()  # one per communicator: ranks are single-threaded
+        self._sink = self.tracer.sink()  # the trace list's append, None when tracing is off
         self._k_send, self._k_recv = f"{self.axis}.send", f"{self.axis}.recv"
+        fastp2p.bind(self, MPI)  # the per-instance fast send/recv/isend/irecv
 
     @staticmethod
     def _check_tag(tag):
@@ -79,14 +73,7 @@ class PointToPoint:
         return x, None
 
     def send(self, x, dest, tag, *, mb=-1, chunk=-1) -> None:
-        peer = self._peer_of.get(dest)
-        if (peer is not None and type(x) is _ndarray and 0 <= tag < TAG_LIMIT
-                and x.flags.c_contiguous):
-            tr = self.tracer
-            start = _now() - tr.t0
-            self.mpi.Send([x, _BYTE], dest, tag)
-            tr.record_now(self._k_send, start, mb, chunk, x.nbytes, peer)
-            return
+        """Blocking send (the instance's fast closure from ``fastp2p`` takes host arrays)."""
         self._send_general(x, dest, tag, mb, chunk)
 
     def _send_general(self, x, dest, tag, mb, chunk) -> None:
@@ -117,31 +104,7 @@ class PointToPoint:
 
     def recv(self, shape, dtype, source, tag, *, mb=-1, chunk=-1, xp=None, out=None):
         """Receive into a new array, or into ``out`` (reuse avoids fresh-memory page faults)."""
-        peer = self._peer_of.get(source)
-        if peer is not None and 0 <= tag < TAG_LIMIT:
-            if out is None:
-                if xp is np or xp is None and self.backend is None:
-                    out = np.empty(shape, dtype=dtype)
-                else:
-                    peer = None
-            elif not (type(out) is _ndarray and out.shape == shape
-                      and (out.dtype is dtype or out.dtype == dtype)
-                      and out.flags.c_contiguous):
-                peer = None  # the general path takes (and explains) a misfit out
-        if peer is None:
-            return self._recv_general(shape, dtype, source, tag, mb, chunk, xp, out)
-        tr = self.tracer
-        start = _now() - tr.t0
-        status = self._status
-        try:
-            self.mpi.Recv([out, _BYTE], source, tag, status)
-        except _MPIException as exc:
-            raise self.mpi_error(exc, "recv", mb, chunk, out.nbytes, peer) from exc
-        n = out.nbytes
-        if status.Get_count(_BYTE) != n:
-            self._check_count(status, n, shape, dtype, mb, chunk, peer, tag)
-        tr.record_now(self._k_recv, start, mb, chunk, n, peer)
-        return out
+        return self._recv_general(shape, dtype, source, tag, mb, chunk, xp, out)
 
     def _recv_general(self, shape, dtype, source, tag, mb, chunk, xp, out):
         MPI = load_mpi()
@@ -169,15 +132,6 @@ class PointToPoint:
 
     def isend(self, x, dest, tag, *, mb=-1, chunk=-1) -> Request:
         """Post a send; x must stay alive and unchanged until ``wait`` (staging copies it now)."""
-        peer = self._peer_of.get(dest)
-        if (peer is not None and type(x) is _ndarray and 0 <= tag < TAG_LIMIT
-                and x.flags.c_contiguous):
-            tr = self.tracer
-            start = _now() - tr.t0
-            req = self.mpi.Isend([x, _BYTE], dest, tag)
-            n = x.nbytes
-            tr.record_now(self._k_send, start, mb, chunk, n, peer)
-            return P2PRequest(self, req, x, None, (mb, chunk, n, peer), tag)
         return self._isend_general(x, dest, tag, mb, chunk)
 
     def _isend_general(self, x, dest, tag, mb, chunk) -> Request:
@@ -198,25 +152,7 @@ class PointToPoint:
 
     def irecv(self, shape, dtype, source, tag, *, mb=-1, chunk=-1, xp=None, out=None) -> Request:
         """Post a receive; ``wait()`` returns the new array (or ``out``, filled)."""
-        peer = self._peer_of.get(source)
-        if peer is not None and 0 <= tag < TAG_LIMIT:
-            if out is None:
-                if xp is np or xp is None and self.backend is None:
-                    out = np.empty(shape, dtype=dtype)
-                else:
-                    peer = None
-            elif not (type(out) is _ndarray and out.shape == shape
-                      and (out.dtype is dtype or out.dtype == dtype)
-                      and out.flags.c_contiguous):
-                peer = None  # the general path takes (and explains) a misfit out
-        if peer is None:
-            return self._irecv_general(shape, dtype, source, tag, mb, chunk, xp, out)
-        tr = self.tracer
-        start = _now() - tr.t0
-        req = self.mpi.Irecv([out, _BYTE], source, tag)
-        n = out.nbytes
-        tr.record_now(self._k_recv, start, mb, chunk, n, peer)
-        return P2PRequest(self, req, out, out, (mb, chunk, n, peer), tag)
+        return self._irecv_general(shape, dtype, source, tag, mb, chunk, xp, out)
 
     def _irecv_general(self, shape, dtype, source, tag, mb, chunk, xp, out) -> Request:
         MPI = load_mpi()

@@ -99,15 +99,24 @@ class P2PRequest(Request):
             return self._result
         comm = self._comm
         tr = comm.tracer
-        start = _now() - tr.t0
+        start = _now()
         status = comm._status
         try:
             self._req.Wait(status)
         except load_mpi().Exception as exc:  # evaluated only when something was raised
             self._done = True
             raise comm.mpi_error(exc, "wait", *self._info) from exc
-        self._end(comm, tr, status, start)
-        return self._result
+        # _end, inlined: this is the pipeline's per-message path
+        self._done = True
+        self._keep = None
+        mb, chunk, nbytes, peer = self._info
+        out = self._result
+        if out is not None and status.Get_count(comm._BYTE) != nbytes:
+            comm._check_count(status, nbytes, out.shape, out.dtype, mb, chunk, peer, self._tag)
+        if comm._sink is not None:
+            t0 = tr.t0
+            comm._sink((comm.wait_kind, tr.step, mb, chunk, start - t0, _now() - t0, nbytes, peer))
+        return out
 
     def test(self) -> bool:
         if self._done:

@@ -209,6 +209,14 @@ def check_size_errors(comm):
     if comm.size < 2 or comm.rank > 1:
         return
     tag = make_tag(0, 7, 0)
+    # an F-ordered (transposed) array would go out in memory order: refused before any traffic
+    # (forced staging copies it to a C-ordered host buffer first, so it is fine there)
+    for send in (comm.send, comm.isend) if comm.staging is not True else ():
+        try:
+            send(np.ones((3, 4)).T, 1 - comm.rank, tag)
+            raise AssertionError(f"rank {me}: an F-ordered send did not raise")
+        except ValueError as exc:
+            assert "C-contiguous" in str(exc), str(exc)
     if comm.rank == 0:
         comm.send(np.ones(10, dtype=np.float32), 1, tag)  # 40 bytes; rank 1 expects 80
         comm.send(np.ones(20), 1, tag)  # 160 bytes; rank 1 expects 80
