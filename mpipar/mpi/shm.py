@@ -2,13 +2,15 @@
 
 An MPI-3 shared window (``Win.Allocate_shared``) gives every rank of the communicator a segment
 the others can read and write as plain NumPy arrays. A collective then moves each byte through
-memory once or twice, with a few barriers, instead of through the library's messages:
+memory a few times, with a few barriers, instead of through the library's messages (p ranks,
+rank r, p blocks of the message):
 
-- all-reduce: each rank copies its input into its segment; barrier; rank r reduces block r of
-  every segment, in rank order ((x0 + x1) + x2 ...), into block r of segment 0; barrier; every
-  rank copies segment 0 out. Each element is reduced by one rank in one fixed order, so the
-  result is bitwise equal on every rank (and equal to the reduce-scatter's blocks).
-- reduce-scatter: copy in; barrier; rank r reduces block r of every segment into its output.
+- all-reduce: each rank copies its input's blocks but its own into its segment; barrier; rank r
+  reduces block r of every rank's input (its own from its own memory), in rank order
+  ((x0 + x1) + x2 ...), into block r of its segment; barrier; every rank copies every segment's
+  own block out. Each element is reduced by one rank in one fixed order, so the result is
+  bitwise equal on every rank (and to the reduce-scatter's blocks).
+- reduce-scatter: the same copy in; barrier; rank r reduces block r straight into its output.
 - all-gather: each rank copies its block in; barrier; every rank copies every segment out.
 
 Before any data, each rank writes what it was called with (call number, kind, op, bytes, dtype)
@@ -60,16 +62,6 @@ def on_one_node(comm) -> bool:
 def size_class(nbytes) -> int:
     """The window for a message of ``nbytes`` per rank: a power of two in MIN..MAX_BYTES."""
     return min(MAX_BYTES, max(MIN_BYTES, 1 << (max(1, int(nbytes)) - 1).bit_length()))
-
-
-def copy(src, dst) -> None:
-    """dst[...] = src for host / device arrays on either side (finished on return)."""
-    if is_device(src) and not is_device(dst):
-        to_host(src, dst)
-    elif is_device(dst) and not is_device(src):
-        from_host(src, dst)
-    else:
-        dst[...] = src
 
 
 class Window:
@@ -164,10 +156,18 @@ class Shm:
             self.window.free()
             self.window = Window(self.comm, size_class(nbytes))
 
-    # --- the collectives ------------------------------------------------------------------
+    # --- the collectives (host arrays; a device array goes through a host copy) -----------
 
     def allreduce(self, flat, op, what):
-        """In place over the 1-D array ``flat`` (host or device)."""
+        """In place over the 1-D array ``flat``."""
+        if is_device(flat):
+            host = host_copy(flat)
+            yield from self._allreduce(host, op, what)
+            from_host(host, flat)
+        else:
+            yield from self._allreduce(flat, op, what)
+
+    def _allreduce(self, flat, op, what):
         p, r, dt = self.size, self.rank, flat.dtype
         ufunc = np.maximum if op == "max" else np.add
         yield from self._agree(what, "allreduce", op, dt, flat.nbytes)
@@ -176,20 +176,34 @@ class Shm:
             hi = min(flat.size, lo + step)
             if lo:
                 yield from self._sync()  # every rank has copied the last chunk out
+            f = flat[lo:hi]
             segs = [self.window.data(q, dt, hi - lo) for q in range(p)]
-            copy(flat[lo:hi], segs[r])
-            yield from self._sync()
             b = bounds(hi - lo, p)
-            reduce_in_order(ufunc, [s[b[r]:b[r + 1]] for s in segs], segs[0][b[r]:b[r + 1]])
+            mine, s = segs[r], slice(b[r], b[r + 1])
+            mine[:b[r]] = f[:b[r]]  # the blocks the others reduce (block r stays here)
+            mine[b[r + 1]:] = f[b[r + 1]:]
             yield from self._sync()
-            copy(segs[0], flat[lo:hi])
+            parts = [seg[s] for seg in segs]
+            parts[r] = f[s]
+            reduce_in_order(ufunc, parts, mine[s])  # the result's block r, for every rank
+            yield from self._sync()
+            for q in range(p):
+                f[b[q]:b[q + 1]] = segs[q][b[q]:b[q + 1]]
 
     def reduce_scatter(self, x, out, op, what):
-        """Block r of the reduction of every rank's 1-D x (p equal blocks) into 1-D ``out``."""
+        """Block r of the reduction of every rank's 1-D x (p equal blocks) into 1-D ``out``
+        (not overlapping x)."""
+        if is_device(x) or is_device(out):
+            host = np.empty(out.shape, out.dtype)
+            yield from self._reduce_scatter(host_copy(x) if is_device(x) else x, host, op, what)
+            store(host, out)
+        else:
+            yield from self._reduce_scatter(x, out, op, what)
+
+    def _reduce_scatter(self, x, out, op, what):
         p, r, dt = self.size, self.rank, x.dtype
         ufunc = np.maximum if op == "max" else np.add
         k = out.size
-        direct = type(out) is np.ndarray  # a host output is reduced into; else via segment 0
         yield from self._agree(what, "reduce_scatter", op, dt, x.nbytes)
         step = max(1, self.window.capacity // (dt.itemsize * p))  # of each block, per round
         for lo in range(0, k, step):
@@ -198,20 +212,24 @@ class Shm:
             if lo:
                 yield from self._sync()  # every rank has read its blocks of the last round
             segs = [self.window.data(q, dt, p * m) for q in range(p)]
-            if m == k:
-                copy(x, segs[r])
-            else:
-                for q in range(p):
-                    copy(x[q * k + lo:q * k + hi], segs[r][q * m:(q + 1) * m])
+            for q in range(p):
+                if q != r:  # block r is reduced here, from x itself
+                    segs[r][q * m:(q + 1) * m] = x[q * k + lo:q * k + hi]
             yield from self._sync()
-            parts = [s[r * m:(r + 1) * m] for s in segs]
-            acc = out[lo:hi] if direct else parts[0]
-            reduce_in_order(ufunc, parts, acc)
-            if not direct:
-                copy(acc, out[lo:hi])
+            parts = [seg[r * m:(r + 1) * m] for seg in segs]
+            parts[r] = x[r * k + lo:r * k + hi]
+            reduce_in_order(ufunc, parts, out[lo:hi])
 
     def allgather(self, x, out, what):
         """Every rank's 1-D x, in rank order, into 1-D ``out``."""
+        if is_device(x) or is_device(out):
+            host = np.empty(out.shape, out.dtype)
+            yield from self._allgather(host_copy(x) if is_device(x) else x, host, what)
+            store(host, out)
+        else:
+            yield from self._allgather(x, out, what)
+
+    def _allgather(self, x, out, what):
         p, r, dt = self.size, self.rank, x.dtype
         k = x.size
         yield from self._agree(what, "allgather", "sum", dt, x.nbytes)
@@ -221,10 +239,24 @@ class Shm:
             if lo:
                 yield from self._sync()  # every rank has copied the last chunk out
             segs = [self.window.data(q, dt, hi - lo) for q in range(p)]
-            copy(x[lo:hi], segs[r])
+            segs[r][:] = x[lo:hi]
             yield from self._sync()
             for q in range(p):
-                copy(segs[q], out[q * k + lo:q * k + hi])
+                out[q * k + lo:q * k + hi] = segs[q] if q != r else x[lo:hi]
+
+
+def store(host, out) -> None:
+    if is_device(out):
+        from_host(host, out)
+    else:
+        np.copyto(out, host)
+
+
+def host_copy(x) -> np.ndarray:
+    """A device array's contents in a new host array."""
+    host = np.empty(x.shape, x.dtype)
+    to_host(x, host)
+    return host
 
 
 def reduce_in_order(ufunc, parts, acc) -> None:
