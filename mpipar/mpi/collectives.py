@@ -40,6 +40,15 @@ def _disjoint(a, b) -> bool:
     return not np.may_share_memory(a, b)
 
 
+def _is_block(xm, out, r) -> bool:
+    """Host xm is exactly block r of out (ZeRO-1's shard of its flat parameters), a block shm's
+    all-gather leaves where it is."""
+    if type(xm) is not _ndarray or type(out) is not _ndarray or not xm.ndim:
+        return False
+    block = out[r * xm.shape[0]:(r + 1) * xm.shape[0]]
+    return block.shape == xm.shape and block.ctypes.data == xm.ctypes.data
+
+
 def copy_into(src, dst) -> None:
     """dst[...] = src between any mix of host and device arrays (finished on return)."""
     if is_device(dst) and not is_device(src):
@@ -320,11 +329,11 @@ class Collectives:
                             (self.size * x.shape[0],) + tuple(x.shape[1:]))
         start = self._begin(x)
         xm = xp.ascontiguousarray(xp.moveaxis(x, axis, 0))
+        algo = self.algorithm("allgather", x.nbytes * self.size)
         if out is None:
             out = xp.empty((self.size * xm.shape[0],) + xm.shape[1:], dtype=x.dtype)
-        elif xp.may_share_memory(xm, out):
+        elif xp.may_share_memory(xm, out) and not (algo == "shm" and _is_block(xm, out, self.rank)):
             xm = xm.copy()  # e.g. ZeRO-1's slice is a view of out; MPI forbids aliased buffers
-        algo = self.algorithm("allgather", x.nbytes * self.size)
         if algo == "library":
             self._in_out(self.mpi.Allgather, xm, out)
         else:

@@ -232,6 +232,7 @@ class Shm:
     def _allgather(self, x, out, what):
         p, r, dt = self.size, self.rank, x.dtype
         k = x.size
+        in_place = k and x.ctypes.data == out[r * k:].ctypes.data  # x is out's block r
         yield from self._agree(what, "allgather", "sum", dt, x.nbytes)
         step = self.window.capacity // dt.itemsize
         for lo in range(0, k, step):
@@ -242,7 +243,10 @@ class Shm:
             segs[r][:] = x[lo:hi]
             yield from self._sync()
             for q in range(p):
-                out[q * k + lo:q * k + hi] = segs[q] if q != r else x[lo:hi]
+                if q != r:
+                    out[q * k + lo:q * k + hi] = segs[q]
+                elif not in_place:
+                    out[q * k + lo:q * k + hi] = x[lo:hi]
 
 
 def store(host, out) -> None:

@@ -84,6 +84,12 @@ def test_growth_and_chunks():
         while not req.done:
             alg.progress()
         assert np.array_equal(req.wait(), want), "chunked iallreduce"
+        k = (1 << 20) // 8 * 3 // 2 + 7  # ZeRO-1's all-gather (x is out's block r), chunked
+        flat = np.zeros(c.size * k)
+        flat[c.rank * k:(c.rank + 1) * k] = data(11, c.rank, k)
+        c.allgather(flat[c.rank * k:(c.rank + 1) * k], out=flat)
+        want = np.concatenate([data(11, q, k) for q in range(c.size)])
+        assert np.array_equal(flat, want), "chunked in-place allgather"
         c.free()
     finally:
         shm.MAX_BYTES = old
