@@ -32,6 +32,8 @@ def test_choice_offers_shm_only_on_one_node():
         assert tuning.choose(kind, big, 4, tuned={}, shm=False) != "shm"
     for kind in ("allreduce", "reduce_scatter"):  # all-gather: the library's ring copies less
         assert tuning.choose(kind, big, 4, tuned={}) == "shm"
+    assert tuning.choose("allreduce", big, 2, tuned={}) == "rabenseifner"  # halves: fewer copies
+    assert tuning.choose("reduce_scatter", big, 2, tuned={}) == "shm"
     assert tuning.choose("allreduce", big, 2, tuned={}, shm=False) == "rabenseifner"
     # a tuned table that chose shm: across nodes the defaults without it decide
     table = tuning.validate(tuning.tuned_table(

@@ -30,15 +30,18 @@ MODES = ("auto",) + ALGORITHMS
 # Without a tuned table: the library below 512 KiB (its latency-optimised algorithms win there);
 # above it exchange halves (DESIGN.md: on 2 ranks Sendrecv plus a local add reduced 64 MB in
 # ~12 ms where MPI_Allreduce took ~33 ms). Rabenseifner moves the ring's bytes in log2 p steps.
-# Shared memory (ranks of one node; elsewhere the entry is skipped) from where the library was
-# measured as fast as exchanging halves (16 MiB): the same reduction with three barriers and no
-# kernel copies, though it copies each rank's own block once more. Its reduce-scatter moves the
-# library's bytes (the others' blocks in, one reduction) with two barriers: from 1 MiB.
-# All-gather copies only: shared memory copies every block twice (in, out) where the library's
-# ring copies it once, and that ring is already near the copy bandwidth: kept.
+# Shared memory (shm.py; only where the ranks share one node, elsewhere its rows are skipped):
+# - all-reduce from 4 MiB on 3 ranks or more: one pass with three barriers where the others
+#   take 2 log2 p or 2 (p - 1) message steps. Not on 2 ranks: there it copies each rank's own
+#   half once more than exchanging halves does, and measured slower at 64 MiB.
+# - reduce-scatter from 4 MiB: the library's bytes (the others' blocks in, one reduction) with
+#   two barriers and no kernel copies.
+# - not all-gather: it copies every block twice (in, out) where the library's ring copies it
+#   once, and that ring is already near the copy bandwidth.
+# Rows: (from bytes, algorithm[, from ranks]).
 DEFAULT = {
-    "allreduce": [(0, "library"), (512 << 10, "rabenseifner"), (16 << 20, "shm")],
-    "reduce_scatter": [(0, "library"), (512 << 10, "rabenseifner"), (1 << 20, "shm")],
+    "allreduce": [(0, "library"), (512 << 10, "rabenseifner"), (4 << 20, "shm", 3)],
+    "reduce_scatter": [(0, "library"), (512 << 10, "rabenseifner"), (4 << 20, "shm")],
     "allgather": [(0, "library")],
 }
 
@@ -114,8 +117,8 @@ def choose(kind, nbytes, p, tuned=None, shm=True) -> str:
         if shm or algo != "shm":
             return algo
     algo = "library"
-    for threshold, name in DEFAULT[kind]:
-        if nbytes >= threshold and (shm or name != "shm"):
+    for threshold, name, *ranks in DEFAULT[kind]:
+        if nbytes >= threshold and p >= (ranks or [2])[0] and (shm or name != "shm"):
             algo = name
     return algo
 
