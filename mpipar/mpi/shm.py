@@ -105,8 +105,12 @@ class Shm:
 
     @classmethod
     def create(cls, comm):
-        """A Shm for ``comm``, or None where its ranks span nodes (collective)."""
-        return cls(comm) if on_one_node(comm) else None
+        """A Shm for ``comm``, or None where its ranks span nodes or the library has no shared
+        windows (collective)."""
+        try:
+            return cls(comm) if on_one_node(comm) else None
+        except (NotImplementedError, load_mpi().Exception):
+            return None  # an MPI before 3.0, or windows refused: the same on every rank
 
     def free(self) -> None:
         self.finish_busy()
