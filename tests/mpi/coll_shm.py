@@ -120,6 +120,16 @@ def test_disagreeing_ranks_raise_everywhere():
 
 def test_nonblocking_in_flight_one_at_a_time():
     c = make()
+    # a post that outgrows the window grows it there (blocking, every rank at the same call),
+    # never inside a later test() driven by the executor
+    x = data(19, c.rank, (3 << 20) // 8)
+    want = c.allreduce(x)
+    c.free()
+    c = make()
+    assert c.shm_offered() and c._shm.window.capacity == shm.MIN_BYTES
+    req = c.iallreduce(x)
+    assert c._shm.window.capacity == 4 << 20, "the window grows at the post"
+    assert np.array_equal(req.wait(), want), "iallreduce after growth at the post"
     xs = [data(20 + i, c.rank, 5000 * (i + 1)) for i in range(3)]
     want = [c.allreduce(x) for x in xs]
     reqs = [c.iallreduce(x.copy()) for x in xs]  # each post finishes the one before
