@@ -47,3 +47,20 @@ def test_tune_ignores_algorithms_not_measured():
     assert tuning.pick({"library": 2.0, "ring": 1.0, "shm": math.nan}) == "ring"
     assert tuning.pick({"library": 1.0, "ring": 2.0, "shm": math.nan}) == "library"
     assert tuning.pick({"library": 2.0, "ring": 1.5, "shm": 1.0}) == "shm"
+
+
+def test_commbench_table_without_shm():
+    """Across nodes commbench leaves shm unmeasured (NaN): its table and --tune skip it."""
+    import numpy as np
+
+    from mpipar.mpi import collbench
+
+    samples = np.ones((len(collbench.VARIANTS), 1, 3))
+    samples[collbench.VARIANTS.index("ring")] = 0.5
+    samples[collbench.VARIANTS.index("shm")] = np.nan
+    rows = collbench.table("allreduce", 2, [1 << 20], samples, ["ring"])
+    assert np.isnan(rows["shm_s"][0]) and rows["best"][0] == b"ring"
+    assert rows["ring_s"][0] == 0.5 and rows["best_busbw"][0] == (1 << 20) / 0.5 / 1e9
+    tuned = tuning.tuned_table(collbench.tune_results({"allreduce": rows}, 2), "mpich")
+    assert tuned["choices"]["allreduce"]["2"] == [[1 << 20, "ring"]]
+    assert "nan" in "\n".join(collbench.format_kind("allreduce", rows, 2))
