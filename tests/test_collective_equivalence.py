@@ -10,6 +10,7 @@ import pytest
 from mpi_util import python_script
 
 from mpipar.datasets import prepare_synthetic
+from mpipar.mpi.algorithms import ALGORITHMS
 
 CASES = [
     ((2, 1, 2), ["1f1b:2:zero1", "1f1b:2:sp", "1f1b:2:mlp"]),
@@ -26,7 +27,7 @@ def tokens(tmp_path_factory):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("algo", ["library", "ring", "rabenseifner"])
+@pytest.mark.parametrize("algo", ALGORITHMS)
 @pytest.mark.parametrize("grid,variants", CASES,
                          ids=[f"dp{a}-pp{b}-tp{c}" for (a, b, c), _ in CASES])
 def test_forced_algorithm_matches_one_rank(tokens, algo, grid, variants):

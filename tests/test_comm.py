@@ -211,10 +211,10 @@ def test_commbench_cli(tmp_path, n):
             rows = f[f"collectives/{kind}"][()]
             assert rows.dtype == COLL_DTYPE
             assert kind == "allreduce" or np.all(rows["bytes"] % (4 * n) == 0)
-            for col in ("raw_s", "library_s", "ring_s", "rabenseifner_s", "auto_s"):
+            for col in ("raw_s", "library_s", "ring_s", "rabenseifner_s", "shm_s", "auto_s"):
                 assert np.all(rows[col] > 0), (kind, col)
-            assert set(rows["best"]) <= {b"library", b"ring", b"rabenseifner"}
-            assert f[f"collectives/{kind}_s"].shape == (5, 2, 3)
+            assert set(rows["best"]) <= {b"library", b"ring", b"rabenseifner", b"shm"}
+            assert f[f"collectives/{kind}_s"].shape == (6, 2, 3)
             factor = 2 * (n - 1) / n if kind == "allreduce" else (n - 1) / n
             want = rows["bytes"] * factor / rows["raw_s"] / 1e9
             assert np.allclose(rows["raw_busbw"], want)  # nccl-tests' bus bandwidth
@@ -251,7 +251,8 @@ def test_collectives_mode_and_table(monkeypatch, tmp_path):
     monkeypatch.setenv("MPIPAR_COLLECTIVES", "fastest")
     with pytest.raises(ValueError, match="MPIPAR_COLLECTIVES='fastest' is not one of auto"):
         tuning.mode()
-    # built-in defaults: the library for small messages, halves exchanged for large ones
+    # built-in defaults: the library for small messages, halves exchanged for large ones on 2
+    # ranks (shared memory: tests/test_collectives_shm.py)
     assert tuning.choose("allreduce", 8, 2, tuned={}) == "library"
     assert tuning.choose("allreduce", 64 << 20, 2, tuned={}) == "rabenseifner"
     # a tuned table: nearest measured size (log scale), nearest communicator size

@@ -24,7 +24,7 @@ import numpy as np
 
 from mpipar.mpi.staging import load_mpi, sync_device
 
-ALGORITHMS = ("library", "ring", "rabenseifner")
+ALGORITHMS = ("library", "ring", "rabenseifner", "shm")  # shm: shm.py, ranks of one node
 KINDS = ("allreduce", "reduce_scatter", "allgather")
 
 
@@ -232,6 +232,12 @@ class Stepper:
                 return False
             self.reqs = next(self.steps, None)
         return True
+
+    def advance(self) -> None:
+        """One step, blocking: wait for the posted messages, then run the next step."""
+        if self.reqs is not None:
+            load_mpi().Request.Waitall(self.reqs)
+            self.reqs = next(self.steps, None)
 
     def Wait(self, status=None) -> None:  # noqa: N802
         Waitall = load_mpi().Request.Waitall

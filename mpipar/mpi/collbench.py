@@ -1,12 +1,13 @@
 """Collectives for ``mpipar commbench``: raw mpi4py beside ``Comm`` with each algorithm forced.
 
 For all-reduce, reduce-scatter and all-gather, every iteration runs the raw library call and
-``Comm`` with ``library``, ``ring``, ``rabenseifner`` and ``auto`` (the choice in effect), in an
-order that rotates per iteration; a barrier starts each, and an iteration lasts as long as its
-slowest rank; below 256 KiB a timed sample is ``reps_for`` calls in a row (the time reported
-is per call). Sizes follow nccl-tests: the per-rank buffer for all-reduce, the whole input for
-reduce-scatter, the whole output for all-gather; bus bandwidth = algbw * 2 (n-1)/n for all-reduce
-and algbw * (n-1)/n for the other two (algbw = bytes / time).
+``Comm`` with ``library``, ``ring``, ``rabenseifner``, ``shm`` (NaN where the ranks span nodes)
+and ``auto`` (the choice in effect), in an order that rotates per iteration; a barrier starts
+each, and an iteration lasts as long as its slowest rank; below 256 KiB a timed sample is
+``reps_for`` calls in a row (the time reported is per call). Sizes follow nccl-tests: the
+per-rank buffer for all-reduce, the whole input for reduce-scatter, the whole output for
+all-gather; bus bandwidth = algbw * 2 (n-1)/n for all-reduce and algbw * (n-1)/n for the other
+two (algbw = bytes / time).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ COLL_DTYPE = np.dtype(
         ("library_s", "f8"),  # Comm, each algorithm forced
         ("ring_s", "f8"),
         ("rabenseifner_s", "f8"),
+        ("shm_s", "f8"),  # NaN: not offered (the ranks span nodes)
         ("auto_s", "f8"),  # Comm with the choice in effect (table or default)
         ("choice", "S12"),  # the algorithm auto ran
         ("best", "S12"),  # what --tune writes: the fastest, unless the library is within MARGIN
@@ -98,6 +100,7 @@ def bench_kind(kind, world, mpi_comm, MPI, sizes, iters, warmup, xp, raw_xp):
     """(rows of COLL_DTYPE on rank 0, samples [variant, size, iteration]) for one kind."""
     n = mpi_comm.Get_size()
     mode = world.coll_mode
+    skip = () if world.shm_offered() else ("shm",)  # forced, it would time a fallback
     samples = np.zeros((len(VARIANTS), len(sizes), iters))
     choices = []
     for j, size in enumerate(sizes):
@@ -109,6 +112,8 @@ def bench_kind(kind, world, mpi_comm, MPI, sizes, iters, warmup, xp, raw_xp):
         for i in range(warmup + iters):
             order = VARIANTS[i % len(VARIANTS):] + VARIANTS[:i % len(VARIANTS)]
             for v in order:
+                if v in skip:
+                    continue
                 algo, call = calls[v]
                 if algo is not None:
                     world.coll_mode = algo if algo != "auto" else mode
@@ -120,6 +125,8 @@ def bench_kind(kind, world, mpi_comm, MPI, sizes, iters, warmup, xp, raw_xp):
         world.coll_mode = mode
         mpi_comm.Allreduce(MPI.IN_PLACE, times, MPI.MAX)  # the slowest rank's time
         samples[:, j] = times[:, warmup:]
+    for v in skip:
+        samples[VARIANTS.index(v)] = np.nan
     byte_counts = [elements(kind, s, n) * 4 for s in sizes]
     return table(kind, n, byte_counts, samples, choices), samples
 
@@ -130,9 +137,13 @@ def table(kind, n, byte_counts, samples, choices):
     for j, b in enumerate(byte_counts):
         med = {v: float(np.median(samples[k, j])) for k, v in enumerate(VARIANTS)}
         best = pick({a: med[a] for a in ALGORITHMS})
-        rows[j] = (b, med["raw"], med["library"], med["ring"], med["rabenseifner"], med["auto"],
-                   choices[j], best, med["auto"] / med["raw"], b * f / med["raw"] / 1e9,
-                   b * f / med["auto"] / 1e9, b * f / med[best] / 1e9)
+        row = rows[j]
+        for v in VARIANTS:
+            row[f"{v}_s"] = med[v]
+        row["bytes"], row["choice"], row["best"] = b, choices[j], best
+        row["ratio"] = med["auto"] / med["raw"]
+        row["raw_busbw"], row["auto_busbw"], row["best_busbw"] = (
+            b * f / med[v] / 1e9 for v in ("raw", "auto", best))
     return rows
 
 
@@ -149,7 +160,8 @@ def format_kind(kind, rows, n) -> list[str]:
     title = {"allreduce": "all-reduce", "reduce_scatter": "reduce-scatter",
              "allgather": "all-gather"}[kind]
     lines = ["", f"{title} over {n} ranks (float32; times in us; bus = nccl-tests bus GB/s)",
-             f"{'bytes':>7} {'raw':>9} {'library':>9} {'ring':>9} {'rabens.':>9} {'auto':>9} "
+             f"{'bytes':>7} {'raw':>9} {'library':>9} {'ring':>9} {'rabens.':>9} {'shm':>9} "
+             f"{'auto':>9} "
              f"{'choice':>12} {'auto/raw':>8} {'raw bus':>8} {'auto bus':>8} {'best':>12}"]
     from mpipar.mpi.commbench import format_size
 
@@ -157,7 +169,8 @@ def format_kind(kind, rows, n) -> list[str]:
         lines.append(
             f"{format_size(int(r['bytes'])):>7} {r['raw_s'] * 1e6:>9.1f} "
             f"{r['library_s'] * 1e6:>9.1f} {r['ring_s'] * 1e6:>9.1f} "
-            f"{r['rabenseifner_s'] * 1e6:>9.1f} {r['auto_s'] * 1e6:>9.1f} "
+            f"{r['rabenseifner_s'] * 1e6:>9.1f} {r['shm_s'] * 1e6:>9.1f} "
+            f"{r['auto_s'] * 1e6:>9.1f} "
             f"{r['choice'].decode():>12} {r['ratio']:>8.2f} {r['raw_busbw']:>8.3f} "
             f"{r['auto_busbw']:>8.3f} {r['best'].decode():>12}"
         )

@@ -4,7 +4,9 @@ A mixin: ``Comm`` (``comm.py``) supplies ``mpi``, ``axis``, ``size``, ``rank``, 
 ``_begin``, ``_stage``, ``_rec`` and ``coll_mode``. The algorithm is the forced one
 (``MPIPAR_COLLECTIVES``) or the table's choice for the kind, size and group (``tuning.py``); the
 same on every rank, since all of them see the same arguments. ``library`` is MPI's own collective;
-``ring`` and ``rabenseifner`` are ``algorithms.py``'s, run on a duplicate communicator.
+``ring`` and ``rabenseifner`` are ``algorithms.py``'s, run on a duplicate communicator; ``shm``
+is ``shm.py``'s shared window, offered only where every rank shares one node (elsewhere the
+choice falls back as if it did not exist).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from mpipar.mpi.common import (
     check_float,
     norm_axis,
 )
+from mpipar.mpi.shm import Shm
 from mpipar.mpi.staging import POOL, from_host, host_view, is_device, load_mpi, to_host, xp_of
 from mpipar.mpi.tuning import choose
 
@@ -35,6 +38,15 @@ def _disjoint(a, b) -> bool:
     if a.base is None and b.base is None:
         return a is not b
     return not np.may_share_memory(a, b)
+
+
+def _is_block(xm, out, r) -> bool:
+    """Host xm is exactly block r of out (ZeRO-1's shard of its flat parameters), a block shm's
+    all-gather leaves where it is."""
+    if type(xm) is not _ndarray or type(out) is not _ndarray or not xm.ndim:
+        return False
+    block = out[r * xm.shape[0]:(r + 1) * xm.shape[0]]
+    return block.shape == xm.shape and block.ctypes.data == xm.ctypes.data
 
 
 def copy_into(src, dst) -> None:
@@ -52,6 +64,7 @@ class Collectives:
 
     _dup = None  # the communicator the algorithms talk on (a Dup, made on first use)
     _seq = 0  # collectives run so far: a fresh tag each, so overlapping ones never mix
+    _shm = None  # shm.Shm once asked for; False where the ranks span nodes
 
     def _coll_init(self, MPI) -> None:
         """Hoist what the fast paths need (called by ``Comm.__init__`` after ``_fast_init``)."""
@@ -82,14 +95,47 @@ class Collectives:
             if len(cache) > 4096:
                 cache.clear()
             mode = self._coll_mode
-            algo = cache[nbytes] = mode if mode != "auto" else choose(kind, nbytes, self.size)
+            algo = mode if mode != "auto" else choose(kind, nbytes, self.size)
+            if algo == "shm" and not self.shm_offered():
+                algo = choose(kind, nbytes, self.size, shm=False)
+            cache[nbytes] = algo
         return algo
 
-    def _ctx(self, op, like):
+    def shm_offered(self) -> bool:
+        """Whether the shared-memory algorithm can run: every rank on this node. Collective the
+        first time (every rank asks at the same call: the first collective choosing it)."""
+        if self._shm is None:
+            self._shm = Shm.create(self._dup_comm()) or False
+        return self._shm is not False
+
+    def _dup_comm(self):
         if self._dup is None:
             self._dup = self.mpi.Dup()  # collective: every rank reaches it at the same call
+        return self._dup
+
+    def _coll_free(self) -> None:
+        """Free the shared window and the duplicate communicator (collective; ``Comm.free``)."""
+        if self._shm:
+            self._shm.free()
+        self._shm = None
+        if self._dup is not None:
+            self._dup.Free()
+            self._dup = None
+
+    def _ctx(self, op, like):
         self._seq = self._seq % (TAG_LIMIT - 1) + 1
-        return alg.Ctx(self._dup, self._seq, alg.reducer(op, is_device(like)))
+        return alg.Ctx(self._dup_comm(), self._seq, alg.reducer(op, is_device(like)))
+
+    def _drive(self, algo, steps) -> None:
+        """Run an algorithm's steps to the end (blocking)."""
+        if algo == "shm":
+            self._shm.run(steps)
+        else:
+            alg.run(steps)
+
+    def _post(self, algo, steps, need):
+        """An algorithm's steps in flight (non-blocking); ``need``: bytes per rank."""
+        return self._shm.start(steps, need) if algo == "shm" else alg.Stepper(steps)
 
     def _work(self, n, dtype, like, host):
         """(a flat scratch array of n elements, release()) on the host or beside ``like``."""
@@ -99,6 +145,12 @@ class Collectives:
         return xp_of(like).empty(n, dtype=dtype), lambda: None
 
     def _allreduce_steps(self, algo, flat, op):
+        """The steps of an in-place all-reduce of ``flat`` by ``algo`` (not the library)."""
+        if algo == "shm":
+            return self._shm.allreduce(flat, op, self._k_ar)
+        return self._p2p_allreduce_steps(algo, flat, op)
+
+    def _p2p_allreduce_steps(self, algo, flat, op):
         """The steps of an in-place all-reduce of ``flat``; scratch released at the end."""
         c = self._ctx(op, flat)
         host = not is_device(flat)
@@ -149,7 +201,7 @@ class Collectives:
             self.mpi.Allreduce(xp.ascontiguousarray(x), out, mpi_op)
         else:
             out = x if inplace else xp.ascontiguousarray(x).copy()
-            stage = self._stage(out)
+            stage = self._stage(out) and algo != "shm"  # shm copies device memory itself
             buf = POOL.acquire(out.nbytes) if stage else None
             try:
                 target = host_view(buf, out.shape, out.dtype) if stage else out
@@ -158,7 +210,7 @@ class Collectives:
                 if algo == "library":
                     self.mpi.Allreduce(MPI.IN_PLACE, target, mpi_op)
                 else:
-                    alg.run(self._allreduce_steps(algo, target.reshape(-1), op))
+                    self._drive(algo, self._allreduce_steps(algo, target.reshape(-1), op))
                 if stage:
                     from_host(target, out)
             finally:
@@ -210,7 +262,7 @@ class Collectives:
         if algo == "library":
             self._in_out(lambda s, r: self.mpi.Reduce_scatter_block(s, r, mpi_op), xm, out)
         else:
-            alg.run(self._reduce_scatter_steps(algo, xm, out, op))
+            self._drive(algo, self._reduce_scatter_steps(algo, xm, out, op))
         if op == "mean":
             out /= self.size
         if axis != 0:
@@ -219,8 +271,17 @@ class Collectives:
         return out
 
     def _reduce_scatter_steps(self, algo, xm, out, op):
-        """The steps of a reduce-scatter of contiguous xm (p blocks along axis 0) into out;
-        the input is copied first, so xm is free once the first step is posted."""
+        """The steps of a reduce-scatter of contiguous xm (p blocks along axis 0) into
+        contiguous out, by ``algo`` (not the library)."""
+        if algo == "shm":
+            if xp_of(xm).may_share_memory(xm, out):
+                xm = xm.copy()  # out is written before the last chunk of xm is read
+            return self._shm.reduce_scatter(xm.reshape(-1), out.reshape(-1), op, self._k_rs)
+        return self._p2p_reduce_scatter_steps(algo, xm, out, op)
+
+    def _p2p_reduce_scatter_steps(self, algo, xm, out, op):
+        """Ring or Rabenseifner; the input is copied first, so xm is free once the first step
+        is posted."""
         host = self._stage(xm) or not is_device(xm)
         n, p, r = xm.size, self.size, self.rank
         k = n // p
@@ -268,11 +329,11 @@ class Collectives:
                             (self.size * x.shape[0],) + tuple(x.shape[1:]))
         start = self._begin(x)
         xm = xp.ascontiguousarray(xp.moveaxis(x, axis, 0))
+        algo = self.algorithm("allgather", x.nbytes * self.size)
         if out is None:
             out = xp.empty((self.size * xm.shape[0],) + xm.shape[1:], dtype=x.dtype)
-        elif xp.may_share_memory(xm, out):
+        elif xp.may_share_memory(xm, out) and not (algo == "shm" and _is_block(xm, out, self.rank)):
             xm = xm.copy()  # e.g. ZeRO-1's slice is a view of out; MPI forbids aliased buffers
-        algo = self.algorithm("allgather", x.nbytes * self.size)
         if algo == "library":
             self._in_out(self.mpi.Allgather, xm, out)
         else:
@@ -283,6 +344,9 @@ class Collectives:
         return out
 
     def _allgather_alg(self, algo, xm, out):
+        if algo == "shm":
+            self._shm.run(self._shm.allgather(xm.reshape(-1), out.reshape(-1), self._k_ag))
+            return
         stage = self._stage(xm)
         k, r = xm.size, self.rank
         buf = POOL.acquire(out.nbytes) if stage else None

@@ -10,7 +10,8 @@
 Point-to-point lives in ``p2p.py`` (with a fast path for host arrays), all-reduce,
 reduce-scatter and all-gather in ``collectives.py`` (the non-blocking ones in
 ``nonblocking.py``): each runs the library's algorithm, a ring or
-Rabenseifner's (``algorithms.py``), as ``MPIPAR_COLLECTIVES`` forces or ``tuning.py`` chooses.
+Rabenseifner's (``algorithms.py``) or a shared window of one node's ranks (``shm.py``), as
+``MPIPAR_COLLECTIVES`` forces or ``tuning.py`` chooses.
 
 Device arrays are handed to MPI directly or staged through host buffers (``staging.py``);
 ``staging=True`` forces staging for NumPy arrays too, which is how the staged code path is tested
@@ -135,9 +136,7 @@ class Comm(Collectives, NonBlocking, PointToPoint):
         return self.world_ranks[local_rank]
 
     def free(self) -> None:
-        if self._dup is not None:
-            self._dup.Free()
-            self._dup = None
+        self._coll_free()  # the collectives' shared window and duplicate communicator
         if self.mpi not in (MPI.COMM_WORLD, MPI.COMM_SELF):
             self.mpi.Free()
 

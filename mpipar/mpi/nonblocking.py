@@ -2,7 +2,9 @@
 
 A mixin beside ``Collectives`` (``collectives.py``), whose algorithm choice, scratch buffers and
 step generators it uses. A posted collective advances whenever ``algorithms.progress()`` (the
-executor, between actions) or its request's ``test()`` runs, and finishes at ``wait()``.
+executor, between actions) or its request's ``test()`` runs, and finishes at ``wait()``. The
+shared-memory algorithm (``shm.py``) advances the same way, a barrier per step; one is in flight
+per communicator (posting the next finishes the one before).
 """
 
 from __future__ import annotations
@@ -24,17 +26,18 @@ class NonBlocking:
         if op == "mean":
             check_float(x, "mean")
         start = self._begin(x)
-        stage = self._stage(x)
+        algo = self.algorithm("allreduce", x.nbytes)
+        stage = self._stage(x) and algo != "shm"  # shm copies device memory itself
         buf = POOL.acquire(x.nbytes) if stage else None
         target = x
         if stage:
             target = host_view(buf, x.shape, x.dtype)
             to_host(x, target)
-        algo = self.algorithm("allreduce", x.nbytes)
         if algo == "library":
             req = self.mpi.Iallreduce(load_mpi().IN_PLACE, target, mpi_op)
         else:
-            req = alg.Stepper(self._allreduce_steps(algo, target.reshape(-1), op))
+            req = self._post(algo, self._allreduce_steps(algo, target.reshape(-1), op),
+                             x.nbytes)
         size = self.size
 
         def finish(status):
@@ -70,10 +73,10 @@ class NonBlocking:
             check_float(x, "mean")
         start = self._begin(x)
         algo = self.algorithm("reduce_scatter", x.nbytes)
-        stage = self._stage(x)
+        stage = self._stage(x) and algo == "library"  # the others stage (or need not) inside
         bufs = [POOL.acquire(x.nbytes), POOL.acquire(out.nbytes)] if stage else []
         if algo != "library":
-            req = alg.Stepper(self._reduce_scatter_steps(algo, x, out, op))
+            req = self._post(algo, self._reduce_scatter_steps(algo, x, out, op), x.nbytes)
         elif stage:
             hin, hout = host_view(bufs[0], x.shape, x.dtype), host_view(bufs[1], want, x.dtype)
             to_host(x, hin)

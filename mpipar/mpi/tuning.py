@@ -1,7 +1,9 @@
 """Which collective algorithm to run, by kind, message size and communicator size.
 
-``MPIPAR_COLLECTIVES=auto|library|ring|rabenseifner`` forces one algorithm for every collective
-(``auto``, the default, chooses). ``auto`` reads the table ``mpipar commbench --tune`` writes
+``MPIPAR_COLLECTIVES=auto|library|ring|rabenseifner|shm`` forces one algorithm for every
+collective (``auto``, the default, chooses). ``shm`` (``shm.py``) runs only where every rank of
+the communicator shares one node; elsewhere, forced or chosen, it falls back on what ``choose``
+picks without it. ``auto`` reads the table ``mpipar commbench --tune`` writes
 (``MPIPAR_COLLECTIVES_TABLE``, else ``~/.cache/mpipar/collectives.json`` when it exists) and
 falls back on ``DEFAULT``. Every rank must see the same table (the same file on a shared file
 system): ranks that choose differently would run different message patterns and hang.
@@ -28,10 +30,18 @@ MODES = ("auto",) + ALGORITHMS
 # Without a tuned table: the library below 512 KiB (its latency-optimised algorithms win there);
 # above it exchange halves (DESIGN.md: on 2 ranks Sendrecv plus a local add reduced 64 MB in
 # ~12 ms where MPI_Allreduce took ~33 ms). Rabenseifner moves the ring's bytes in log2 p steps.
-# All-gather copies only and the library's ring is already near the copy bandwidth: kept.
+# Shared memory (shm.py; only where the ranks share one node, elsewhere its rows are skipped):
+# - all-reduce from 4 MiB on 3 ranks or more: one pass with three barriers where the others
+#   take 2 log2 p or 2 (p - 1) message steps. Not on 2 ranks: there it copies each rank's own
+#   half once more than exchanging halves does, and measured slower at 64 MiB.
+# - reduce-scatter from 4 MiB: the library's bytes (the others' blocks in, one reduction) with
+#   two barriers and no kernel copies.
+# - not all-gather: it copies every block twice (in, out) where the library's ring copies it
+#   once, and that ring is already near the copy bandwidth.
+# Rows: (from bytes, algorithm[, from ranks]).
 DEFAULT = {
-    "allreduce": [(0, "library"), (512 << 10, "rabenseifner")],
-    "reduce_scatter": [(0, "library"), (512 << 10, "rabenseifner")],
+    "allreduce": [(0, "library"), (512 << 10, "rabenseifner"), (4 << 20, "shm", 3)],
+    "reduce_scatter": [(0, "library"), (512 << 10, "rabenseifner"), (4 << 20, "shm")],
     "allgather": [(0, "library")],
 }
 
@@ -93,19 +103,22 @@ def table() -> dict:
     return _TABLE
 
 
-def choose(kind, nbytes, p, tuned=None) -> str:
+def choose(kind, nbytes, p, tuned=None, shm=True) -> str:
     """The algorithm for a ``kind`` collective of ``nbytes`` over p ranks: nccl-tests' sizes, the
-    per-rank buffer (all-reduce), the whole input (reduce-scatter) or output (all-gather)."""
+    per-rank buffer (all-reduce), the whole input (reduce-scatter) or output (all-gather).
+    ``shm=False``: the ranks span nodes, choose among the others (the defaults)."""
     tuned = table() if tuned is None else tuned
     by_size = tuned.get(kind)
     if by_size:
         key = min(by_size, key=lambda q: (abs(q - p), q))
         rows = by_size[key]
         x = math.log2(max(1, nbytes))
-        return min(rows, key=lambda e: abs(math.log2(e[0]) - x))[1]
+        algo = min(rows, key=lambda e: abs(math.log2(e[0]) - x))[1]
+        if shm or algo != "shm":
+            return algo
     algo = "library"
-    for threshold, name in DEFAULT[kind]:
-        if nbytes >= threshold:
+    for threshold, name, *ranks in DEFAULT[kind]:
+        if nbytes >= threshold and p >= (ranks or [2])[0] and (shm or name != "shm"):
             algo = name
     return algo
 
@@ -119,6 +132,7 @@ MARGIN = 1.10
 def pick(times: dict) -> str:
     """The algorithm ``--tune`` writes for one size: the fastest, unless the library is within
     ``MARGIN`` of it."""
+    times = {a: t for a, t in times.items() if t == t}  # NaN: not measured (shm across nodes)
     best = min(times, key=times.get)
     lib = times.get("library")
     if lib is not None and best != "library" and times[best] * MARGIN > lib:

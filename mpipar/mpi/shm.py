@@ -1,0 +1,287 @@
+"""All-reduce, reduce-scatter and all-gather through memory shared by the ranks of one node.
+
+An MPI-3 shared window (``Win.Allocate_shared``) gives every rank of the communicator a segment
+the others can read and write as plain NumPy arrays. A collective then moves each byte through
+memory a few times, with a few barriers, instead of through the library's messages (p ranks,
+rank r, p blocks of the message):
+
+- all-reduce: each rank copies its input's blocks but its own into its segment; barrier; rank r
+  reduces block r of every rank's input (its own from its own memory), in rank order
+  ((x0 + x1) + x2 ...), into block r of its segment; barrier; every rank copies every segment's
+  own block out. Each element is reduced by one rank in one fixed order, so the result is
+  bitwise equal on every rank (and to the reduce-scatter's blocks).
+- reduce-scatter: the same copy in; barrier; rank r reduces block r straight into its output.
+- all-gather: each rank copies its block in; barrier; every rank copies every segment out.
+
+Before any data, each rank writes what it was called with (call number, kind, op, bytes, dtype)
+into its segment's header and all compare after the first barrier: a disagreement raises the
+same error on every rank (nobody waits in a barrier the others never reach), and an agreed size
+larger than the window grows it, on every rank at once (a collective ``Allocate_shared``). The
+window is one per communicator, sized to a power of two (``MIN_BYTES`` up to ``MAX_BYTES`` per
+rank); a larger message goes through it in chunks. The next collective's first barrier is what
+keeps a rank from overwriting its segment while another still reads it.
+
+A collective is a generator of steps (``algorithms.Stepper`` shape), each step ending in an
+``Ibarrier``: the blocking collective waits on each, a non-blocking one advances at every
+``progress()`` / ``test()`` whose barrier has completed. One collective is in flight per window:
+starting another first finishes the one before (shared memory is filled by this rank's own
+copies, so two in flight would only hold twice the memory). Growing the window is a blocking
+collective, so it happens only at a post or in a blocking call (the same point on every rank),
+never inside a ``test()``.
+
+Only offered where every rank of the communicator shares one node (``Split_type(SHARED)``);
+elsewhere ``tuning.choose`` falls back on the other algorithms.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mpipar.mpi.algorithms import Stepper, bounds
+from mpipar.mpi.algorithms import run as run_steps
+from mpipar.mpi.staging import from_host, is_device, load_mpi, to_host
+
+HEADER = 4096  # bytes before each rank's data: the call's description; keeps data page-aligned
+MIN_BYTES = 1 << 20  # the smallest window, per rank
+MAX_BYTES = 64 << 20  # the largest, per rank; a longer message goes through in chunks
+_KINDS = {"allreduce": 1, "reduce_scatter": 2, "allgather": 3}
+_OPS = {"sum": 1, "mean": 2, "max": 3}
+_FIELDS = 6  # call number, kind, op, bytes, dtype number, item size
+_DTYPE_NAMES = {np.dtype(c).num: np.dtype(c).name for c in np.typecodes["All"]}
+
+
+def on_one_node(comm) -> bool:
+    """Whether every rank of ``comm`` shares this node's memory (collective)."""
+    node = comm.Split_type(load_mpi().COMM_TYPE_SHARED)
+    try:
+        return node.Get_size() == comm.Get_size()
+    finally:
+        node.Free()
+
+
+def size_class(nbytes) -> int:
+    """The window for a message of ``nbytes`` per rank: a power of two in MIN..MAX_BYTES."""
+    return min(MAX_BYTES, max(MIN_BYTES, 1 << (max(1, int(nbytes)) - 1).bit_length()))
+
+
+class Window:
+    """One shared window: per rank ``HEADER`` bytes, then ``capacity`` bytes of data."""
+
+    def __init__(self, comm, capacity):
+        MPI = load_mpi()
+        info = MPI.Info.Create()
+        info.Set("alloc_shared_noncontig", "true")  # each segment on its owner's NUMA node
+        try:
+            self.win = MPI.Win.Allocate_shared(HEADER + capacity, 1, info, comm)
+        finally:
+            info.Free()
+        # a passive-target epoch for the window's lifetime: Win.Sync needs one, and the
+        # barriers order the accesses (MPI's unified memory model for shared windows)
+        self.win.Lock_all(MPI.MODE_NOCHECK)
+        self.capacity = capacity
+        self.seg = [np.frombuffer(self.win.Shared_query(q)[0], np.uint8)
+                    for q in range(comm.Get_size())]
+        self.hdr = [s[:HEADER].view(np.int64) for s in self.seg]
+
+    def data(self, q, dtype, n) -> np.ndarray:
+        """The first n elements of rank q's data as ``dtype``."""
+        return self.seg[q][HEADER:HEADER + n * dtype.itemsize].view(dtype)
+
+    def free(self) -> None:
+        self.seg = self.hdr = []  # no view may outlive the memory
+        self.win.Unlock_all()
+        self.win.Free()
+
+
+class Shm:
+    """The shared-memory collectives of one communicator whose ranks share a node."""
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.window = Window(comm, MIN_BYTES)
+        self.calls = 0  # shared-memory collectives started here: the same count on every rank
+        self.busy = None  # the Stepper of the collective in flight
+
+    @classmethod
+    def create(cls, comm):
+        """A Shm for ``comm``, or None where its ranks span nodes or the library has no shared
+        windows (collective)."""
+        try:
+            return cls(comm) if on_one_node(comm) else None
+        except (NotImplementedError, load_mpi().Exception):
+            return None  # an MPI before 3.0, or windows refused: the same on every rank
+
+    def free(self) -> None:
+        self.finish_busy()
+        self.window.free()
+
+    # --- driving -------------------------------------------------------------------------
+
+    def finish_busy(self) -> None:
+        if self.busy is not None:
+            busy, self.busy = self.busy, None
+            busy.Wait()
+
+    def run(self, steps) -> None:
+        """Run a collective's steps to the end (blocking)."""
+        self.finish_busy()
+        run_steps(steps)
+
+    def start(self, steps, need) -> Stepper:
+        """A collective's steps posted as a Stepper (the non-blocking path). ``need``: the data
+        bytes per rank; where they outgrow the window, the call agreement and the growth run
+        here, blocking, the same call on every rank, instead of inside a later ``test()``."""
+        self.finish_busy()
+        stepper = Stepper(steps)  # header written, first barrier posted
+        if self.window.capacity < min(need, MAX_BYTES):
+            stepper.advance()
+        self.busy = stepper
+        return stepper
+
+    def _sync(self):
+        """A barrier step: writes before it are seen by every rank after it."""
+        win = self.window.win
+        win.Sync()
+        yield [self.comm.Ibarrier()]
+        win.Sync()
+
+    def _agree(self, what, kind, op, dtype, nbytes):
+        """Header, barrier, every rank's call compared; the window grown to fit ``nbytes``."""
+        self.calls += 1
+        mine = (self.calls, _KINDS[kind], _OPS[op], nbytes, dtype.num, dtype.itemsize)
+        self.window.hdr[self.rank][:_FIELDS] = mine
+        yield from self._sync()
+        rows = np.array([h[:_FIELDS] for h in self.window.hdr])
+        if (rows != rows[0]).any():
+            raise ValueError(f"{what}: the ranks' calls disagree ({describe(rows)}); every "
+                             f"rank must call the same collective with the same shape and dtype")
+        if self.window.capacity < min(nbytes, MAX_BYTES):
+            self.window.free()
+            self.window = Window(self.comm, size_class(nbytes))
+
+    # --- the collectives (host arrays; a device array goes through a host copy) -----------
+
+    def allreduce(self, flat, op, what):
+        """In place over the 1-D array ``flat``."""
+        if is_device(flat):
+            host = host_copy(flat)
+            yield from self._allreduce(host, op, what)
+            from_host(host, flat)
+        else:
+            yield from self._allreduce(flat, op, what)
+
+    def _allreduce(self, flat, op, what):
+        p, r, dt = self.size, self.rank, flat.dtype
+        ufunc = np.maximum if op == "max" else np.add
+        yield from self._agree(what, "allreduce", op, dt, flat.nbytes)
+        step = self.window.capacity // dt.itemsize
+        for lo in range(0, flat.size, step):
+            hi = min(flat.size, lo + step)
+            if lo:
+                yield from self._sync()  # every rank has copied the last chunk out
+            f = flat[lo:hi]
+            segs = [self.window.data(q, dt, hi - lo) for q in range(p)]
+            b = bounds(hi - lo, p)
+            mine, s = segs[r], slice(b[r], b[r + 1])
+            mine[:b[r]] = f[:b[r]]  # the blocks the others reduce (block r stays here)
+            mine[b[r + 1]:] = f[b[r + 1]:]
+            yield from self._sync()
+            parts = [seg[s] for seg in segs]
+            parts[r] = f[s]
+            reduce_in_order(ufunc, parts, mine[s])  # the result's block r, for every rank
+            yield from self._sync()
+            for q in range(p):
+                f[b[q]:b[q + 1]] = segs[q][b[q]:b[q + 1]]
+
+    def reduce_scatter(self, x, out, op, what):
+        """Block r of the reduction of every rank's 1-D x (p equal blocks) into 1-D ``out``
+        (not overlapping x)."""
+        if is_device(x) or is_device(out):
+            host = np.empty(out.shape, out.dtype)
+            yield from self._reduce_scatter(host_copy(x) if is_device(x) else x, host, op, what)
+            store(host, out)
+        else:
+            yield from self._reduce_scatter(x, out, op, what)
+
+    def _reduce_scatter(self, x, out, op, what):
+        p, r, dt = self.size, self.rank, x.dtype
+        ufunc = np.maximum if op == "max" else np.add
+        k = out.size
+        yield from self._agree(what, "reduce_scatter", op, dt, x.nbytes)
+        step = max(1, self.window.capacity // (dt.itemsize * p))  # of each block, per round
+        for lo in range(0, k, step):
+            hi = min(k, lo + step)
+            m = hi - lo
+            if lo:
+                yield from self._sync()  # every rank has read its blocks of the last round
+            segs = [self.window.data(q, dt, p * m) for q in range(p)]
+            for q in range(p):
+                if q != r:  # block r is reduced here, from x itself
+                    segs[r][q * m:(q + 1) * m] = x[q * k + lo:q * k + hi]
+            yield from self._sync()
+            parts = [seg[r * m:(r + 1) * m] for seg in segs]
+            parts[r] = x[r * k + lo:r * k + hi]
+            reduce_in_order(ufunc, parts, out[lo:hi])
+
+    def allgather(self, x, out, what):
+        """Every rank's 1-D x, in rank order, into 1-D ``out``."""
+        if is_device(x) or is_device(out):
+            host = np.empty(out.shape, out.dtype)
+            yield from self._allgather(host_copy(x) if is_device(x) else x, host, what)
+            store(host, out)
+        else:
+            yield from self._allgather(x, out, what)
+
+    def _allgather(self, x, out, what):
+        p, r, dt = self.size, self.rank, x.dtype
+        k = x.size
+        in_place = k and x.ctypes.data == out[r * k:].ctypes.data  # x is out's block r
+        yield from self._agree(what, "allgather", "sum", dt, x.nbytes)
+        step = self.window.capacity // dt.itemsize
+        for lo in range(0, k, step):
+            hi = min(k, lo + step)
+            if lo:
+                yield from self._sync()  # every rank has copied the last chunk out
+            segs = [self.window.data(q, dt, hi - lo) for q in range(p)]
+            segs[r][:] = x[lo:hi]
+            yield from self._sync()
+            for q in range(p):
+                if q != r:
+                    out[q * k + lo:q * k + hi] = segs[q]
+                elif not in_place:
+                    out[q * k + lo:q * k + hi] = x[lo:hi]
+
+
+def store(host, out) -> None:
+    if is_device(out):
+        from_host(host, out)
+    else:
+        np.copyto(out, host)
+
+
+def host_copy(x) -> np.ndarray:
+    """A device array's contents in a new host array."""
+    host = np.empty(x.shape, x.dtype)
+    to_host(x, host)
+    return host
+
+
+def reduce_in_order(ufunc, parts, acc) -> None:
+    """acc = ((parts[0] op parts[1]) op parts[2]) ...: the same order on every rank. ``acc`` may
+    be parts[0] itself (no other rank reads it meanwhile)."""
+    ufunc(parts[0], parts[1], out=acc)
+    for part in parts[2:]:
+        ufunc(acc, part, out=acc)
+
+
+def describe(rows) -> str:
+    """The header rows as text: 'rank 0: call 3, allreduce sum of 800 bytes float64; ...'."""
+    kinds = {v: k for k, v in _KINDS.items()}
+    ops = {v: k for k, v in _OPS.items()}
+    out = []
+    for q, (call, kind, op, nbytes, num, _) in enumerate(rows.tolist()):
+        name = _DTYPE_NAMES.get(num, f"dtype #{num}")
+        out.append(f"rank {q}: call {call}, {kinds.get(kind, kind)} {ops.get(op, op)} of "
+                   f"{nbytes} bytes {name}")
+    return "; ".join(out)

@@ -1,0 +1,66 @@
+"""The shared-memory collective algorithm (``mpipar/mpi/shm.py``) and its place in the choice."""
+
+import math
+
+import pytest
+from mpi_util import python_script
+
+from mpipar.mpi import shm, tuning
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_shm_collectives_under_mpiexec(n):
+    """Bitwise the rank-order reduction, growth, chunks, disagreeing ranks (an error on every
+    rank, not a hang), non-blocking posts, and the fallback where ranks span nodes."""
+    p = python_script(n, "coll_shm.py", timeout=240, check=True,
+                      env={"MPIPAR_COLLECTIVES_TABLE": "/nonexistent"})
+    assert p.stdout.count("coll_shm OK") == n, p.stdout
+
+
+def test_window_size_classes():
+    assert shm.size_class(1) == shm.MIN_BYTES
+    assert shm.size_class(shm.MIN_BYTES + 1) == 2 * shm.MIN_BYTES
+    assert shm.size_class(3 << 20) == 4 << 20
+    assert shm.size_class(1 << 40) == shm.MAX_BYTES  # larger messages go in chunks
+
+
+def test_choice_offers_shm_only_on_one_node():
+    big = 64 << 20
+    for kind in tuning.DEFAULT:
+        assert tuning.choose(kind, 8, 2, tuned={}) == "library"
+        assert tuning.choose(kind, big, 4, tuned={}, shm=False) != "shm"
+    for kind in ("allreduce", "reduce_scatter"):  # all-gather: the library's ring copies less
+        assert tuning.choose(kind, big, 4, tuned={}) == "shm"
+    assert tuning.choose("allreduce", big, 2, tuned={}) == "rabenseifner"  # halves: fewer copies
+    assert tuning.choose("reduce_scatter", big, 2, tuned={}) == "shm"
+    assert tuning.choose("allreduce", big, 2, tuned={}, shm=False) == "rabenseifner"
+    # a tuned table that chose shm: across nodes the defaults without it decide
+    table = tuning.validate(tuning.tuned_table(
+        {"allreduce": {2: [(big, {"library": 3.0, "ring": 2.0, "shm": 1.0})]}}, "mpich"))
+    assert tuning.choose("allreduce", big, 2, tuned=table) == "shm"
+    assert tuning.choose("allreduce", big, 2, tuned=table, shm=False) == "rabenseifner"
+
+
+def test_tune_ignores_algorithms_not_measured():
+    """commbench records NaN for shm where the ranks span nodes: --tune never picks it."""
+    assert tuning.pick({"library": 2.0, "ring": 1.0, "shm": math.nan}) == "ring"
+    assert tuning.pick({"library": 1.0, "ring": 2.0, "shm": math.nan}) == "library"
+    assert tuning.pick({"library": 2.0, "ring": 1.5, "shm": 1.0}) == "shm"
+
+
+def test_commbench_table_without_shm():
+    """Across nodes commbench leaves shm unmeasured (NaN): its table and --tune skip it."""
+    import numpy as np
+
+    from mpipar.mpi import collbench
+
+    samples = np.ones((len(collbench.VARIANTS), 1, 3))
+    samples[collbench.VARIANTS.index("ring")] = 0.5
+    samples[collbench.VARIANTS.index("shm")] = np.nan
+    rows = collbench.table("allreduce", 2, [1 << 20], samples, ["ring"])
+    assert np.isnan(rows["shm_s"][0]) and rows["best"][0] == b"ring"
+    assert rows["ring_s"][0] == 0.5 and rows["best_busbw"][0] == (1 << 20) / 0.5 / 1e9
+    tuned = tuning.tuned_table(collbench.tune_results({"allreduce": rows}, 2), "mpich")
+    assert tuned["choices"]["allreduce"]["2"] == [[1 << 20, "ring"]]
+    assert "nan" in "\n".join(collbench.format_kind("allreduce", rows, 2))
