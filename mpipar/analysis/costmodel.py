@@ -255,9 +255,14 @@ def _requests(ev: np.ndarray, r: int, schedule, coords) -> dict:
     return out
 
 
+# a wait shorter than this found its message there already: its end bounds the latency from
+# above only (a continuous run at m = 1 sends F(k + 1) a whole step before the peer waits)
+WAITED = 20e-6
+
+
 def _received(ev: np.ndarray, r: int, schedule, coords) -> list[tuple]:
     """(wait end, peer, mb, sender chunk, send op) of the receive waits of world rank r in one
-    step.
+    step that waited (``WAITED``).
 
     A ``pp.wait`` carries (mb, chunk, peer) but not whether it completed a send or a receive, and
     a rank's send of F(mb, c) and its receive of the gradient of (mb, c) share all three (the
@@ -282,7 +287,9 @@ def _received(ev: np.ndarray, r: int, schedule, coords) -> list[tuple]:
                     chosen[i].add(w)
         for i, (_, _, src) in enumerate(reqs):
             if src is not None and len(chosen[i]) == 1:
-                out.append((got[chosen[i].pop()][1], key[2], key[0], *src))
+                w0, w1 = got[chosen[i].pop()]
+                if w1 - w0 >= WAITED:
+                    out.append((w1, key[2], key[0], *src))
     return out
 
 

@@ -92,8 +92,16 @@ def predict(run: Run, steps) -> dict:
         out["predict_note"] += f"simulate failed ({exc.__class__.__name__}: {exc})"
         return out
     if continuous:
-        out["predict_note"] += ("continuous schedule: simulated over the measured steps with mean "
-                                "costs; the calibrated per-rank model fits per-step schedules only")
+        out["predict_note"] += ("continuous schedule: bubble_sim is its lists over the measured "
+                                "steps with mean costs; the calibrated prediction runs them a "
+                                "step at a time, the ranks meeting after each; ")
+        try:
+            from .predict_continuous import calibrated_continuous
+
+            out.update(calibrated_continuous(run, steps, kind, pp, int(m)))
+        except Exception as exc:
+            out["predict_note"] += (f"calibrated prediction failed ({exc.__class__.__name__}: "
+                                    f"{exc})")
         return out
     try:
         out.update(calibrated(run, steps, kind, pp, int(m), v))

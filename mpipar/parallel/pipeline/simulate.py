@@ -218,6 +218,47 @@ class _Timed(Replay):
         return max([self.now[r]] + [e for _, e, _ in spans]), spans
 
 
+class _Stepped(_Timed):
+    """``_Timed`` over a continuous schedule run a step at a time: rank r's call k runs its
+    actions (in ``order[r]``) up to ``cuts[r][k]``, and all ranks then meet (the step's world
+    collective, ``sync``) before any starts call k + 1 (after ``step_post`` + ``step_pre``)."""
+
+    def __init__(self, s: Schedule, model: CostModel, order, cuts, draw=None):
+        super().__init__(s, model, draw)
+        self.streams, self.cuts, self.k = order, cuts, 0
+        self.spans, self.call_start = [], 0.0  # per call: its span, barrier to barrier
+
+    def can_run(self, r: int, a: Action) -> bool:
+        return self.pos[r] < self.cuts[r][self.k] and super().can_run(r, a)
+
+    def before_round(self) -> bool:
+        if self.k >= len(self.cuts[0]) or any(
+                self.pos[r] < self.cuts[r][self.k] for r in range(len(self.streams))):
+            return False
+        m = self.model
+        meet = max(self.now) + m.sync
+        self.spans.append(meet + m.step_post - self.call_start)
+        self.call_start = meet + m.step_post
+        self.now = [self.call_start + m.step_pre] * len(self.streams)
+        self.k += 1
+        return True
+
+
+def simulate_steps(s: Schedule, model: CostModel, order, cuts, draw=None) -> tuple:
+    """(``SimResult`` with the timeline, [span of each step's call]) of continuous schedule
+    ``s`` run a step at a time (``_Stepped``; ``order[r]``: rank r's actions as its executor
+    runs them, ``cuts[r]``: ``continuous.step_cuts`` of them)."""
+    model = as_model(model)
+    sim = _Stepped(s, model, order, cuts, draw)
+    sim.play()
+    makespan = max(sim.now) if s.pp else 0.0
+    per_rank = [(makespan - b) / makespan if makespan > 0 else 0.0 for b in sim.busy]
+    return SimResult(makespan=makespan, busy=sim.busy,
+                     bubble_fraction=sum(per_rank) / s.pp if s.pp else 0.0,
+                     per_rank_bubble=per_rank, peak_activations=sim.peak,
+                     timeline=sim.timeline, comm=sim.comm, overhead=sim.over), sim.spans
+
+
 def simulate(s: Schedule, costs: dict | CostModel | None = None, draw=None) -> SimResult:
     """One timed replay of ``s``. ``draw``: with a ``CostModel`` that has ``jitter``, the seed
     (an int or a tuple of ints) of the multipliers its computes take (None: each at its cost)."""

@@ -1,0 +1,153 @@
+"""The calibrated prediction of a continuous run (PipeDream / 2BW without a flush).
+
+A continuous run's lists span its steps (``Schedule.steps``), but the trainer still calls the
+executor a step at a time (``continuous.step_cuts``: step k's call runs a rank's actions up to
+the last one of a step-k micro-batch), and every call ends in the loss all-reduce of the whole
+world: every step, the ranks meet. That meeting is most of a continuous run's bubble (the
+simulation of the lists alone, with nothing between the steps, had 11 % at m = 8 where 27 % was
+measured). So the prediction replays the run's lists with those barriers
+(``simulate.simulate_steps``), on costs fitted from the dump (``fit_continuous``: per rank and
+chunk F / B / W and UPDATE, the overhead per action, the p2p latency, the all-reduce, the fixed
+time before and after each call, the compute jitter), and takes what the measurement takes: one
+pipeline window over the compute of the measured steps' micro-batches, and the mean step.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import replace
+
+import numpy as np
+
+from .costmodel import PIPE_KINDS, UNIT_KINDS, _med, _uncovered, jitter, transfer_times, unit_costs
+from .dump import Run
+
+
+def as_one_step(run: Run, m: int, steps) -> Run:
+    """The run's measured steps as one step (numbered ``steps[0]``), every compute event's
+    micro-batch numbered as in the run-long lists (step * m + its number in the step;
+    communication events carry that number already). A message of one step is often sent or
+    waited for in another's call (at m = 1 a rank sends F(k) and receives the gradient of k
+    under one key, in two calls): the latency fit matches each receive to its wait and its send
+    over the whole window, not step by step."""
+    events = []
+    for ev in run.events:
+        ev = ev.copy()
+        unit = np.isin(ev["kind"], UNIT_KINDS) & (ev["mb"] >= 0) & (ev["step"] >= 0)
+        ev["mb"][unit] = ev["step"][unit] * m + ev["mb"][unit]
+        ev["step"][np.isin(ev["step"], steps)] = steps[0]
+        events.append(ev)
+    return replace(run, events=events)
+
+
+def _calls(run: Run, steps):
+    """(world rank, step, events of that rank's call of that step): the events inside its STEP
+    marker, whatever step their micro-batch belongs to, sorted by start."""
+    for r, ev in enumerate(run.events):
+        marks = ev[ev["kind"] == "STEP"]
+        for s in steps:
+            mk = marks[marks["step"] == s]
+            if not mk.size:
+                continue
+            lo, hi = float(mk["start"].min()), float(mk["end"].max())
+            inside = ev[(ev["start"] >= lo) & (ev["end"] <= hi) & (ev["kind"] != "STEP")
+                        & ~np.char.startswith(ev["kind"].astype(str), "mem.")]
+            yield r, s, lo, hi, np.sort(inside, order="start")
+
+
+def fit_continuous(run: Run, steps, schedule, cuts):
+    """``CostModel`` of a continuous run (module doc); ``cuts[p]``: ``step_cuts`` of rank p's
+    actions in the executor's order. Nothing from the step time or the bubble."""
+    from mpipar.parallel.pipeline.simulate import CostModel
+
+    model = CostModel(per_unit=unit_costs(run, steps), unit={}, jitter=jitter(run, steps))
+    upd = defaultdict(list)  # UPDATE: the optimizer step of a chunk, recorded as OPT with a chunk
+    for r, ev in enumerate(run.events):
+        o = ev[(ev["kind"] == "OPT") & (ev["chunk"] >= 0) & np.isin(ev["step"], steps)]
+        for c in np.unique(o["chunk"]):
+            d = o[o["chunk"] == c]
+            upd[(int(run.coords[r, 1]), int(c))].append(float((d["end"] - d["start"]).mean()))
+    model.per_unit.update({(p, c, "UPDATE"): float(np.mean(v)) for (p, c), v in upd.items()})
+    over, pre, post, meet = [], [], defaultdict(list), defaultdict(list)
+    for r, s, lo, hi, e in _calls(run, steps):
+        if not e.size:
+            continue
+        p = int(run.coords[r, 1])
+        n = cuts[p][s] - (cuts[p][s - 1] if s > 0 else 0)  # the lists start at step 0
+        coll = e[np.char.startswith(e["kind"].astype(str), "world.")]
+        pipe = e[np.isin(e["kind"], PIPE_KINDS + ("OPT",))]
+        if pipe.size and n > 0:
+            over.append(_uncovered(pipe["start"], pipe["end"]) / n)
+        pre.append(float(e["start"].min()) - lo)
+        post[s].append(hi - float(e["end"].max()))
+        meet[s].append(float((coll["end"] - coll["start"]).sum()))
+    model.overhead = _med(over)
+    model.step_pre = _med(pre)
+    # the last rank to arrive waits least: the all-reduce itself, and the rest after it
+    model.sync = _med([min(v) for v in meet.values()])
+    model.step_post = _med([min(v) for v in post.values()])
+    ev = np.concatenate(run.events)
+    ev = ev[np.isin(ev["step"], steps)]
+    dur = ev["end"] - ev["start"]
+    model.send_post = _med(dur[ev["kind"] == "pp.send"])
+    waits = dur[ev["kind"] == "pp.wait"]
+    model.recv_post = _med(dur[ev["kind"] == "pp.recv"]) + (
+        float(np.percentile(waits, 25)) if waits.size else 0.0)
+    lat = transfer_times(as_one_step(run, schedule.microbatches, steps), steps[:1], schedule)
+    model.latency = _med(lat)
+    notes = [] if lat else ["no messages both ways between two ranks to time: p2p latency 0"]
+    return model, notes
+
+
+def _outcome(sched, sim, spans, steps) -> dict:
+    """{step, bubble, compute}: the measured steps' mean span and one pipeline window over the
+    compute of their micro-batches (as ``breakdown`` measures a continuous run)."""
+    busy, lo, hi = [], np.inf, -np.inf
+    for tl in sim.timeline:
+        mine = [(a, b) for a, b, act in tl if act.op in ("F", "B", "W", "BW")
+                and sched.step_of(act.mb) in steps]
+        busy.append(sum(b - a for a, b in mine))
+        if mine:
+            lo, hi = min(lo, min(a for a, _ in mine)), max(hi, max(b for _, b in mine))
+    window = hi - lo
+    return {"step": float(np.mean([spans[s] for s in steps])),
+            "bubble": float(np.mean([1 - b / window for b in busy])) if window > 0 else 0.0,
+            "compute": busy}
+
+
+def calibrated_continuous(run: Run, steps, kind: str, pp: int, m: int) -> dict:
+    """``predict.calibrated``'s keys for a continuous run (pp only: one pipeline)."""
+    from mpipar.parallel.pipeline.continuous import step_cuts
+    from mpipar.parallel.pipeline.executor import sends_first
+    from mpipar.parallel.pipeline.generators import build_schedule
+    from mpipar.parallel.pipeline.simulate import simulate_steps
+
+    if len({(int(d), int(t)) for d, _, t in run.coords}) > 1:
+        raise ValueError("a continuous run with dp or tp > 1 has no calibrated model yet")
+    # one list from step 0 to the last (the trainer drains only there when no evaluation or
+    # checkpoint stops it first)
+    total = max(run.steps()) + 1
+    sched = build_schedule(kind, pp, m, steps=total)
+    order = [sends_first(acts) for acts in sched.ranks]
+    cuts = [step_cuts(sched, acts) for acts in order]
+    model, notes = fit_continuous(run, steps, sched, cuts)
+    plain = simulate_steps(sched, model, order, cuts)
+    whole = _outcome(sched, *plain, steps)
+    draws = [_outcome(sched, *simulate_steps(sched, model, order, cuts, draw=k), steps)
+             for k in range(model.samples)] if model.jitter else [whole]
+    pred = {k: float(np.mean([d[k] for d in draws])) for k in ("step", "bubble")}
+    compute = np.mean([d["compute"] for d in draws], axis=0) / len(steps)
+    return {
+        "step_time_pred": pred["step"], "bubble_pred": pred["bubble"],
+        "predicted": {
+            "compute": compute.tolist(),
+            "model": {k: getattr(model, k) for k in (
+                "overhead", "send_post", "recv_post", "latency", "sync", "step_pre",
+                "step_post", "default_bytes")} | {
+                "samples": model.samples if model.jitter else 1,
+                "jitter_cv": float(np.std(model.jitter)) if model.jitter else 0.0},
+            "mean_costs": {"step_time": whole["step"], "bubble": whole["bubble"]},
+            "replicas": 1, "continuous_steps": total,
+            "notes": notes,
+        },
+    }
