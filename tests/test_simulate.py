@@ -178,3 +178,28 @@ def test_compute_jitter_raises_the_expected_step_and_is_deterministic():
     assert simulate(s, flat, draw=0).makespan == pytest.approx(simulate(s, flat).makespan)
     with pytest.raises(ScheduleError, match="jitter"):
         simulate(s, CostModel(jitter=(1.0, -0.5)), draw=0)
+
+
+def test_a_continuous_schedule_run_a_step_at_a_time_meets_after_every_step():
+    """simulate_steps: call k + 1 starts on every rank only after every rank ended call k, the
+    step's collective (sync) and the fixed time after and before; the spans add up."""
+    from mpipar.parallel.pipeline.continuous import step_cuts
+    from mpipar.parallel.pipeline.executor import sends_first
+    from mpipar.parallel.pipeline.simulate import CostModel, simulate_steps
+
+    s = build_schedule("pipedream-2bw", 2, 2, steps=3)
+    order = [sends_first(a) for a in s.ranks]
+    cuts = [step_cuts(s, a) for a in order]
+    model = CostModel(sync=0.5, step_pre=0.25, step_post=0.125)
+    sim, spans = simulate_steps(s, model, order, cuts)
+    assert len(spans) == 3
+    start = 0.0
+    for k, span in enumerate(spans):
+        calls = [tl[(cuts[r][k - 1] if k else 0):cuts[r][k]] for r, tl in enumerate(sim.timeline)]
+        first = min(a for c in calls for a, _, _ in c)
+        last = max(b for c in calls for _, b, _ in c)
+        assert first == pytest.approx(start + 0.25)
+        assert span == pytest.approx(last + 0.5 + 0.125 - start)
+        start += span
+    free = simulate(s)  # no barriers: the lists flow on, so they end sooner
+    assert free.makespan < sim.makespan
