@@ -321,17 +321,13 @@ def _send_starts(run: Run, steps, schedule) -> dict:
     return out
 
 
-def transfer_times(run: Run, steps, schedule) -> list[float]:
-    """p2p latency per pair of neighbouring ranks, immune to their clock offset.
-
-    For messages a -> b, min(receive wait end on b - send start on a) is latency + offset(b) -
-    offset(a) (a receive cannot end before its message arrived; the minimum is reached by one
-    that waited for it); the two directions averaged cancel the offset (ranks take t0 after a
-    barrier, but under load they leave it milliseconds apart). Each receive is matched to its
-    own send by (step, sender, receiver, micro-batch, sender chunk, direction): ``_received``,
-    ``_send_starts``."""
+def one_way_minima(run: Run, steps, schedule) -> dict:
+    """{(sender, receiver): min(receive wait end on the receiver - send start on the sender)}
+    over the receives that waited (``_received``), each matched to its own send by (step,
+    sender, receiver, micro-batch, sender chunk, direction) (``_send_starts``). Each is
+    latency + the receiver's clock offset - the sender's, or more."""
     sends = _send_starts(run, steps, schedule)
-    best = {}  # (sender, receiver) -> min(wait end - send start)
+    best = {}
     for r, ev in enumerate(run.events):
         for s in steps:
             e = ev[ev["step"] == s]
@@ -339,6 +335,17 @@ def transfer_times(run: Run, steps, schedule) -> list[float]:
                 t = sends.get((s, peer, r, mb, chunk, op))
                 if t is not None:
                     best[(peer, r)] = min(best.get((peer, r), math.inf), end - t)
+    return best
+
+
+def transfer_times(run: Run, steps, schedule) -> list[float]:
+    """p2p latency per pair of neighbouring ranks, immune to their clock offset.
+
+    For messages a -> b, min(receive wait end on b - send start on a) is latency + offset(b) -
+    offset(a) (a receive cannot end before its message arrived; the minimum is reached by one
+    that waited for it); the two directions averaged cancel the offset (ranks take t0 after a
+    barrier, but under load they leave it milliseconds apart) (``one_way_minima``)."""
+    best = one_way_minima(run, steps, schedule)
     return [max(0.0, (d + best[(b, a)]) / 2) for (a, b), d in best.items()
             if a < b and (b, a) in best]
 

@@ -8,8 +8,9 @@ simulation of the lists alone, with nothing between the steps, had 11 % at m = 8
 measured). So the prediction replays the run's lists with those barriers
 (``simulate.simulate_steps``), on costs fitted from the dump (``fit_continuous``: per rank and
 chunk F / B / W and UPDATE, the overhead per action, the p2p latency, the all-reduce, the fixed
-time before and after each call, the compute jitter), and takes what the measurement takes: one
-pipeline window over the compute of the measured steps' micro-batches, and the mean step.
+time before and after each call, the compute jitter), and takes what the measurement takes
+(``breakdown._continuous_bubble``): one pipeline window over the model compute of the measured
+steps' calls, and the mean step.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .costmodel import PIPE_KINDS, UNIT_KINDS, _med, _uncovered, jitter, transfer_times, unit_costs
+from .costmodel import PIPE_KINDS, UNIT_KINDS, _med, _uncovered, jitter, one_way_minima, unit_costs
 from .dump import Run
 
 
@@ -53,6 +54,35 @@ def _calls(run: Run, steps):
             inside = ev[(ev["start"] >= lo) & (ev["end"] <= hi) & (ev["kind"] != "STEP")
                         & ~np.char.startswith(ev["kind"].astype(str), "mem.")]
             yield r, s, lo, hi, np.sort(inside, order="start")
+
+
+def _clock_offsets(run: Run, steps) -> list[float]:
+    """Per world rank, its clock minus rank 0's: the median over steps of the difference of
+    the ends of the step's world collective (every rank leaves it within a message of the
+    others)."""
+    ends = defaultdict(dict)
+    for r, s, _, _, e in _calls(run, steps):
+        coll = e[np.char.startswith(e["kind"].astype(str), "world.")]
+        if coll.size:
+            ends[r][s] = float(coll["end"].max())
+    out = []
+    for r in range(run.world_size):
+        both = [ends[r][s] - ends[0][s] for s in ends[r] if s in ends[0]]
+        out.append(_med(both))
+    return out
+
+
+def _latencies(run: Run, steps, schedule) -> list[float]:
+    """p2p latency per pair of neighbouring ranks. In a continuous run one direction often has
+    no receive that waited for its send (at small m a rank sends its forward a step before the
+    peer takes it): the other direction's minimum, less the clock offset measured at the
+    steps' collectives, bounds the latency. The smaller of the two directions' bounds."""
+    best = one_way_minima(as_one_step(run, schedule.microbatches, steps), steps[:1], schedule)
+    off = _clock_offsets(run, steps)
+    pairs = defaultdict(list)
+    for (a, b), d in best.items():
+        pairs[(min(a, b), max(a, b))].append(d - (off[b] - off[a]))
+    return [max(0.0, min(v)) for v in pairs.values()]
 
 
 def fit_continuous(run: Run, steps, schedule, cuts):
@@ -93,22 +123,23 @@ def fit_continuous(run: Run, steps, schedule, cuts):
     waits = dur[ev["kind"] == "pp.wait"]
     model.recv_post = _med(dur[ev["kind"] == "pp.recv"]) + (
         float(np.percentile(waits, 25)) if waits.size else 0.0)
-    lat = transfer_times(as_one_step(run, schedule.microbatches, steps), steps[:1], schedule)
+    lat = _latencies(run, steps, schedule)
     model.latency = _med(lat)
     notes = [] if lat else ["no messages both ways between two ranks to time: p2p latency 0"]
     return model, notes
 
 
-def _outcome(sched, sim, spans, steps) -> dict:
+def _outcome(sim, spans, cuts, steps) -> dict:
     """{step, bubble, compute}: the measured steps' mean span and one pipeline window over the
-    compute of their micro-batches (as ``breakdown`` measures a continuous run)."""
+    model compute of their calls (``breakdown._continuous_bubble`` measures the same)."""
+    k0, k1 = min(steps), max(steps)
     busy, lo, hi = [], np.inf, -np.inf
-    for tl in sim.timeline:
-        mine = [(a, b) for a, b, act in tl if act.op in ("F", "B", "W", "BW")
-                and sched.step_of(act.mb) in steps]
+    for r, tl in enumerate(sim.timeline):
+        calls = tl[(cuts[r][k0 - 1] if k0 > 0 else 0):cuts[r][k1]]
+        mine = [(a, b) for a, b, act in calls if act.op in ("F", "B", "W", "BW")]
         busy.append(sum(b - a for a, b in mine))
         if mine:
-            lo, hi = min(lo, min(a for a, _ in mine)), max(hi, max(b for _, b in mine))
+            lo, hi = min(lo, mine[0][0]), max(hi, max(b for _, b in mine))
     window = hi - lo
     return {"step": float(np.mean([spans[s] for s in steps])),
             "bubble": float(np.mean([1 - b / window for b in busy])) if window > 0 else 0.0,
@@ -132,8 +163,8 @@ def calibrated_continuous(run: Run, steps, kind: str, pp: int, m: int) -> dict:
     cuts = [step_cuts(sched, acts) for acts in order]
     model, notes = fit_continuous(run, steps, sched, cuts)
     plain = simulate_steps(sched, model, order, cuts)
-    whole = _outcome(sched, *plain, steps)
-    draws = [_outcome(sched, *simulate_steps(sched, model, order, cuts, draw=k), steps)
+    whole = _outcome(*plain, cuts, steps)
+    draws = [_outcome(*simulate_steps(sched, model, order, cuts, draw=k), cuts, steps)
              for k in range(model.samples)] if model.jitter else [whole]
     pred = {k: float(np.mean([d[k] for d in draws])) for k in ("step", "bubble")}
     compute = np.mean([d["compute"] for d in draws], axis=0) / len(steps)
