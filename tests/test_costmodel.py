@@ -228,3 +228,65 @@ def test_jitter_is_the_spread_within_a_step_with_mean_one(tmp_path):
     one = [ev("STEP", 0, 0.0, 5.0), ev("F", 0, 0.0, 1.0, mb=0, chunk=0)]
     assert jitter(load(write(tmp_path / "one.h5", [one], {"dp": 1, "pp": 1, "tp": 1},
                              config=None)), [0]) == ()
+
+
+def continuous_dump(path, model, kind="pipedream-2bw", pp=2, m=2, steps=4):
+    """A continuous run written from ``simulate_steps`` on ``model``: what the executor would
+    record (step k's call between STEP markers, each action's event tagged with the step of its
+    micro-batch, UPDATE as OPT, the world all-reduce the ranks meet in). Returns (path, spans)."""
+    from mpipar.analysis.synthetic import gpt_config
+    from mpipar.parallel.pipeline.continuous import step_cuts
+    from mpipar.parallel.pipeline.executor import sends_first
+    from mpipar.parallel.pipeline.simulate import simulate_steps
+
+    s = build_schedule(kind, pp, m, steps=steps)
+    order = [sends_first(a) for a in s.ranks]
+    cuts = [step_cuts(s, a) for a in order]
+    sim, spans = simulate_steps(s, model, order, cuts)
+    starts = [sum(spans[:k]) for k in range(steps)]
+    names = {"F": "F", "BW": "B", "UPDATE": "OPT", "SEND_F": "pp.send", "SEND_B": "pp.send",
+             "RECV_F": "pp.wait", "RECV_B": "pp.wait"}
+    rows = []
+    for r, tl in enumerate(sim.timeline):
+        mine = []
+        for k in range(steps):
+            lo, hi = (cuts[r][k - 1] if k else 0), cuts[r][k]
+            meet = starts[k] + spans[k] - model.step_post
+            for a, b, act in tl[lo:hi]:
+                comm = act.op.startswith(("SEND", "RECV"))
+                peer = 1 - r if comm else -1
+                mine.append(ev(names[act.op], s.step_of(act.mb), a, b,
+                               mb=act.mb if comm else act.mb % m, chunk=act.chunk,
+                               nbytes=64 if comm else 0, peer=peer))
+            end = tl[hi - 1][1] if hi > lo else starts[k] + model.step_pre
+            # the executor finds its sends complete later (a test between actions, the drain)
+            mine += [ev("pp.wait", k, end, end, mb=act.mb, chunk=act.chunk, nbytes=64,
+                        peer=1 - r) for _, _, act in tl[lo:hi] if act.op.startswith("SEND")]
+            mine += [ev("world.allreduce", k, end, meet, nbytes=16),
+                     ev("STEP", k, starts[k], starts[k] + spans[k])]
+        rows.append(mine)
+    cfg = gpt_config(schedule=kind, microbatches=m, continuous=True)
+    return write(path, rows, {"dp": 1, "pp": pp, "tp": 1}, config=cfg), spans
+
+
+def test_a_continuous_run_is_predicted_from_its_own_costs(tmp_path):
+    """Round trip: a continuous 2BW run made by the step-at-a-time simulation on known costs
+    (uneven stages, a p2p latency, the step's all-reduce and fixed time around it) is measured
+    and predicted alike: the fit recovers the costs, and bubble and step come out as made."""
+    from mpipar.analysis import breakdown
+    from mpipar.parallel.pipeline.simulate import CostModel
+
+    per_unit = {(0, 0, "F"): 1.0, (0, 0, "BW"): 2.0, (1, 1, "F"): 1.5, (1, 1, "BW"): 2.5,
+                (0, 0, "UPDATE"): 0.25, (1, 1, "UPDATE"): 0.25}
+    model = CostModel(unit={}, per_unit=per_unit, latency=0.2, sync=0.5, step_pre=0.1,
+                      step_post=0.05)
+    path, spans = continuous_dump(tmp_path / "cont.h5", model)
+    s = breakdown(path)["summary"]
+    fitted = s["predicted"]["model"]
+    assert fitted["latency"] == pytest.approx(0.2) and fitted["sync"] == pytest.approx(0.5)
+    assert fitted["overhead"] == pytest.approx(0.0, abs=1e-9)
+    assert fitted["jitter_cv"] == pytest.approx(0.0, abs=1e-12)
+    assert s["step_time"] == pytest.approx(sum(spans[1:]) / 3)
+    assert s["step_time_pred"] == pytest.approx(s["step_time"])
+    assert 0.05 < s["bubble_pipeline"] < 0.9
+    assert s["bubble_pred"] == pytest.approx(s["bubble_pipeline"]), s["predict_note"]
