@@ -131,6 +131,10 @@ def run_model(run: Run, steps, kind: str, pp: int, m: int, v: int):
 
     from .costmodel import fit
 
+    if get(run.config, "continuous", False):  # its lists, run a step at a time
+        from .predict_continuous import continuous_model
+
+        return continuous_model(run, steps, kind, pp, m)
     sched = build_schedule(kind, pp, m, virtual_stages=v)
     model, notes = fit(run, steps, sched)
     return sched, model, notes, simulate(sched, model)

@@ -146,8 +146,10 @@ def _outcome(sim, spans, cuts, steps) -> dict:
             "compute": busy}
 
 
-def calibrated_continuous(run: Run, steps, kind: str, pp: int, m: int) -> dict:
-    """``predict.calibrated``'s keys for a continuous run (pp only: one pipeline)."""
+def _model(run: Run, steps, kind: str, pp: int, m: int) -> tuple:
+    """(schedule, fitted CostModel, notes, (jitter-free SimResult, spans), executor order, cuts)
+    of the run's lists, one from step 0 to the last (the trainer drains only there when no
+    evaluation or checkpoint stops it first)."""
     from mpipar.parallel.pipeline.continuous import step_cuts
     from mpipar.parallel.pipeline.executor import sends_first
     from mpipar.parallel.pipeline.generators import build_schedule
@@ -155,14 +157,25 @@ def calibrated_continuous(run: Run, steps, kind: str, pp: int, m: int) -> dict:
 
     if len({(int(d), int(t)) for d, _, t in run.coords}) > 1:
         raise ValueError("a continuous run with dp or tp > 1 has no calibrated model yet")
-    # one list from step 0 to the last (the trainer drains only there when no evaluation or
-    # checkpoint stops it first)
-    total = max(run.steps()) + 1
-    sched = build_schedule(kind, pp, m, steps=total)
+    sched = build_schedule(kind, pp, m, steps=max(run.steps()) + 1)
     order = [sends_first(acts) for acts in sched.ranks]
     cuts = [step_cuts(sched, acts) for acts in order]
     model, notes = fit_continuous(run, steps, sched, cuts)
-    plain = simulate_steps(sched, model, order, cuts)
+    return sched, model, notes, simulate_steps(sched, model, order, cuts), order, cuts
+
+
+def continuous_model(run: Run, steps, kind: str, pp: int, m: int) -> tuple:
+    """(schedule, CostModel, notes, SimResult): ``predict.run_model`` for a continuous run."""
+    sched, model, notes, (sim, _), _, _ = _model(run, steps, kind, pp, m)
+    return sched, model, notes, sim
+
+
+def calibrated_continuous(run: Run, steps, kind: str, pp: int, m: int) -> dict:
+    """``predict.calibrated``'s keys for a continuous run (pp only: one pipeline)."""
+    from mpipar.parallel.pipeline.simulate import simulate_steps
+
+    sched, model, notes, plain, order, cuts = _model(run, steps, kind, pp, m)
+    total = sched.steps
     whole = _outcome(*plain, cuts, steps)
     draws = [_outcome(*simulate_steps(sched, model, order, cuts, draw=k), cuts, steps)
              for k in range(model.samples)] if model.jitter else [whole]
