@@ -290,3 +290,9 @@ def test_a_continuous_run_is_predicted_from_its_own_costs(tmp_path):
     assert s["step_time_pred"] == pytest.approx(s["step_time"])
     assert 0.05 < s["bubble_pipeline"] < 0.9
     assert s["bubble_pred"] == pytest.approx(s["bubble_pipeline"]), s["predict_note"]
+    # its predicted timeline (chrome trace, run_model) is the whole list, a step at a time
+    from mpipar.analysis.chrome_trace import predicted_for
+
+    sim = predicted_for(load(path), [1, 2, 3])
+    made = build_schedule("pipedream-2bw", 2, 2, steps=4)
+    assert [len(tl) for tl in sim.timeline] == [len(a) for a in made.ranks]
