@@ -85,12 +85,33 @@ def _latencies(run: Run, steps, schedule) -> list[float]:
     return [max(0.0, min(v)) for v in pairs.values()]
 
 
+def in_calls(run: Run, steps) -> tuple[Run, list[int]]:
+    """(the run with only the events inside the measured steps' calls tagged with a step, the
+    step tags found there). The units a prediction of those calls must cost are the ones they
+    ran (``breakdown._continuous_bubble`` counts the same): the first measured micro-batch's
+    forward runs in the warm-up call before, often slower, and the calls run some of the step
+    before's units."""
+    marks = np.concatenate(run.events)
+    marks = marks[(marks["kind"] == "STEP") & np.isin(marks["step"], steps)]
+    if not marks.size:
+        return run, list(steps)
+    lo, hi = float(marks["start"].min()), float(marks["end"].max())
+    events = []
+    for ev in run.events:
+        ev = ev.copy()
+        ev["step"][(ev["start"] < lo) | (ev["end"] > hi)] = -1
+        events.append(ev)
+    tags = sorted({int(t) for ev in events for t in np.unique(ev["step"]) if t >= 0})
+    return replace(run, events=events), tags
+
+
 def fit_continuous(run: Run, steps, schedule, cuts):
     """``CostModel`` of a continuous run (module doc); ``cuts[p]``: ``step_cuts`` of rank p's
     actions in the executor's order. Nothing from the step time or the bubble."""
     from mpipar.parallel.pipeline.simulate import CostModel
 
-    model = CostModel(per_unit=unit_costs(run, steps), unit={}, jitter=jitter(run, steps))
+    inside, tags = in_calls(run, steps)
+    model = CostModel(per_unit=unit_costs(inside, tags), unit={}, jitter=jitter(inside, tags))
     upd = defaultdict(list)  # UPDATE: the optimizer step of a chunk, recorded as OPT with a chunk
     for r, ev in enumerate(run.events):
         o = ev[(ev["kind"] == "OPT") & (ev["chunk"] >= 0) & np.isin(ev["step"], steps)]
