@@ -95,6 +95,9 @@ def predict(run: Run, steps) -> dict:
         out["predict_note"] += ("continuous schedule: bubble_sim is its lists over the measured "
                                 "steps with mean costs; the calibrated prediction runs them a "
                                 "step at a time, the ranks meeting after each; ")
+        if len(replica_keys(run)) > 1:  # replicas meet in every UPDATE's reduction: not modelled
+            out["predict_note"] += "no calibrated model of a continuous run with dp or tp > 1"
+            return out
         try:
             from .predict_continuous import calibrated_continuous
 
