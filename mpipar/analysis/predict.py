@@ -127,6 +127,15 @@ def pipeline_bubble(sims) -> float:
     return sum(1 - b / window for b in busy) / len(busy) if window > 0 else 0.0
 
 
+def as_executed(sched):
+    """The schedule with each rank's actions in the order its executor runs them
+    (``executor.sends_first``: in a run of sends and receives, the sends first): the calibrated
+    model is of this executor, whose order decides which rank waits."""
+    from mpipar.parallel.pipeline.executor import sends_first
+
+    return replace(sched, ranks=[sends_first(acts) for acts in sched.ranks])
+
+
 def run_model(run: Run, steps, kind: str, pp: int, m: int, v: int):
     """(schedule, fitted CostModel, fit notes, SimResult) of the run's configuration."""
     from mpipar.parallel.pipeline.generators import build_schedule
@@ -138,7 +147,7 @@ def run_model(run: Run, steps, kind: str, pp: int, m: int, v: int):
         from .predict_continuous import continuous_model
 
         return continuous_model(run, steps, kind, pp, m)
-    sched = build_schedule(kind, pp, m, virtual_stages=v)
+    sched = as_executed(build_schedule(kind, pp, m, virtual_stages=v))
     model, notes = fit(run, steps, sched)
     return sched, model, notes, simulate(sched, model)
 
@@ -174,7 +183,7 @@ def replica_models(run: Run, steps, kind: str, pp: int, m: int, v: int, fixed=No
 
     from .costmodel import fit, jitter
 
-    sched = build_schedule(kind, pp, m, virtual_stages=v)
+    sched = as_executed(build_schedule(kind, pp, m, virtual_stages=v))
     fitted = [fit(sub, steps, sched) for sub in replicas(run)]
     models = [mod for mod, _ in fitted]
     keys = set().union(*(mod.dp_reduce for mod in models))
