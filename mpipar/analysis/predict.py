@@ -269,7 +269,9 @@ def calibrated(run: Run, steps, kind: str, pp: int, m: int, v: int) -> dict:
     whole, sched, models, notes, sims = _predict(run, steps, kind, pp, m, v)
     pred = whole
     if len(steps) > 1:
-        fixed = [{"latency": mod.latency, "jitter": mod.jitter} for mod in models]
+        # the mean over the steps averages their draws too: about ``samples`` draws in all
+        fixed = [{"latency": mod.latency, "jitter": mod.jitter,
+                  "samples": max(8, mod.samples // len(steps))} for mod in models]
         pred = mean_outcome([_predict(run, [s], kind, pp, m, v, fixed)[0] for s in steps])
     mem = rank_memory(run.config, run.grid, sched, sims[0].peak_activations,
                       chunk_bounds(run.config, run.grid, v))
