@@ -8,7 +8,10 @@ compared with), one simulation per pipeline (dp replica and tp rank) on its own 
 (``replica_models``: the measured pipeline window spans all ranks, so a replica that waits for a
 slower one to join the reduction is idle inside it, and is predicted so), each measured step on
 its own unit costs and the results averaged, as the measurement averages steps (``calibrated``),
-and the memory model (``mpipar.analysis.memory_model``) beside the measured peak (``mem.peak`` -
+every compute drawing its duration from the fitted jitter and the prediction the mean of those
+draws (``expected_outcome``; mean costs under-count the waits a slow unit causes), the ranks in
+their executor's order (``as_executed``); a continuous run by ``predict_continuous``; and the
+memory model (``mpipar.analysis.memory_model``) beside the measured peak (``mem.peak`` -
 ``mem.base`` events, when the run recorded them).
 
 The **uniform predicted bubble** (``bubble_sim``): the simulator with one cost per action kind
