@@ -13,7 +13,11 @@ experiments/configs/exp_bubble.toml and puts side by side:
   ``pp.send`` / ``pp.recv`` / ``pp.wait``, the p2p latency from receives that waited for their
   send (each matched to its own send), dp reductions from ``dp.*`` (one simulation per dp
   replica and tp rank, each on its own unit costs), optimizer and fixed per-step costs from
-  ``OPT`` and ``STEP``; step by step, averaged, as the measurement is.
+  ``OPT`` and ``STEP``; the compute jitter (the spread of one unit's duration around its
+  kind's mean within a step: every compute of a simulation draws one, and the prediction is
+  the mean over 32 seeded draws); step by step, averaged, as the measurement is. Continuous
+  runs (``-cont``): their lists run a step at a time, the ranks meeting in each step's world
+  all-reduce (``mpipar.analysis.predict_continuous``).
   Nothing is fitted to the step time or the bubble of a row: those are what the row checks.
 - the uniform prediction (one cost per kind for all ranks, the model before calibration) and the
   textbook formula.
@@ -35,7 +39,7 @@ import common  # noqa: E402
 NAME = "calibrate"
 COLUMNS = ["grid", "schedule", "v", "m", "bubble_measured", "bubble_pred", "bubble_err_pts",
            "bubble_uniform", "bubble_textbook", "step_ms", "step_pred_ms", "step_err_pct",
-           "overhead_us", "latency_us", "ok"]
+           "overhead_us", "latency_us", "jitter_cv", "ok"]
 BUBBLE_PTS, STEP_PCT = 1.5, 10.0
 
 
@@ -62,6 +66,7 @@ def row(path, dp, pp, tp, sched, v, m) -> dict:
            "step_pred_ms": 1e3 * s["step_time_pred"] if "step_time_pred" in s else None,
            "overhead_us": 1e6 * model.get("overhead", float("nan")),
            "latency_us": 1e6 * model.get("latency", float("nan")),
+           "jitter_cv": model.get("jitter_cv", float("nan")),
            "predict_note": s.get("predict_note", "")}
     if out["bubble_pred"] is not None and out["step_pred_ms"] is not None:
         out["bubble_err_pts"] = 100 * (out["bubble_pred"] - out["bubble_measured"])

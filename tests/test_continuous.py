@@ -182,6 +182,11 @@ def test_dump_of_a_continuous_2bw_run_shows_no_flush(tokens, tmp_path):
     costs = {k: c for k, c in s["costs"].items()}
     sim = simulate(build_schedule("pipedream-2bw", 2, 2, steps=s["steps_measured"]), costs=costs)
     assert s["bubble_sim"] == pytest.approx(sim.bubble_fraction, abs=1e-12)
+    # and the calibrated one: the run's lists a step at a time (analysis.predict_continuous)
+    assert "failed" not in s["predict_note"], s["predict_note"]
+    assert 0 < s["bubble_pred"] < 1 and s["predicted"]["continuous_steps"] == 3
+    # (the exact check is tests/test_costmodel.py's round trip; here timings are the load's)
+    assert s["step_time_pred"] >= max(s["predicted"]["compute"]) > 0
 
 
 @pytest.mark.mpi

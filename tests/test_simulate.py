@@ -154,3 +154,52 @@ def test_cost_model_errors():
         simulate(s, CostModel(bandwidth=0.0))
     with pytest.raises(ScheduleError, match=r"cost \(0, 0, 'F'\)"):
         simulate(s, CostModel(per_unit={(0, 0, "F"): -2.0}))
+
+
+def test_compute_jitter_raises_the_expected_step_and_is_deterministic():
+    """A receive waits for the later of its rank and its sender, so a step is a max-plus function
+    of its units' durations: with durations spread around their costs (mean 1) the mean step is
+    longer than the step of the costs, the more so the more micro-batches meet."""
+    import numpy as np
+
+    from mpipar.parallel.pipeline.simulate import CostModel
+
+    def mean_gap(m):
+        s = build_schedule("1f1b", 2, m)
+        plain = simulate(s, CostModel(latency=0.01)).makespan
+        model = CostModel(latency=0.01, jitter=(0.7, 1.0, 1.3))
+        draws = [simulate(s, model, draw=k).makespan for k in range(64)]
+        assert simulate(s, model, draw=3).makespan == draws[3]  # seeded: the same each time
+        return float(np.mean(draws)) / plain - 1
+
+    assert 0 < mean_gap(2) < mean_gap(8)
+    s = build_schedule("1f1b", 2, 4)
+    flat = CostModel(latency=0.01, jitter=(1.0, 1.0))
+    assert simulate(s, flat, draw=0).makespan == pytest.approx(simulate(s, flat).makespan)
+    with pytest.raises(ScheduleError, match="jitter"):
+        simulate(s, CostModel(jitter=(1.0, -0.5)), draw=0)
+
+
+def test_a_continuous_schedule_run_a_step_at_a_time_meets_after_every_step():
+    """simulate_steps: call k + 1 starts on every rank only after every rank ended call k, the
+    step's collective (sync) and the fixed time after and before; the spans add up."""
+    from mpipar.parallel.pipeline.continuous import step_cuts
+    from mpipar.parallel.pipeline.executor import sends_first
+    from mpipar.parallel.pipeline.simulate import CostModel, simulate_steps
+
+    s = build_schedule("pipedream-2bw", 2, 2, steps=3)
+    order = [sends_first(a) for a in s.ranks]
+    cuts = [step_cuts(s, a) for a in order]
+    model = CostModel(sync=0.5, step_pre=0.25, step_post=0.125)
+    sim, spans = simulate_steps(s, model, order, cuts)
+    assert len(spans) == 3
+    start = 0.0
+    for k, span in enumerate(spans):
+        calls = [tl[(cuts[r][k - 1] if k else 0):cuts[r][k]] for r, tl in enumerate(sim.timeline)]
+        first = min(a for c in calls for a, _, _ in c)
+        last = max(b for c in calls for _, b, _ in c)
+        assert first == pytest.approx(start + 0.25)
+        assert span == pytest.approx(last + 0.5 + 0.125 - start)
+        start += span
+    free = simulate(s)  # no barriers: the lists flow on, so they end sooner
+    assert free.makespan < sim.makespan

@@ -248,21 +248,33 @@ def _step_times(steps, per) -> np.ndarray:
     return np.array(out)
 
 
-def _pipeline_bubble(steps, per, continuous=False) -> float:
-    """1 - model compute / pipeline window, window shared by all ranks in a step; mean over both.
+def _continuous_bubble(run, per) -> float:
+    """The pipeline bubble of a continuous run (PipeDream without a flush): consecutive steps'
+    micro-batches overlap, so a per-step window means nothing. One window over the measured
+    steps' calls (from the first STEP start to the last STEP end, any rank): 1 - each rank's
+    model compute inside it / the span of that compute over all ranks, mean over ranks. By
+    call, not by the step of a micro-batch: the first measured micro-batch's forward runs in
+    the warm-up call before (1F1B starts step k + 1's forwards in step k's call), whose waits
+    are not the measured steps' (``predict_continuous`` simulates it the same way)."""
+    marks = [d for p in per for d in p if d]
+    if not marks:
+        return math.nan
+    lo0, hi0 = min(d["lo"] for d in marks), max(d["hi"] for d in marks)
+    spans, busy = [], []
+    for ev in run.events:
+        e = ev[np.isin(ev["kind"], PIPE_COMPUTE) & (ev["start"] >= lo0) & (ev["end"] <= hi0)]
+        if e.size:
+            spans.append((float(e["start"].min()), float(e["end"].max())))
+            busy.append(float((e["end"] - e["start"]).sum()))
+    if not spans:
+        return math.nan
+    window = max(b for _, b in spans) - min(a for a, _ in spans)
+    return float(np.mean([1.0 - b / window for b in busy])) if window > 0 else math.nan
 
-    ``continuous`` (PipeDream without a flush): a step's events carry the step of their
-    micro-batch, so consecutive steps' windows overlap and a per-step ratio means nothing; the
-    window is then the measured steps together (one window, each rank's compute summed), what
-    a simulation of the schedule over as many steps models."""
-    if continuous:
-        rows = [[p[i] for i in range(len(steps)) if p[i]] for p in per]
-        timed = [d for r in rows for d in r if not math.isnan(d["pipe_lo"])]
-        if not timed:
-            return math.nan
-        lo, hi = min(d["pipe_lo"] for d in timed), max(d["pipe_hi"] for d in timed)
-        return (float(np.mean([1.0 - sum(d["pipe_compute"] for d in r) / (hi - lo)
-                               for r in rows if r])) if hi > lo else math.nan)
+
+def _pipeline_bubble(steps, per) -> float:
+    """1 - model compute / pipeline window, window shared by all ranks in a step; mean over both
+    (a continuous run: ``_continuous_bubble``)."""
     vals = []
     for i in range(len(steps)):
         rows = [p[i] for p in per if p[i]]
@@ -335,7 +347,8 @@ def _summary(run, steps, per, table, notes, peak) -> dict:
         for c in ("compute", "comm", "exposed", "idle"):
             s[f"{c}_frac"] = float(np.nanmean(table[c] / st)) if st.size else math.nan
     s["bubble"] = float(np.nanmean(table["bubble"]))
-    s["bubble_pipeline"] = _pipeline_bubble(steps, per, bool(get(cfg, "continuous", False)))
+    s["bubble_pipeline"] = (_continuous_bubble(run, per) if get(cfg, "continuous", False)
+                            else _pipeline_bubble(steps, per))
     s.update(predict(run, steps))
     if not run.complete:
         notes.append("dump is not marked complete: the run crashed or this is a mid-run flush")

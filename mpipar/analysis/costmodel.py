@@ -63,27 +63,85 @@ def _uncovered(starts, ends) -> float:
     return gap
 
 
-def unit_costs(run: Run, steps) -> dict:
-    """{(p, chunk, op): mean seconds} for ops F, B, BW, W (see the module doc)."""
-    acc = defaultdict(list)
+def _backward_ops(schedule) -> dict:
+    """{(p, mb, chunk): "B" | "BW"} where one rank runs both kinds of backward on one chunk
+    (DualPipeV: the last micro-batches' backwards are whole, the others split off their W). A
+    dump records either as one ``B`` event; a mean over both is right for neither."""
+    out = {}
+    if schedule is None:
+        return out
+    for p, acts in enumerate(schedule.ranks):
+        kinds = defaultdict(set)
+        for a in acts:
+            if a.op in ("B", "BW"):
+                kinds[a.chunk].add(a.op)
+        out.update({(p, a.mb, a.chunk): a.op for a in acts
+                    if a.op in ("B", "BW") and len(kinds[a.chunk]) == 2})
+    return out
+
+
+def _unit_durations(run: Run, steps, schedule=None) -> dict:
+    """{(world rank, step, chunk, op): [(mb, seconds)]} of the compute units, op F (+ its LOSS),
+    B or BW (+ its R, the recomputation run right before it) and W."""
+    split = _backward_ops(schedule)
+    out = defaultdict(list)
     for r, ev in enumerate(run.events):
         p = int(run.coords[r, 1])
-        e = ev[np.isin(ev["step"], steps)]
-        for kind in UNIT_KINDS:
-            sel = e[e["kind"] == kind]
-            for c in np.unique(sel["chunk"]):
-                d = sel[sel["chunk"] == c]
-                acc[(p, int(c), kind)].append(float((d["end"] - d["start"]).mean()))
-    mean = {k: float(np.mean(v)) for k, v in acc.items()}
-    out = {}
-    for (p, c, kind), val in mean.items():
-        if kind == "F":
-            out[(p, c, "F")] = val + mean.get((p, c, "LOSS"), 0.0)
-        elif kind == "B":
-            out[(p, c, "B")] = out[(p, c, "BW")] = val + mean.get((p, c, "R"), 0.0)
-        elif kind == "W":
-            out[(p, c, "W")] = val
+        e = ev[np.isin(ev["step"], steps) & np.isin(ev["kind"], UNIT_KINDS)]
+        extra = defaultdict(float)  # (step, mb, chunk, F | B) -> LOSS or R seconds
+        for x in e[np.isin(e["kind"], ("LOSS", "R"))]:
+            base = "F" if x["kind"] == "LOSS" else "B"
+            extra[(int(x["step"]), int(x["mb"]), int(x["chunk"]), base)] += float(
+                x["end"] - x["start"])
+        for x in e[np.isin(e["kind"], ("F", "B", "W"))]:
+            s, mb, c, kind = int(x["step"]), int(x["mb"]), int(x["chunk"]), str(x["kind"])
+            op = split.get((p, mb, c), kind) if kind == "B" else kind
+            out[(r, s, c, op)].append(
+                (mb, float(x["end"] - x["start"]) + extra.get((s, mb, c, kind), 0.0)))
     return out
+
+
+def unit_costs(run: Run, steps, schedule=None) -> dict:
+    """{(p, chunk, op): mean seconds} for ops F, B, BW, W (see the module doc): the mean over a
+    rank's events, then over the ranks that share p. Without both kinds of backward on a chunk
+    (``_backward_ops``), B and BW are the one measured B (+ R)."""
+    acc = defaultdict(list)
+    for (r, _, c, op), got in _unit_durations(run, steps, schedule).items():
+        acc[(int(run.coords[r, 1]), c, op, r)] += [d for _, d in got]
+    per_rank = defaultdict(list)
+    for (p, c, op, _), durs in acc.items():
+        per_rank[(p, c, op)].append(float(np.mean(durs)))
+    out = {k: float(np.mean(v)) for k, v in per_rank.items()}
+    for (p, c, op), val in list(out.items()):
+        if op == "B":
+            out.setdefault((p, c, "BW"), val)
+        elif op == "BW":
+            out.setdefault((p, c, "B"), val)
+    return out
+
+
+JITTER_POINTS = 128  # quantiles kept of the pooled duration ratios
+
+
+def jitter(run: Run, steps, schedule=None) -> tuple:
+    """The spread of one unit's duration around its kind's mean, as ``JITTER_POINTS`` quantiles
+    of d / mean(d) pooled over every (rank, step, chunk, op) with two or more units (mean 1).
+
+    Why: a pipeline's step is a max-plus function of its units' durations (a receive waits for
+    the later of its own rank and its sender), so the mean makespan is more than the makespan of
+    mean durations, by more the more micro-batches meet; a model on mean costs under-counts the
+    waits that a slow unit causes (ZB-V m = 8: 2 points). The ratios are within one step, as
+    each step is predicted from its own means. () when no kind repeats (m = 1)."""
+    ratios = []
+    for got in _unit_durations(run, steps, schedule).values():
+        d = np.array([x for _, x in got])
+        if d.size > 1 and d.mean() > 0:
+            ratios.append(d / d.mean())
+    if not ratios:
+        return ()
+    q = np.quantile(np.concatenate(ratios), (np.arange(JITTER_POINTS) + 0.5) / JITTER_POINTS,
+                    method="inverted_cdf")  # measured ratios, none made up between them
+    return tuple(float(x) for x in q / q.mean())
 
 
 def _rank_step_parts(e: np.ndarray, n_actions: int) -> dict:
@@ -135,7 +193,8 @@ def fit(run: Run, steps, schedule) -> tuple:
         p = int(run.coords[r, 1])
         for name, val in _rank_step_parts(e, n_actions.get(p, 1)).items():
             parts[name].append((r, s, val))
-    model = CostModel(per_unit=unit_costs(run, steps), unit={})
+    model = CostModel(per_unit=unit_costs(run, steps, schedule), unit={},
+                      jitter=jitter(run, steps, schedule))
     model.overhead = _med([v for _, _, v in parts["overhead"]])
     ev = np.concatenate(run.events) if run.events else np.empty(0)
     ev = ev[np.isin(ev["step"], steps)]
@@ -196,9 +255,14 @@ def _requests(ev: np.ndarray, r: int, schedule, coords) -> dict:
     return out
 
 
+# a wait shorter than this found its message there already: its end bounds the latency from
+# above only (a continuous run at m = 1 sends F(k + 1) a whole step before the peer waits)
+WAITED = 20e-6
+
+
 def _received(ev: np.ndarray, r: int, schedule, coords) -> list[tuple]:
     """(wait end, peer, mb, sender chunk, send op) of the receive waits of world rank r in one
-    step.
+    step that waited (``WAITED``).
 
     A ``pp.wait`` carries (mb, chunk, peer) but not whether it completed a send or a receive, and
     a rank's send of F(mb, c) and its receive of the gradient of (mb, c) share all three (the
@@ -223,7 +287,9 @@ def _received(ev: np.ndarray, r: int, schedule, coords) -> list[tuple]:
                     chosen[i].add(w)
         for i, (_, _, src) in enumerate(reqs):
             if src is not None and len(chosen[i]) == 1:
-                out.append((got[chosen[i].pop()][1], key[2], key[0], *src))
+                w0, w1 = got[chosen[i].pop()]
+                if w1 - w0 >= WAITED:
+                    out.append((w1, key[2], key[0], *src))
     return out
 
 
@@ -255,17 +321,13 @@ def _send_starts(run: Run, steps, schedule) -> dict:
     return out
 
 
-def transfer_times(run: Run, steps, schedule) -> list[float]:
-    """p2p latency per pair of neighbouring ranks, immune to their clock offset.
-
-    For messages a -> b, min(receive wait end on b - send start on a) is latency + offset(b) -
-    offset(a) (a receive cannot end before its message arrived; the minimum is reached by one
-    that waited for it); the two directions averaged cancel the offset (ranks take t0 after a
-    barrier, but under load they leave it milliseconds apart). Each receive is matched to its
-    own send by (step, sender, receiver, micro-batch, sender chunk, direction): ``_received``,
-    ``_send_starts``."""
+def one_way_minima(run: Run, steps, schedule) -> dict:
+    """{(sender, receiver): min(receive wait end on the receiver - send start on the sender)}
+    over the receives that waited (``_received``), each matched to its own send by (step,
+    sender, receiver, micro-batch, sender chunk, direction) (``_send_starts``). Each is
+    latency + the receiver's clock offset - the sender's, or more."""
     sends = _send_starts(run, steps, schedule)
-    best = {}  # (sender, receiver) -> min(wait end - send start)
+    best = {}
     for r, ev in enumerate(run.events):
         for s in steps:
             e = ev[ev["step"] == s]
@@ -273,6 +335,17 @@ def transfer_times(run: Run, steps, schedule) -> list[float]:
                 t = sends.get((s, peer, r, mb, chunk, op))
                 if t is not None:
                     best[(peer, r)] = min(best.get((peer, r), math.inf), end - t)
+    return best
+
+
+def transfer_times(run: Run, steps, schedule) -> list[float]:
+    """p2p latency per pair of neighbouring ranks, immune to their clock offset.
+
+    For messages a -> b, min(receive wait end on b - send start on a) is latency + offset(b) -
+    offset(a) (a receive cannot end before its message arrived; the minimum is reached by one
+    that waited for it); the two directions averaged cancel the offset (ranks take t0 after a
+    barrier, but under load they leave it milliseconds apart) (``one_way_minima``)."""
+    best = one_way_minima(run, steps, schedule)
     return [max(0.0, (d + best[(b, a)]) / 2) for (a, b), d in best.items()
             if a < b and (b, a) in best]
 

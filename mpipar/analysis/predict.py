@@ -8,7 +8,10 @@ compared with), one simulation per pipeline (dp replica and tp rank) on its own 
 (``replica_models``: the measured pipeline window spans all ranks, so a replica that waits for a
 slower one to join the reduction is idle inside it, and is predicted so), each measured step on
 its own unit costs and the results averaged, as the measurement averages steps (``calibrated``),
-and the memory model (``mpipar.analysis.memory_model``) beside the measured peak (``mem.peak`` -
+every compute drawing its duration from the fitted jitter and the prediction the mean of those
+draws (``expected_outcome``; mean costs under-count the waits a slow unit causes), the ranks in
+their executor's order (``as_executed``); a continuous run by ``predict_continuous``; and the
+memory model (``mpipar.analysis.memory_model``) beside the measured peak (``mem.peak`` -
 ``mem.base`` events, when the run recorded them).
 
 The **uniform predicted bubble** (``bubble_sim``): the simulator with one cost per action kind
@@ -92,8 +95,19 @@ def predict(run: Run, steps) -> dict:
         out["predict_note"] += f"simulate failed ({exc.__class__.__name__}: {exc})"
         return out
     if continuous:
-        out["predict_note"] += ("continuous schedule: simulated over the measured steps with mean "
-                                "costs; the calibrated per-rank model fits per-step schedules only")
+        out["predict_note"] += ("continuous schedule: bubble_sim is its lists over the measured "
+                                "steps with mean costs; the calibrated prediction runs them a "
+                                "step at a time, the ranks meeting after each; ")
+        if len(replica_keys(run)) > 1:  # replicas meet in every UPDATE's reduction: not modelled
+            out["predict_note"] += "no calibrated model of a continuous run with dp or tp > 1"
+            return out
+        try:
+            from .predict_continuous import calibrated_continuous
+
+            out.update(calibrated_continuous(run, steps, kind, pp, int(m)))
+        except Exception as exc:
+            out["predict_note"] += (f"calibrated prediction failed ({exc.__class__.__name__}: "
+                                    f"{exc})")
         return out
     try:
         out.update(calibrated(run, steps, kind, pp, int(m), v))
@@ -116,6 +130,15 @@ def pipeline_bubble(sims) -> float:
     return sum(1 - b / window for b in busy) / len(busy) if window > 0 else 0.0
 
 
+def as_executed(sched):
+    """The schedule with each rank's actions in the order its executor runs them
+    (``executor.sends_first``: in a run of sends and receives, the sends first): the calibrated
+    model is of this executor, whose order decides which rank waits."""
+    from mpipar.parallel.pipeline.executor import sends_first
+
+    return replace(sched, ranks=[sends_first(acts) for acts in sched.ranks])
+
+
 def run_model(run: Run, steps, kind: str, pp: int, m: int, v: int):
     """(schedule, fitted CostModel, fit notes, SimResult) of the run's configuration."""
     from mpipar.parallel.pipeline.generators import build_schedule
@@ -123,9 +146,18 @@ def run_model(run: Run, steps, kind: str, pp: int, m: int, v: int):
 
     from .costmodel import fit
 
-    sched = build_schedule(kind, pp, m, virtual_stages=v)
+    if get(run.config, "continuous", False):  # its lists, run a step at a time
+        from .predict_continuous import continuous_model
+
+        return continuous_model(run, steps, kind, pp, m)
+    sched = as_executed(build_schedule(kind, pp, m, virtual_stages=v))
     model, notes = fit(run, steps, sched)
     return sched, model, notes, simulate(sched, model)
+
+
+def replica_keys(run: Run) -> list[tuple[int, int]]:
+    """(dp, tp) of each pipeline, in the order of ``replicas``."""
+    return sorted({(int(d), int(t)) for d, _, t in run.coords})
 
 
 def replicas(run: Run) -> list[Run]:
@@ -134,34 +166,37 @@ def replicas(run: Run) -> list[Run]:
     pipelines' events left out. Pipelines meet in the dp reduction and, inside the units, in the
     tp collectives (their waits are part of the unit costs each pipeline measured)."""
     key = [(int(d), int(t)) for d, _, t in run.coords]
-    groups = sorted(set(key))
+    groups = replica_keys(run)
     if len(groups) == 1:
         return [run]
     return [replace(run, events=[ev if key[r] == g else ev[:0] for r, ev in enumerate(run.events)])
             for g in groups]
 
 
-def replica_models(run: Run, steps, kind: str, pp: int, m: int, v: int, latency=None):
+def replica_models(run: Run, steps, kind: str, pp: int, m: int, v: int, fixed=None):
     """(schedule, [fitted CostModel], fit notes, [SimResult]): one simulation per pipeline
     (``replicas``), each on its own measured unit costs, so that one replica's slower compute
     shows as the others' wait for the reduction, inside the pipeline window as measured. Each
     replica's dp time, as fitted, includes that wait; the reduction itself is what the replica
     that arrived last spent (the least, per rank and chunk), and every replica gets that.
-    ``latency``: per replica, the p2p latency to use instead of the one fitted from ``steps``."""
+    ``fixed``: per replica, {attribute: value} to use instead of what ``steps`` give (the p2p
+    latency and the compute jitter, fitted over all steps). The simulations are jitter-free."""
     from mpipar.parallel.pipeline.generators import build_schedule
     from mpipar.parallel.pipeline.simulate import simulate
 
-    from .costmodel import fit
+    from .costmodel import fit, jitter
 
-    sched = build_schedule(kind, pp, m, virtual_stages=v)
+    sched = as_executed(build_schedule(kind, pp, m, virtual_stages=v))
     fitted = [fit(sub, steps, sched) for sub in replicas(run)]
     models = [mod for mod, _ in fitted]
     keys = set().union(*(mod.dp_reduce for mod in models))
     least = {k: min(mod.dp_reduce.get(k, 0.0) for mod in models) for k in keys}
+    spread = jitter(run, steps, sched) if len(models) > 1 else models[0].jitter
     for i, mod in enumerate(models):
         mod.dp_reduce = dict(least)
-        if latency is not None:
-            mod.latency = latency[i]
+        mod.jitter = spread  # the machine's, over every rank: one pool that replicas draw from
+        for name, val in (fixed[i] if fixed is not None else {}).items():
+            setattr(mod, name, val)
     return sched, models, fitted[0][1], [simulate(sched, mod) for mod in models]
 
 
@@ -178,17 +213,49 @@ def _step(models, sims) -> tuple[float, list, list]:
     return step, np.mean([s.busy for s in sims], axis=0).tolist(), np.mean(comm, axis=0).tolist()
 
 
-def _predict(run: Run, steps, kind: str, pp: int, m: int, v: int, latency=None) -> tuple:
-    """({step, bubble, bubble_step, compute, comm, overhead}, schedule, models, notes, sims) of
-    the replicas' simulations on costs fitted from ``steps``."""
-    sched, models, notes, sims = replica_models(run, steps, kind, pp, m, v, latency)
+def _outcome(models, sims) -> dict:
+    """{step, bubble, bubble_step, compute, comm, overhead} of one simulation per replica."""
     step, compute, comm = _step(models, sims)
     busy = [b for sim in sims for b in sim.busy]
-    out = {"step": step, "bubble": pipeline_bubble(sims),
-           "bubble_step": sum(1 - b / step for b in busy) / len(busy) if step > 0 else 0.0,
-           "compute": compute, "comm": comm,
-           "overhead": np.mean([s.overhead for s in sims], axis=0).tolist()}
-    return out, sched, models, notes, sims
+    return {"step": step, "bubble": pipeline_bubble(sims),
+            "bubble_step": sum(1 - b / step for b in busy) / len(busy) if step > 0 else 0.0,
+            "compute": compute, "comm": comm,
+            "overhead": np.mean([s.overhead for s in sims], axis=0).tolist()}
+
+
+def mean_outcome(outs: list[dict]) -> dict:
+    """The mean of ``_outcome`` dicts, key by key (lists element-wise)."""
+    first = outs[0]
+    return {k: (np.mean([o[k] for o in outs], axis=0).tolist() if isinstance(first[k], list)
+                else float(np.mean([o[k] for o in outs]))) for k in first}
+
+
+def expected_outcome(sched, models, sims=None, dp=None) -> dict:
+    """``_outcome`` averaged over ``samples`` draws of the models' compute jitter, or of
+    ``sims`` when no model has jitter. Each draw gives every compute its own duration, so a
+    slow one delays the receives that wait for it, as in a measured step; the average is the
+    expected step, not the step of expected costs. ``dp[i]``: replica i's data-parallel
+    coordinate; draw k of a replica is seeded (k, dp): tensor-parallel ranks of one replica
+    draw alike (the collectives inside each unit hold them together), dp replicas each their
+    own (deterministic either way)."""
+    from mpipar.parallel.pipeline.simulate import simulate
+
+    if not any(mod.jitter for mod in models):
+        sims = sims or [simulate(sched, mod) for mod in models]
+        return _outcome(models, sims)
+    n = max(mod.samples for mod in models)
+    dp = dp or list(range(len(models)))
+    return mean_outcome([_outcome(models, [simulate(sched, mod, draw=(k, d))
+                                           for d, mod in zip(dp, models, strict=True)])
+                         for k in range(n)])
+
+
+def _predict(run: Run, steps, kind: str, pp: int, m: int, v: int, fixed=None) -> tuple:
+    """(``expected_outcome``, schedule, models, notes, jitter-free sims) of the replicas on
+    costs fitted from ``steps``."""
+    sched, models, notes, sims = replica_models(run, steps, kind, pp, m, v, fixed)
+    dp = [d for d, _ in replica_keys(run)]
+    return expected_outcome(sched, models, sims, dp), sched, models, notes, sims
 
 
 def calibrated(run: Run, steps, kind: str, pp: int, m: int, v: int) -> dict:
@@ -205,10 +272,10 @@ def calibrated(run: Run, steps, kind: str, pp: int, m: int, v: int) -> dict:
     whole, sched, models, notes, sims = _predict(run, steps, kind, pp, m, v)
     pred = whole
     if len(steps) > 1:
-        lat = [mod.latency for mod in models]
-        each = [_predict(run, [s], kind, pp, m, v, lat)[0] for s in steps]
-        pred = {k: (np.mean([e[k] for e in each], axis=0).tolist() if isinstance(whole[k], list)
-                    else float(np.mean([e[k] for e in each]))) for k in whole}
+        # the mean over the steps averages their draws too: about ``samples`` draws in all
+        fixed = [{"latency": mod.latency, "jitter": mod.jitter,
+                  "samples": max(8, mod.samples // len(steps))} for mod in models]
+        pred = mean_outcome([_predict(run, [s], kind, pp, m, v, fixed)[0] for s in steps])
     mem = rank_memory(run.config, run.grid, sched, sims[0].peak_activations,
                       chunk_bounds(run.config, run.grid, v))
     model = models[0]
@@ -221,7 +288,9 @@ def calibrated(run: Run, steps, kind: str, pp: int, m: int, v: int) -> dict:
             "memory": [r["total"] for r in mem] if mem else None, "memory_parts": mem,
             "model": {k: getattr(model, k) for k in (
                 "overhead", "send_post", "recv_post", "latency", "sync", "step_pre",
-                "step_post", "default_bytes")} | {"optimizer": model.optimizer},
+                "step_post", "default_bytes")} | {
+                "optimizer": model.optimizer, "samples": model.samples if model.jitter else 1,
+                "jitter_cv": float(np.std(model.jitter)) if model.jitter else 0.0},
             "mean_costs": {"step_time": whole["step"], "bubble": whole["bubble"]},
             "replicas": len(sims),
             "notes": notes,

@@ -155,18 +155,21 @@ def prediction_text(result: dict) -> str:
          _diff(s["step_time_pred"], s["step_time"])],
         ["bubble (pipeline window)", fmt(s["bubble_pipeline"], "bubble"),
          fmt(s["bubble_pred"], "bubble"), _diff(s["bubble_pred"], s["bubble_pipeline"], True)],
-        ["bubble (whole step)", fmt(s["bubble"], "bubble"), fmt(s["bubble_step_pred"], "bubble"),
-         _diff(s["bubble_step_pred"], s["bubble"], True)],
     ]
+    if "bubble_step_pred" in s:  # (a continuous run's steps overlap: no per-step bubble)
+        rows.append(["bubble (whole step)", fmt(s["bubble"], "bubble"),
+                     fmt(s["bubble_step_pred"], "bubble"),
+                     _diff(s["bubble_step_pred"], s["bubble"], True)])
     mem = s.get("memory_measured")
     for p in range(len(pr["compute"])):
         on = t["pp"] == p
         comp = float(np.nanmean(sum(t[k][on] for k in ("F", "B", "W", "R", "LOSS"))))
-        comm = float(np.nanmean(t["comm"][on]))
         rows.append([f"pp{p} compute (ms)", _ms(comp), _ms(pr["compute"][p]),
                      _diff(pr["compute"][p], comp)])
-        rows.append([f"pp{p} communication (ms)", _ms(comm), _ms(pr["comm"][p]),
-                     _diff(pr["comm"][p], comm)])
+        if pr.get("comm"):
+            comm = float(np.nanmean(t["comm"][on]))
+            rows.append([f"pp{p} communication (ms)", _ms(comm), _ms(pr["comm"][p]),
+                         _diff(pr["comm"][p], comm)])
         if pr.get("memory"):
             got = float(np.mean(np.asarray(mem)[on])) if mem else None
             rows.append([f"pp{p} peak memory (MiB)", f"{got / 2**20:.1f}" if got else "n/a",
@@ -174,7 +177,11 @@ def prediction_text(result: dict) -> str:
     m = pr["model"]
     fitted = (f"  fitted: overhead/action {_us(m['overhead'])}, send post {_us(m['send_post'])}, "
               f"recv {_us(m['recv_post'])}, p2p latency {_us(m['latency'])}, sync "
-              f"{_us(m['sync'])}, step pre/post {_us(m['step_pre'])}/{_us(m['step_post'])}")
+              f"{_us(m['sync'])}, step pre/post {_us(m['step_pre'])}/{_us(m['step_post'])}, "
+              f"compute jitter cv {m.get('jitter_cv', 0.0):.3f} ({m.get('samples', 1)} draws)")
+    if pr.get("continuous_steps"):
+        fitted += (f"\n  continuous: its lists over {pr['continuous_steps']} steps, run a step at "
+                   "a time, the ranks meeting in each step's all-reduce")
     table = _table(["predicted vs measured", "measured", "predicted", "diff"], rows)
     return "  calibrated cost model (fitted from unit durations, mpipar.analysis.costmodel):\n" + \
         "\n".join("  " + line for line in table.splitlines()) + "\n" + fitted

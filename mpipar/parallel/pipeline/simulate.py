@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .actions import Action, Schedule, ScheduleError, matching
 from .replay import UNIT_COSTS, Replay
 
@@ -43,6 +45,9 @@ class CostModel:
     one rank run one after another. ``sync``: the collective all ranks meet at after the pipeline
     (gradient norm). ``optimizer[rank]``: the optimizer step. ``step_pre`` / ``step_post``: fixed
     time before the first action and after the optimizer (batch fetch, loss all-reduce, ...).
+    ``jitter``: multipliers (mean 1) that one compute's duration takes around its cost, as
+    sampled from a dump (``costmodel.jitter``); ``simulate(..., draw=k)`` gives every compute
+    one drawn at random (seed k); a prediction averages ``samples`` such draws.
     """
 
     unit: dict = field(default_factory=lambda: dict(DEFAULT_COSTS))
@@ -60,6 +65,8 @@ class CostModel:
     optimizer: dict = field(default_factory=dict)
     step_pre: float = 0.0
     step_post: float = 0.0
+    jitter: tuple = ()
+    samples: int = 32
 
     def compute(self, r: int, a: Action, v: int) -> float:
         c = self.per_unit.get((r, a.chunk, a.op))
@@ -79,6 +86,10 @@ class CostModel:
                 raise ScheduleError(f"cost model: {name} must be a number >= 0, got {val!r}")
         if not self.bandwidth > 0:
             raise ScheduleError(f"cost model: bandwidth must be > 0, got {self.bandwidth!r}")
+        if any(not isinstance(x, (int, float)) or not x >= 0 for x in self.jitter):
+            raise ScheduleError("cost model: jitter must be multipliers >= 0")
+        if not isinstance(self.samples, int) or self.samples < 1:
+            raise ScheduleError(f"cost model: samples must be an int >= 1, got {self.samples!r}")
         for table in (self.unit, self.per_unit, self.dp_reduce, self.optimizer):
             for k, val in table.items():
                 if not isinstance(val, (int, float)) or val < 0:
@@ -134,10 +145,16 @@ def as_model(costs) -> CostModel:
 class _Timed(Replay):
     """Each rank's clock: sends post and go on, a receive waits for its send's arrival."""
 
-    def __init__(self, s: Schedule, model: CostModel):
+    def __init__(self, s: Schedule, model: CostModel, draw=None):
         super().__init__(s.ranks)
         pp = s.pp
         self.model, self.v = model, s.virtual_stages
+        # one multiplier per action, drawn up front so that the visiting order cannot change them
+        self.scale = None
+        if draw is not None and model.jitter:
+            rng = np.random.default_rng(draw)
+            pool = np.asarray(model.jitter, dtype=float)
+            self.scale = [pool[rng.integers(0, len(pool), len(acts))] for acts in s.ranks]
         self.now = [model.step_pre] * pp
         self.busy = [0.0] * pp
         self.comm = [0.0] * pp
@@ -163,7 +180,10 @@ class _Timed(Replay):
             end = max(start, self.sent[matching(a)]) + m.recv_post
             self.comm[r] += end - start
         else:
-            end = start + m.compute(r, a, self.v)
+            cost = m.compute(r, a, self.v)
+            if self.scale is not None:
+                cost *= float(self.scale[r][self.pos[r] - 1])  # pos is past this action
+            end = start + cost
             self.busy[r] += end - start
             self._count_activations(r, a)
             if a.op in ("W", "BW"):
@@ -198,10 +218,53 @@ class _Timed(Replay):
         return max([self.now[r]] + [e for _, e, _ in spans]), spans
 
 
-def simulate(s: Schedule, costs: dict | CostModel | None = None) -> SimResult:
+class _Stepped(_Timed):
+    """``_Timed`` over a continuous schedule run a step at a time: rank r's call k runs its
+    actions (in ``order[r]``) up to ``cuts[r][k]``, and all ranks then meet (the step's world
+    collective, ``sync``) before any starts call k + 1 (after ``step_post`` + ``step_pre``)."""
+
+    def __init__(self, s: Schedule, model: CostModel, order, cuts, draw=None):
+        super().__init__(s, model, draw)
+        self.streams, self.cuts, self.k = order, cuts, 0
+        self.spans, self.call_start = [], 0.0  # per call: its span, barrier to barrier
+
+    def can_run(self, r: int, a: Action) -> bool:
+        return self.pos[r] < self.cuts[r][self.k] and super().can_run(r, a)
+
+    def before_round(self) -> bool:
+        if self.k >= len(self.cuts[0]) or any(
+                self.pos[r] < self.cuts[r][self.k] for r in range(len(self.streams))):
+            return False
+        m = self.model
+        meet = max(self.now) + m.sync
+        self.spans.append(meet + m.step_post - self.call_start)
+        self.call_start = meet + m.step_post
+        self.now = [self.call_start + m.step_pre] * len(self.streams)
+        self.k += 1
+        return True
+
+
+def simulate_steps(s: Schedule, model: CostModel, order, cuts, draw=None) -> tuple:
+    """(``SimResult`` with the timeline, [span of each step's call]) of continuous schedule
+    ``s`` run a step at a time (``_Stepped``; ``order[r]``: rank r's actions as its executor
+    runs them, ``cuts[r]``: ``continuous.step_cuts`` of them)."""
+    model = as_model(model)
+    sim = _Stepped(s, model, order, cuts, draw)
+    sim.play()
+    makespan = max(sim.now) if s.pp else 0.0
+    per_rank = [(makespan - b) / makespan if makespan > 0 else 0.0 for b in sim.busy]
+    return SimResult(makespan=makespan, busy=sim.busy,
+                     bubble_fraction=sum(per_rank) / s.pp if s.pp else 0.0,
+                     per_rank_bubble=per_rank, peak_activations=sim.peak,
+                     timeline=sim.timeline, comm=sim.comm, overhead=sim.over), sim.spans
+
+
+def simulate(s: Schedule, costs: dict | CostModel | None = None, draw=None) -> SimResult:
+    """One timed replay of ``s``. ``draw``: with a ``CostModel`` that has ``jitter``, the seed
+    (an int or a tuple of ints) of the multipliers its computes take (None: each at its cost)."""
     pp = s.pp
     model = as_model(costs)
-    sim = _Timed(s, model)
+    sim = _Timed(s, model, draw)
     sim.play()
     makespan = max(sim.now) if pp else 0.0
     per_rank = [(makespan - b) / makespan if makespan > 0 else 0.0 for b in sim.busy]
