@@ -24,7 +24,8 @@ import common  # noqa: E402
 
 NAME = "memory_peak"
 COLUMNS = ["config", "ranks", "pp_rank", "measured_MiB", "predicted_MiB", "error_pct",
-           "state_MiB", "activations_MiB", "work_MiB", "buffers_MiB"]
+           "traced_MiB", "traced_error_pct", "state_MiB", "activations_MiB", "work_MiB",
+           "buffers_MiB"]
 MiB = 2.0**20
 GPT = {"model.n_layer": 4, "model.n_embd": 128, "model.n_head": 4, "train.batch_size": 16,
        "train.seq_len": 64, "parallel.partition": "explicit"}
@@ -66,6 +67,31 @@ def configs(quick: bool) -> list:
     return rows
 
 
+def run_driver(run_dir: Path, ranks: int, config: Path, sets: dict, args) -> Path:
+    """Train under ``memory_driver.py`` (tracemalloc on): the trainer's own ``mem.*`` events
+    and the NumPy-tracked bytes (``memory`` rank attribute) in one dump."""
+    if not (args.reuse and common.complete_dump(run_dir)):
+        cmd = ["mpiexec", "-n", str(ranks), sys.executable,
+               str(Path(__file__).resolve().parent / "memory_driver.py"),
+               "--config", str(config), "--out", str(run_dir), "--steps", str(args.steps or 3)]
+        for k, val in sets.items():
+            cmd += ["--set", f"{k}={common._value(val)}"]
+        common.run_command(cmd, args.timeout, run_dir.name)
+    return run_dir / "trace.h5"
+
+
+def traced_memory(run) -> list[float]:
+    """Per world rank: ``mem.static`` + the NumPy-tracked peak the steps added above set-up."""
+    import json
+
+    out = []
+    for r, ev in enumerate(run.events):
+        static = float(ev[ev["kind"] == "mem.static"]["bytes"].max())
+        mem = json.loads(run.rank_attrs[r]["memory"])
+        out.append(static + mem["traced_max_peak"] - mem["traced_setup"])
+    return out
+
+
 def rows_of(label, run) -> list[dict]:
     """Measured beside predicted, one row per pipeline rank."""
     import numpy as np
@@ -77,14 +103,18 @@ def rows_of(label, run) -> list[dict]:
     predicted = predict_run(run.config, run.grid)
     if measured is None or predicted is None:
         raise common.ExperimentError(f"{label}: no memory events or no model for this config")
+    traced = np.asarray(traced_memory(run))
     stage = np.array([int(c[1]) for c in run.coords])
     out = []
     for p, pred in enumerate(predicted):
         got = float(np.mean(np.asarray(measured)[stage == p]))
+        numpy_got = float(np.mean(traced[stage == p]))
         state = pred["params"] + pred["grads"] + pred["optimizer"]
         out.append({"config": label, "ranks": run.world_size, "pp_rank": p,
                     "measured_MiB": got / MiB, "predicted_MiB": pred["total"] / MiB,
                     "error_pct": 100 * (pred["total"] - got) / got,
+                    "traced_MiB": numpy_got / MiB,
+                    "traced_error_pct": 100 * (pred["total"] - numpy_got) / numpy_got,
                     "state_MiB": state / MiB, "activations_MiB": pred["activations"] / MiB,
                     "work_MiB": pred["work"] / MiB, "buffers_MiB": pred["buffers"] / MiB})
     return out
@@ -100,8 +130,7 @@ def main(argv=None) -> int:
     rows = []
     for label, ranks, config, sets in configs(args.quick):
         run_dir = out / "".join(ch if ch.isalnum() else "_" for ch in label)
-        sets = {**sets, "train.steps": steps}
-        rows += rows_of(label, load(common.train(run_dir, ranks, config, sets, args)))
+        rows += rows_of(label, load(run_driver(run_dir, ranks, config, sets, args)))
     common.write_results(out, "predicted vs measured peak memory per pipeline rank", rows,
                          COLUMNS, meta={"steps": steps, "quick": args.quick,
                                         **common.machine_note()})

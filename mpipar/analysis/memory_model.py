@@ -25,7 +25,11 @@ Per rank ``p``, in values of the dtype (``s`` bytes) unless said, with ``P`` its
   and residual outputs), the head's logits ``V / tp`` and the weight-gradient scratch of each
   weight shape (``cpu.matmul`` accumulates through one), the optimizer's scratch.
 - **buffers**: the receive pool, ``RECV_WINDOW + 1`` boundary activations per direction a rank
-  receives in, and up to ``SEND_BACKLOG + 1`` outputs waiting on their sends.
+  receives in, and up to ``SEND_BACKLOG + 1`` outputs waiting on their sends; with dp > 1 the
+  scratch of the gradient reductions (``dp_scratch``): mpipar's own all-reduce and
+  reduce-scatter algorithms work in host buffers of power-of-two sizes, one set per bucket in
+  flight (a chunk's buckets all start together); the library's own (below 512 KiB by default,
+  ``mpipar.mpi.tuning``) are MPI's business and not counted.
 
 Not counted: PipeDream's weight stashes, 2BW's older copy of the weights, evaluation (forward
 only: it holds less than a training step).
@@ -177,12 +181,44 @@ def rank_memory(config: dict, grid: dict, schedule, peak_activations, bounds) ->
         scratch = sum({u[4] for u in held}) + min(max((u[0] for u in held), default=0),
                                                   BLOCK_ELEMENTS)
         work = max((u[3] for u in held), default=0) + scratch
+        per_chunk = [sum(units[i][0] for i in range(*bounds[c])) for c in chunks]
         row = {"params": s * n, "grads": s * (n + (n // zero if zero > 1 else 0)),
                "optimizer": k * s * n // zero, "activations": int(s * act),
-               "work": int(s * work), "buffers": int(s * boundary * _buffers(schedule, p))}
+               "work": int(s * work), "buffers": int(s * boundary * _buffers(schedule, p))
+               + dp_scratch(per_chunk, dp, zero > 1, s, float(get(config, "bucket_mb", 4.0)))}
         row["total"] = sum(row.values())
         out.append(row)
     return out
+
+
+def _pow2(nbytes: float) -> int:
+    """The capacity ``mpi.staging.HostBufferPool`` gives a request of ``nbytes``."""
+    return max(4096, 1 << max(0, int(nbytes) - 1).bit_length())
+
+
+def dp_scratch(chunk_params: list, dp: int, zero1: bool, s: int, bucket_mb: float) -> int:
+    """Host scratch bytes of the data-parallel reductions of a rank's gradient buckets (each
+    chunk's parameters cut into buckets of ``bucket_mb`` MiB, all in flight at once). Per bucket
+    of n bytes: a ring all-reduce n / dp, Rabenseifner's n; ZeRO-1's reduce-scatter copies its
+    input (n + n / dp) and works in n (Rabenseifner) or n / dp (ring); the all-gather works in
+    place. The algorithm is the one ``mpipar.mpi.tuning`` picks for that size."""
+    if dp <= 1:
+        return 0
+    from mpipar.mpi.tuning import choose
+
+    limit = max(1, int(bucket_mb * 2**20 / s))
+    total = 0
+    for n_params in chunk_params:
+        sizes = [limit] * (n_params // limit) + ([n_params % limit] if n_params % limit else [])
+        for size in sizes:
+            n = -(-size // dp) * dp * s if zero1 else size * s
+            kind = "reduce_scatter" if zero1 else "allreduce"
+            algo = choose(kind, n, dp)
+            if algo == "library":
+                continue
+            tmp = n if algo == "rabenseifner" else n // dp
+            total += _pow2(tmp) + (_pow2(n + n // dp) if zero1 else 0)
+    return total
 
 
 def _buffers(schedule, p: int) -> int:
