@@ -1,7 +1,8 @@
 """Experiment 2b: the memory model's predicted peak per rank beside the measured one.
 
 Each configuration trains a few steps with ``mpipar train`` (under mpiexec) on a small GPT (4
-blocks of width 128, 4 heads, vocabulary 256, batch 16 x 64 tokens) or an MLP; the trainer
+blocks of width 128, 4 heads, vocabulary 256, batch 32 x 128 tokens: activations of tens of
+MiB, so that the allocator's few MiB of history are small beside them) or an MLP; the trainer
 records ``mem.static`` / ``mem.base`` / ``mem.peak`` (``mpipar/training/memory.py``) and
 ``mpipar.analysis.predict.measured_memory`` turns them into the measured peak per rank: the state
 (parameters, gradients, optimizer state) counted exactly plus the resident high-water mark the
@@ -27,8 +28,8 @@ COLUMNS = ["config", "ranks", "pp_rank", "measured_MiB", "predicted_MiB", "error
            "traced_MiB", "traced_error_pct", "state_MiB", "activations_MiB", "work_MiB",
            "buffers_MiB"]
 MiB = 2.0**20
-GPT = {"model.n_layer": 4, "model.n_embd": 128, "model.n_head": 4, "train.batch_size": 16,
-       "train.seq_len": 64, "parallel.partition": "explicit"}
+GPT = {"model.n_layer": 4, "model.n_embd": 128, "model.n_head": 4, "model.block_size": 128,
+       "train.batch_size": 32, "train.seq_len": 128, "parallel.partition": "explicit"}
 MLP = {"model.sizes": [784, 1024, 1024, 1024, 1024, 10], "train.batch_size": 256}
 
 

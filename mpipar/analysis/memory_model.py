@@ -58,19 +58,22 @@ def block_stored(d: int, heads: int, seq: int, tp: int = 1, sp: bool = False) ->
 
 def block_retained(d: int, tp: int = 1, sp: bool = False) -> float:
     """Values per token of one block's output gradients held from its backward-input to its
-    weight pass: the fc, LN2, attention-projection and QKV input gradients (4 d, / tp of the
-    sequence with SP) and the fused dqkv (3 d / tp)."""
-    return (4 * d / tp if sp else 4 * d) + 3 * d / tp
+    weight pass, beyond buffers the backward frees for reuse: the fc, LN2, attention-projection
+    and QKV input gradients (4 d) and the fused dqkv (3 d / tp). With sequence parallelism the
+    four are sequence shards (4 d / tp) and the two row-parallel linears keep the all-gathered
+    output gradient (2 d: fresh arrays from the collective)."""
+    return (2 * d + 4 * d / tp if sp else 4 * d) + 3 * d / tp
 
 
-def block_work(d: int, tp: int = 1) -> float:
+def block_work(d: int, heads: int, seq: int, tp: int = 1, selective: bool = False) -> float:
     """Values per token of one block's transient buffers kept by the pool on top: the MLP
     backward's input gradient and GELU gradient (8 d / tp) and 7 (T, d) arrays (residual outputs
-    and LayerNorm backward sums of the forward and backward)."""
-    return 8 * d / tp + 7 * d
+    and LayerNorm backward sums of the forward and backward); with selective recomputation the
+    probabilities and output rebuilt in the backward (H S / tp + d / tp)."""
+    return 8 * d / tp + 7 * d + ((heads * seq + d) / tp if selective else 0)
 
 
-def _units_gpt(m: dict, tp: int, sp: bool, b: int, seq: int, s: int):
+def _units_gpt(m: dict, tp: int, sp: bool, b: int, seq: int, s: int, selective: bool):
     """[(params, stored, retained, work, weight scratch)] per unit, and the boundary values."""
     d, V, L = int(m["n_embd"]), int(m["vocab_size"]), int(m["n_layer"])
     H, block = int(m.get("n_head", 1)), int(m.get("block_size", seq))
@@ -79,7 +82,8 @@ def _units_gpt(m: dict, tp: int, sp: bool, b: int, seq: int, s: int):
     local = tok // tp if sp else tok
     emb = (V * d // tp + block * d, tok * 8 / s, 0, local * 2 * d, 0)  # int64 ids; sum, grouped
     blk = ((12 * d * d + 7 * d) // tp + 6 * d, tok * block_stored(d, H, seq, tp, sp),
-           tok * block_retained(d, tp, sp), tok * block_work(d, tp), 12 * d * d // tp)
+           tok * block_retained(d, tp, sp), tok * block_work(d, H, seq, tp, selective),
+           12 * d * d // tp)
     head = ((0 if tied else V * d // tp) + 2 * d,
             local * 2 * d + tok * (2 * V // tp), local * 2 * d, tok * V // tp, d * V // tp)
     return [emb] + [blk] * L + [head], local * d
@@ -109,7 +113,7 @@ def _units(config: dict, grid: dict):
     try:
         if kind == "gpt":
             sp = bool(get(config, "sequence_parallel")) and tp > 1
-            return _units_gpt(m, tp, sp, b, seq, s)
+            return _units_gpt(m, tp, sp, b, seq, s, _recompute(config) == "selective")
         if kind == "mlp":
             return _units_mlp(m, b)
     except (KeyError, TypeError, ValueError):

@@ -1,27 +1,29 @@
 """What the trainer records about memory (``mem.*`` events), so that it means what the memory
 model (``mpipar.analysis.memory_model``) predicts.
 
-- ``mem.static`` (once, after set-up): the exact bytes of the state a step keeps from one step to
-  the next: parameters, gradient buckets (and ZeRO-1's gradient slices), optimizer state, each
-  buffer counted once (views count their base once).
-- ``mem.base`` (once, after set-up): the resident memory of the process then, with that state
-  already touched (NumPy's zeros are calloc'd: untouched pages are not resident yet, so the
-  optimizer state would otherwise first show up inside the first step).
-- ``mem.peak`` (after each step): the resident high-water mark since set-up. Linux lets a process
-  reset its high-water mark (``/proc/self/clear_refs``, ``5``); the trainer does so after taking
-  the base, so what the data set, the imports and the set-up briefly held (the parameter masters
-  are made in float64, say) does not count. Where the reset is not possible the lifetime peak
-  (``ru_maxrss``, which may include set-up's transients) is recorded instead; ``mem.base``'s
-  ``peer`` field says which: 1 reset, 0 lifetime.
+- ``mem.static`` (once, at the start of the first step, when all set-up is done: model,
+  optimizer, a resumed checkpoint, rank 0's GEMM peak measurement): the exact bytes of the
+  state a step keeps from one step to the next: parameters, gradient buckets (and ZeRO-1's
+  gradient slices), optimizer state, each buffer counted once (a view counts its base once).
+- ``mem.base`` (with ``mem.static``): the resident memory of the process then, with that state
+  touched first (NumPy's zeros are calloc'd: untouched pages are not resident, so the optimizer
+  state would otherwise show up inside the first step, on top of ``mem.static``).
+- ``mem.peak`` (after each step): the resident high-water mark since the base. Linux lets a
+  process reset its high-water mark (``/proc/self/clear_refs``, ``5``); the trainer does so when
+  it takes the base, so what the data set, the imports and the set-up briefly held (parameter
+  masters are made in float64, rank 0 measures its GEMM peak) does not count. Where the reset
+  is not possible the lifetime peak (``ru_maxrss``, with set-up's transients) is recorded
+  instead; ``mem.base``'s ``peer`` field says which: 1 reset, 0 lifetime.
 
 The measured peak of a rank is ``static + max(peak) - base``: the state counted exactly, plus
-what the steps added on top: activations held for the backward, the transient working set of a
+what the steps added: activations held for the backward, the transient working set of a
 backward, reused buffers (``nn.cpu``'s pool keeps every shape's high-water count; the receive
-pool), the optimizer's scratch, and what the allocator keeps of freed temporaries. Not counted:
-the interpreter, imports, the data set, MPI's own buffers (all in the base). On a GPU the host's
-resident memory says nothing about the device's: there ``mem.peak`` is the bytes CuPy's pool
-holds (its high-water mark: the pool keeps freed blocks) and the base is what it held after
-set-up.
+pool; the collectives' host scratch), the optimizer's scratch. Also in it, and not in the model:
+what the allocator keeps of freed temporaries and what MPI allocates for itself during the steps
+(both a few MiB at most here: experiments/README.md, section 2b). Not in it: the interpreter,
+imports, the data set (all in the base). On a GPU the host's resident memory says nothing about
+the device's: there ``mem.peak`` is the bytes CuPy's pool holds (its high-water mark: the pool
+keeps freed blocks) and the base what it held at the first step.
 """
 
 from __future__ import annotations

@@ -140,7 +140,7 @@ class Trainer:
         self.segment = None  # continuous: the ContinuousRun in flight (None: drained)
         self.segment_start = self.step  # the step of micro-batch 0 of the running lists
         self._segment_schedules = {}  # steps -> the continuous schedule of that many steps
-        record_setup(tracer, self, backend)  # mem.static, mem.base (training/memory.py)
+        self._mem_base = False  # mem.static / mem.base: at the first step (training/memory.py)
 
     # -- pieces of a step
     def _local_microbatches(self, x, y):
@@ -314,6 +314,9 @@ class Trainer:
         here (the next drain point: an evaluation, a checkpoint; default the last step)."""
         cfg, tr = self.cfg, self.tracer
         tr.step = self.step
+        if not self._mem_base:  # after all set-up (resume, rank 0's GEMM peak): the base
+            record_setup(tr, self, self.backend)
+            self._mem_base = True
         t0 = tr.now()
         start = time.perf_counter()
         losses = self.forward_backward(until)
