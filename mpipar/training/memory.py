@@ -108,13 +108,8 @@ def record_setup(tracer, trainer, backend) -> None:
     arrays = state_arrays(trainer)
     pool = _gpu_pool(backend)
     if pool is None:
-        opts = getattr(trainer.opt, "chunks", None) or {0: trainer.opt}
-        for opt in opts.values():  # first touch: zero already, resident from now on
-            for st in opt.state.values():
-                for a in st.values():
-                    a.fill(0)
-        for s in trainer.sync.shards:
-            s.grad.fill(0)
+        for a in arrays:
+            touch(a)
         _release_freed()
         _warm_blas(backend)
     now = tracer.now()
@@ -122,6 +117,14 @@ def record_setup(tracer, trainer, backend) -> None:
     reset = pool is not None or reset_peak()
     base = pool.total_bytes() if pool is not None else resident_bytes()
     tracer.record("mem.base", now, now, nbytes=base, peer=int(reset))
+
+
+def touch(a) -> None:
+    """Make every page of ``a`` resident without changing it (a resumed optimizer state is
+    already loaded here): one element per page written back as it is."""
+    flat = a.reshape(-1)  # the state arrays are contiguous: a view
+    step = max(1, 4096 // a.itemsize)
+    flat[::step] = flat[::step].copy()
 
 
 def _release_freed() -> None:
