@@ -19,11 +19,12 @@ The measured peak of a rank is ``static + max(peak) - base``: the state counted 
 what the steps added: activations held for the backward, the transient working set of a
 backward, reused buffers (``nn.cpu``'s pool keeps every shape's high-water count; the receive
 pool; the collectives' host scratch), the optimizer's scratch. Also in it, and not in the model:
-what the allocator keeps of freed temporaries and what MPI allocates for itself during the steps
-(both a few MiB at most here: experiments/README.md, section 2b). Not in it: the interpreter,
-imports, the data set (all in the base). On a GPU the host's resident memory says nothing about
-the device's: there ``mem.peak`` is the bytes CuPy's pool holds (its high-water mark: the pool
-keeps freed blocks) and the base what it held at the first step.
+memory outside NumPy that the steps touch first: BLAS's packing buffers (0.5-1.8 MiB for one
+OpenBLAS product here, by size), MPI's and HDF5's own buffers, what the allocator keeps of freed
+temporaries (together 2-6 MiB per rank here: experiments/README.md, section 2b). Not in it: the
+interpreter, imports, the data set (all in the base). On a GPU the host's resident memory says
+nothing about the device's: there ``mem.peak`` is the bytes CuPy's pool holds (its high-water
+mark: the pool keeps freed blocks) and the base what it held at the first step.
 """
 
 from __future__ import annotations
@@ -111,7 +112,6 @@ def record_setup(tracer, trainer, backend) -> None:
         for a in arrays:
             touch(a)
         _release_freed()
-        _warm_blas(backend)
     now = tracer.now()
     tracer.record("mem.static", now, now, nbytes=distinct_bytes(arrays))
     reset = pool is not None or reset_peak()
@@ -141,17 +141,6 @@ def _release_freed() -> None:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to trim through this door
         pass
-
-
-def _warm_blas(backend) -> None:
-    """One 512-cubed product on this thread, so that the pages BLAS packs its operands into
-    (its own buffer, 1.5-2 MiB touched by OpenBLAS here, a per-process cost like the
-    interpreter's) are resident before the base, not first touched inside step 0. Kernel
-    threads have buffers of their own, which still show up in the first step."""
-    import numpy as np
-
-    a = np.ones((512, 512), dtype=backend.dtype)
-    np.matmul(a, a)
 
 
 def step_peak(backend) -> int:
