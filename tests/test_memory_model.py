@@ -156,3 +156,23 @@ def test_predicted_peak_meets_the_trainers_record_on_two_ranks(tmp_path):
     for r in rows:
         assert abs(r["error_pct"]) <= 15, r
         assert abs(r["traced_error_pct"]) <= 10, r
+
+
+def test_planner_counts_each_ranks_own_live_micro_batches():
+    """The planner (mpipar/plan) checks its first and last ranks; both hold the simulator's
+    peak of live micro-batches, as the memory model here takes them (the last rank was taken
+    as holding one whatever the schedule)."""
+    from mpipar.plan.pipeline import in_flight, in_flight_last, run_simulation
+
+    for kind, vs in (("gpipe", (1,)), ("1f1b", (1,)), ("zb-h1", (1,)), ("interleaved", (2, 3))):
+        for p in (2, 3, 4, 6):
+            for m in sorted({1, 2, p, p + 1, 2 * p, 3 * p}):
+                for v in vs:
+                    if kind == "interleaved" and m % p:
+                        continue
+                    for f, b, w in ((1, 1, 1), (1, 2, 0.5), (1, 0.5, 1.2)):
+                        costs = ({"F": f, "B": b, "W": w} if kind == "zb-h1"
+                                 else {"F": f, "BW": b + w})
+                        peaks = run_simulation(kind, p, m, v, costs).peak_activations
+                        assert in_flight(kind, p, m, v) * v == peaks[0]
+                        assert in_flight_last(kind, p, m, v) * v == peaks[-1], (kind, p, m, v)
