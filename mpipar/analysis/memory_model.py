@@ -43,6 +43,9 @@ from .flops import setting as get
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 RECV_WINDOW, SEND_BACKLOG = 2, 4  # as parallel/pipeline/transfers.py
 BLOCK_ELEMENTS = 1 << 18  # nn/cpu.py: AdamW's per-thread scratch is at most one block
+# mpi/shm.py (shared-memory collectives, where the tuning picks them): the window per rank
+# grows to a power of two of the largest message, between these
+SHM_MIN, SHM_MAX = 1 << 20, 64 << 20
 
 
 def block_stored(d: int, heads: int, seq: int, tp: int = 1, sp: bool = False) -> float:
@@ -205,24 +208,28 @@ def dp_scratch(chunk_params: list, dp: int, zero1: bool, s: int, bucket_mb: floa
     chunk's parameters cut into buckets of ``bucket_mb`` MiB, all in flight at once). Per bucket
     of n bytes: a ring all-reduce n / dp, Rabenseifner's n; ZeRO-1's reduce-scatter copies its
     input (n + n / dp) and works in n (Rabenseifner) or n / dp (ring); the all-gather works in
-    place. The algorithm is the one ``mpipar.mpi.tuning`` picks for that size."""
+    place; the shared-memory algorithms (``shm``, where the tuning has them) go through one window
+    per communicator instead, of a power of two of the largest message. The algorithm is the one
+    ``mpipar.mpi.tuning`` picks for that size."""
     if dp <= 1:
         return 0
     from mpipar.mpi.tuning import choose
 
     limit = max(1, int(bucket_mb * 2**20 / s))
-    total = 0
+    total = window = 0
     for n_params in chunk_params:
         sizes = [limit] * (n_params // limit) + ([n_params % limit] if n_params % limit else [])
         for size in sizes:
             n = -(-size // dp) * dp * s if zero1 else size * s
             kind = "reduce_scatter" if zero1 else "allreduce"
             algo = choose(kind, n, dp)
-            if algo == "library":
-                continue
-            tmp = n if algo == "rabenseifner" else n // dp
-            total += _pow2(tmp) + (_pow2(n + n // dp) if zero1 else 0)
-    return total
+            if algo == "shm":  # one shared window per communicator, not per bucket
+                window = max(window, min(max(_pow2(n), SHM_MIN), SHM_MAX))
+            elif algo != "library":
+                tmp = n if algo == "rabenseifner" else n // dp
+                total += _pow2(tmp) + (_pow2(n + n // dp) if zero1 else 0)
+    # a rank fills its own segment and reads its block of each other rank's
+    return total + int(window * (1 + (dp - 1) / dp))
 
 
 def _buffers(schedule, p: int) -> int:
