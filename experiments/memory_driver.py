@@ -10,7 +10,9 @@ methods of this rank's pipeline chunks so that after every call it samples:
   (``layer.in_flight()``) plus, with recomputation, the chunk inputs kept for the recompute;
 - the bytes those hold: every array in the saved contexts, de-duplicated by the buffer it views
   (a layer keeps its input by reference, so a block's output is also the next layer's input);
-- ``tracemalloc``'s traced memory (NumPy reports its buffers to tracemalloc), reset each step.
+- ``tracemalloc``'s traced memory (NumPy reports its buffers to tracemalloc), reset each step;
+  also what it held after set-up (``traced_setup``) and its largest peak over the steps
+  (``traced_max_peak``): NumPy-tracked bytes the steps add, for ``memory_peak.py``.
 
 The statistics of the last step go into the dump as the ``memory`` attribute (JSON) of
 ``/ranks/<r>`` in RUN_DIR/trace.h5, next to the usual timing events.
@@ -145,14 +147,17 @@ def main(argv=None) -> int:
     grid = ProcessGrid(p.dp, p.pp, p.tp, order=p.order, tracer=tracer, backend=backend)
     trainer = Trainer(cfg, grid, tracer, backend, prepare_data(cfg, grid), schedule=schedule)
     probe = Probe(trainer.chunks, p.recompute)
+    setup = tracemalloc.get_traced_memory()[0]  # the data set, model and optimizer made
     grid.world_comm.barrier()
     tracer.reset_clock()
+    max_peak = 0
     for _ in range(args.steps):
         probe.reset()
         base = tracemalloc.get_traced_memory()[0]
         tracemalloc.reset_peak()
         tracer.add_metrics(**trainer.train_step())
         peak = tracemalloc.get_traced_memory()[1]
+        max_peak = max(max_peak, peak)
     stats = {
         "peak_pairs": probe.peak_pairs,
         "peak_ctx_bytes": probe.peak_bytes,
@@ -161,6 +166,8 @@ def main(argv=None) -> int:
         "chunks": sorted(trainer.chunks),
         "traced_step_peak": peak - base,  # last step: peak above what the step started with
         "traced_peak": peak,
+        "traced_setup": setup,  # the steps' own peak above set-up: max_peak - setup
+        "traced_max_peak": max_peak,
         "maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "samples": probe.samples,
     }

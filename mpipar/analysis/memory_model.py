@@ -1,19 +1,38 @@
 """Bytes each pipeline rank holds at its peak, from the config and the simulated schedule.
 
-Per rank (``p``), with ``P_p`` the parameters of its units (sharded over tp), ``s`` the dtype's
-bytes, ``b`` the micro-batch, ``S`` the sequence, ``d`` width, ``H`` heads, ``V`` vocabulary:
+What it predicts is what the trainer measures (``mpipar.training.memory``): the state a step
+keeps (counted exactly there) plus the resident high-water mark the steps add above set-up.
+Per rank ``p``, in values of the dtype (``s`` bytes) unless said, with ``P`` its parameters
+(its shard under tp), ``T = b S`` the tokens of one micro-batch (``b`` rows, sequence ``S``),
+``d`` width, ``H`` heads, ``V`` vocabulary:
 
-- parameters ``s P_p``, gradients ``s P_p``, optimizer state ``k s P_p`` (AdamW k = 2, SGD with
-  momentum k = 1, else 0), divided by dp with ZeRO-1;
-- activations: the live (micro-batch, chunk) pairs at the simulator's peak (``peak_activations``)
-  times what one pair holds. A GPT block holds ``b S (20 d + H S)`` values (as
-  ``mpipar.bench.memory``: LN, QKV, attention output, MLP; H S the softmax), the tp-split parts
-  divided by tp (sequence parallelism divides the rest too); selective recomputation drops the
-  attention core's ``H S`` (+ 2 d of Q/K/V views it rebuilds); full recomputation keeps only each
-  chunk's input ``b S d`` (one chunk's whole activations on top, while it is recomputed). The
-  head holds ``b S (2 d + V / tp)``; an MLP layer ``b (in + 2 out)``.
-- communication buffers: ``RECV_WINDOW`` posted receives per direction plus up to
-  ``SEND_BACKLOG`` sends of one boundary activation ``b S d``.
+- **state**: parameters ``P``; gradients ``P`` (flat buckets, padded to a multiple of dp with
+  ZeRO-1, which adds this rank's gradient slice ``P / dp``); optimizer state ``k P`` (AdamW
+  k = 2, SGD with momentum 1), ``/ dp`` with ZeRO-1.
+- **activations**: the simulator's peak of live (micro-batch, chunk) pairs times what one pair
+  leaves in the layers' saved contexts (``block_stored``; tests/test_memory_model.py measures it
+  in the ``_ctx`` of a real block). The last chunk also keeps the loss's softmax and the logits'
+  gradient (``2 V / tp`` per token) from its forward to its backward. Full recomputation keeps
+  only each pair's chunk input (token ids on the first: 8 bytes each) plus one pair's whole
+  context, rebuilt before its backward; selective drops the attention probabilities (``H S``).
+- **backward**: a chunk's backward-input keeps every layer's output gradient until its weight
+  pass (``block_retained``: 4 ``(T, d)`` gradients and the fused ``dqkv``); the buffers of a
+  block that the backward lets go (GELU's, attention's) go back to ``nn.cpu``'s pool and are
+  reused by the next block, so the gradients of one chunk pile up and the rest does not.
+- **working set**: ``nn.cpu``'s pool keeps, per array shape, as many buffers as were ever alive
+  together, so a rank holds at its peak one set of the transient buffers of its largest unit on
+  top: ``block_work`` (the MLP backward's two ``(T, 4d/tp)`` gradients, a few ``(T, d)`` sums
+  and residual outputs), the head's logits ``V / tp`` and the weight-gradient scratch of each
+  weight shape (``cpu.matmul`` accumulates through one), the optimizer's scratch.
+- **buffers**: the receive pool, ``RECV_WINDOW + 1`` boundary activations per direction a rank
+  receives in, and up to ``SEND_BACKLOG + 1`` outputs waiting on their sends; with dp > 1 the
+  scratch of the gradient reductions (``dp_scratch``): mpipar's own all-reduce and
+  reduce-scatter algorithms work in host buffers of power-of-two sizes, one set per bucket in
+  flight (a chunk's buckets all start together); the library's own (below 512 KiB by default,
+  ``mpipar.mpi.tuning``) are MPI's business and not counted.
+
+Not counted: PipeDream's weight stashes, 2BW's older copy of the weights, evaluation (forward
+only: it holds less than a training step).
 """
 
 from __future__ import annotations
@@ -23,39 +42,81 @@ from .flops import setting as get
 
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 RECV_WINDOW, SEND_BACKLOG = 2, 4  # as parallel/pipeline/transfers.py
+BLOCK_ELEMENTS = 1 << 18  # nn/cpu.py: AdamW's per-thread scratch is at most one block
+# mpi/shm.py (shared-memory collectives, where the tuning picks them): the window per rank
+# grows to a power of two of the largest message, between these
+SHM_MIN, SHM_MAX = 1 << 20, 64 << 20
 
 
-def _units_gpt(m: dict, tp: int, sp: bool, b: int, seq: int):
-    """[(params, activation values per micro-batch)] of embedding, blocks, head."""
+def block_stored(d: int, heads: int, seq: int, tp: int = 1, sp: bool = False) -> float:
+    """Values per token one GPT block keeps in its saved contexts for one micro-batch.
+
+    LN1 and LN2: x-hat and the output (4 d; 2 d / tp + the two gathered outputs 2 d with
+    sequence parallelism: the column-parallel linears keep their gathered input); QKV 3 d, the
+    attention probabilities H S, the attention output d, the MLP's pre-activation, tanh and GELU
+    output 12 d (all / tp); 2 LayerNorm reciprocal deviations."""
+    ln = 2 * d / tp + 2 * d if sp else 4 * d
+    return ln + (16 * d + heads * seq) / tp + 2 / (tp if sp else 1)
+
+
+def block_retained(d: int, tp: int = 1, sp: bool = False) -> float:
+    """Values per token of one block's output gradients held from its backward-input to its
+    weight pass, beyond buffers the backward frees for reuse: the fc, LN2, attention-projection
+    and QKV input gradients (4 d) and the fused dqkv (3 d / tp). With sequence parallelism the
+    four are sequence shards (4 d / tp) and the two row-parallel linears keep the all-gathered
+    output gradient (2 d: fresh arrays from the collective)."""
+    return (2 * d + 4 * d / tp if sp else 4 * d) + 3 * d / tp
+
+
+def block_work(d: int, heads: int, seq: int, tp: int = 1, selective: bool = False) -> float:
+    """Values per token of one block's transient buffers kept by the pool on top: the MLP
+    backward's input gradient and GELU gradient (8 d / tp) and 7 (T, d) arrays (residual outputs
+    and LayerNorm backward sums of the forward and backward); with selective recomputation the
+    probabilities and output rebuilt in the backward (H S / tp + d / tp)."""
+    return 8 * d / tp + 7 * d + ((heads * seq + d) / tp if selective else 0)
+
+
+def _units_gpt(m: dict, tp: int, sp: bool, b: int, seq: int, s: int, selective: bool):
+    """[(params, stored, retained, work, weight scratch)] per unit, and the boundary values."""
     d, V, L = int(m["n_embd"]), int(m["vocab_size"]), int(m["n_layer"])
     H, block = int(m.get("n_head", 1)), int(m.get("block_size", seq))
     tied = bool(m.get("tie_embeddings", False))
     tok = b * seq
-    shard = tp if sp else 1  # the replicated parts of a block are split only with SP
-    emb = (V * d // tp + block * d, tok * d // shard)
-    blk_params = (12 * d * d + 7 * d) // tp + 6 * d
-    blk_act = tok * (8 * d // tp + 12 * d // tp + H * seq // tp)  # tp-split: QKV, attn, MLP
-    blk_act += tok * 4 * d // shard  # LN inputs/outputs, residuals
-    head = ((0 if tied else V * d // tp) + 2 * d, tok * (2 * d // shard + V // tp))
-    return [emb] + [(blk_params, blk_act)] * L + [head], tok * d // shard, tok * H * seq // tp
+    local = tok // tp if sp else tok
+    emb = (V * d // tp + block * d, tok * 8 / s, 0, local * 2 * d, 0)  # int64 ids; sum, grouped
+    blk = ((12 * d * d + 7 * d) // tp + 6 * d, tok * block_stored(d, H, seq, tp, sp),
+           tok * block_retained(d, tp, sp), tok * block_work(d, H, seq, tp, selective),
+           12 * d * d // tp)
+    head = ((0 if tied else V * d // tp) + 2 * d,
+            local * 2 * d + tok * (2 * V // tp), local * 2 * d, tok * V // tp, d * V // tp)
+    return [emb] + [blk] * L + [head], local * d
 
 
 def _units_mlp(m: dict, b: int):
+    """Per layer: the input and the pre-activation kept, the output gradient until W."""
     sizes = [int(x) for x in m.get("sizes", [])]
-    units = [(a * o + o, b * (a + 2 * o)) for a, o in zip(sizes[:-1], sizes[1:], strict=True)]
-    return units, b * (max(sizes) if sizes else 0), 0
+    units = [(a * o + o, b * (a + o), b * o, 2 * b * o, a * o)
+             for a, o in zip(sizes[:-1], sizes[1:], strict=True)]
+    return units, b * (max(sizes) if sizes else 0)
+
+
+def _dims(config: dict, grid: dict):
+    tp, dp = int(grid.get("tp", 1)), int(grid.get("dp", 1))
+    mb = int(get(config, "microbatches", 1) or 1)
+    b = max(int(get(config, "batch_size", 1) or 1) // (mb * dp), 1)
+    seq = int(get(config, "seq_len", 1) or get(config, "block_size", 1) or 1)
+    return tp, b, seq
 
 
 def _units(config: dict, grid: dict):
     kind = model_kind(config)
     m = _model(config)
-    tp, dp = int(grid.get("tp", 1)), int(grid.get("dp", 1))
-    mb = int(get(config, "microbatches", 1) or 1)
-    b = max(int(get(config, "batch_size", 1) or 1) // (mb * dp), 1)
-    seq = int(get(config, "seq_len", 1) or get(config, "block_size", 1) or 1)
+    tp, b, seq = _dims(config, grid)
+    s = DTYPE_BYTES.get(str(get(config, "dtype", "float32")), 4)
     try:
         if kind == "gpt":
-            return _units_gpt(m, tp, bool(get(config, "sequence_parallel")), b, seq)
+            sp = bool(get(config, "sequence_parallel")) and tp > 1
+            return _units_gpt(m, tp, sp, b, seq, s, _recompute(config) == "selective")
         if kind == "mlp":
             return _units_mlp(m, b)
     except (KeyError, TypeError, ValueError):
@@ -80,43 +141,123 @@ def chunk_bounds(config: dict, grid: dict, virtual_stages: int) -> dict | None:
     return chunk_layers(len(units), int(grid["pp"]), virtual_stages, **kw)
 
 
-def rank_memory(config: dict, grid: dict, schedule, peak_activations, bounds) -> list[dict] | None:
-    """Predicted bytes per pipeline rank: params, grads, optimizer, activations, buffers, total.
+def _recompute(config: dict) -> str:
+    r = str(get(config, "recompute", "none")).lower()
+    return {"true": "full", "false": "none"}.get(r, r)
 
-    ``bounds``: {chunk: (first unit, end unit)}. None when the model kind is unknown.
-    """
+
+def _activations(recompute, core, live, chunks, bounds, units, boundary):
+    """Values held by live pairs plus the backward's retained gradients of the largest chunk.
+    ``core``: a block's attention probabilities (what selective recomputation drops)."""
+    span = {c: range(*bounds[c]) for c in chunks}
+    stored = [sum(units[i][1] for i in span[c]) for c in chunks]
+    retained = max((sum(units[i][2] for i in span[c]) for c in chunks), default=0)
+    if not stored:
+        return 0
+    if recompute == "full":
+        inputs = [(units[0][1] if bounds[c][0] == 0 else boundary) for c in chunks]
+        return live * sum(inputs) / len(inputs) + max(stored) + retained
+    if recompute == "selective":
+        blocks = [sum(1 for i in span[c] if 0 < i < len(units) - 1) for c in chunks]
+        stored = [st - core * n for st, n in zip(stored, blocks)]
+    return live * sum(stored) / len(stored) + retained
+
+
+def rank_memory(config: dict, grid: dict, schedule, peak_activations, bounds) -> list[dict] | None:
+    """Predicted bytes per pipeline rank: params, grads, optimizer, activations, work, buffers,
+    total (the sum). ``bounds``: {chunk: (first unit, end unit)}. None when the model kind is
+    unknown."""
     found = _units(config, grid)
     if found is None or bounds is None:
         return None
-    units, boundary, core = found
-    kind = model_kind(config)
+    units, boundary = found
     dp = int(grid.get("dp", 1))
     s = DTYPE_BYTES.get(str(get(config, "dtype", "float32")), 4)
-    recompute = str(get(config, "recompute", "none")).lower()
-    recompute = {"true": "full", "false": "none"}.get(recompute, recompute)
+    recompute = _recompute(config)
     opt = str(get(config, "optimizer", "adamw"))
     k = 2 if opt == "adamw" else (1 if float(get(config, "momentum", 0) or 0) else 0)
-    zero = dp if get(config, "zero1") else 1
+    zero = dp if get(config, "zero1") and dp > 1 else 1
     out = []
     for p, actions in enumerate(schedule.ranks):
         chunks = sorted({a.chunk for a in actions} | {c for c in bounds if c % schedule.pp == p})
         held = [units[i] for c in chunks for i in range(*bounds[c])]
         n = sum(u[0] for u in held)
-        per_pair = [sum(units[i][1] for i in range(*bounds[c])) for c in chunks]
-        blocks = [sum(1 for i in range(*bounds[c]) if 0 < i < len(units) - 1) for c in chunks]
-        avg = sum(per_pair) / len(per_pair) if per_pair else 0
         live = peak_activations[p] if p < len(peak_activations) else 0
-        if recompute == "full":
-            act = live * boundary + max(per_pair, default=0)
-        elif recompute == "selective" and kind == "gpt":
-            avg_core = core * sum(blocks) / max(len(blocks), 1)
-            act = live * (avg - avg_core)
-        else:
-            act = live * avg
-        row = {"params": s * n, "grads": s * n, "optimizer": k * s * n // zero,
-               "activations": int(s * act),
-               "buffers": s * boundary * (2 * RECV_WINDOW + SEND_BACKLOG) if schedule.pp > 1
-               else 0}
+        act = _activations(recompute, _core(config, grid), live, chunks, bounds, units,
+                           boundary)
+        scratch = sum({u[4] for u in held}) + min(max((u[0] for u in held), default=0),
+                                                  BLOCK_ELEMENTS)
+        work = max((u[3] for u in held), default=0) + scratch
+        per_chunk = [sum(units[i][0] for i in range(*bounds[c])) for c in chunks]
+        row = {"params": s * n, "grads": s * (n + (n // zero if zero > 1 else 0)),
+               "optimizer": k * s * n // zero, "activations": int(s * act),
+               "work": int(s * work), "buffers": int(s * boundary * _buffers(schedule, p))
+               + dp_scratch(per_chunk, dp, zero > 1, s, float(get(config, "bucket_mb", 4.0)))}
         row["total"] = sum(row.values())
         out.append(row)
     return out
+
+
+def _pow2(nbytes: float) -> int:
+    """The capacity ``mpi.staging.HostBufferPool`` gives a request of ``nbytes``."""
+    return max(4096, 1 << max(0, int(nbytes) - 1).bit_length())
+
+
+def dp_scratch(chunk_params: list, dp: int, zero1: bool, s: int, bucket_mb: float) -> int:
+    """Host scratch bytes of the data-parallel reductions of a rank's gradient buckets (each
+    chunk's parameters cut into buckets of ``bucket_mb`` MiB, all in flight at once). Per bucket
+    of n bytes: a ring all-reduce n / dp, Rabenseifner's n; ZeRO-1's reduce-scatter copies its
+    input (n + n / dp) and works in n (Rabenseifner) or n / dp (ring); the all-gather works in
+    place; the shared-memory algorithms (``shm``, where the tuning has them) go through one window
+    per communicator instead, of a power of two of the largest message. The algorithm is the one
+    ``mpipar.mpi.tuning`` picks for that size."""
+    if dp <= 1:
+        return 0
+    from mpipar.mpi.tuning import choose
+
+    limit = max(1, int(bucket_mb * 2**20 / s))
+    total = window = 0
+    for n_params in chunk_params:
+        sizes = [limit] * (n_params // limit) + ([n_params % limit] if n_params % limit else [])
+        for size in sizes:
+            n = -(-size // dp) * dp * s if zero1 else size * s
+            kind = "reduce_scatter" if zero1 else "allreduce"
+            algo = choose(kind, n, dp)
+            if algo == "shm":  # one shared window per communicator, not per bucket
+                window = max(window, min(max(_pow2(n), SHM_MIN), SHM_MAX))
+            elif algo != "library":
+                tmp = n if algo == "rabenseifner" else n // dp
+                total += _pow2(tmp) + (_pow2(n + n // dp) if zero1 else 0)
+    # a rank fills its own segment and reads its block of each other rank's
+    return total + int(window * (1 + (dp - 1) / dp))
+
+
+def _buffers(schedule, p: int) -> int:
+    """Boundary activations in the receive pool and waiting on sends on rank ``p``."""
+    if schedule.pp == 1:
+        return 0
+    ops = {a.op for a in schedule.ranks[p]}
+    recv = sum(1 for op in ("RECV_F", "RECV_B") if op in ops) * (RECV_WINDOW + 1)
+    sends = sum(1 for a in schedule.ranks[p] if a.op in ("SEND_F", "SEND_B"))
+    return recv + min(sends, SEND_BACKLOG + 1)
+
+
+def _core(config, grid) -> float:
+    """A GPT block's attention probabilities per micro-batch, H S / tp per token (0: MLP)."""
+    if model_kind(config) != "gpt":
+        return 0.0
+    tp, b, seq = _dims(config, grid)
+    return b * seq * int(_model(config).get("n_head", 1)) * seq / tp
+
+
+def predict_run(config: dict, grid: dict) -> list[dict] | None:
+    """``rank_memory`` for a config alone: the schedule built and simulated here."""
+    from mpipar.parallel.pipeline.generators import build_schedule
+    from mpipar.parallel.pipeline.simulate import simulate
+
+    pp = int(grid.get("pp", 1))
+    v = int(get(config, "virtual_stages", 1) or 1)
+    m = int(get(config, "microbatches", 1) or 1)
+    sched = build_schedule(str(get(config, "schedule", "1f1b")), pp, m, virtual_stages=v)
+    return rank_memory(config, grid, sched, simulate(sched).peak_activations,
+                       chunk_bounds(config, grid, v))

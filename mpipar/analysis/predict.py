@@ -11,8 +11,8 @@ its own unit costs and the results averaged, as the measurement averages steps (
 every compute drawing its duration from the fitted jitter and the prediction the mean of those
 draws (``expected_outcome``; mean costs under-count the waits a slow unit causes), the ranks in
 their executor's order (``as_executed``); a continuous run by ``predict_continuous``; and the
-memory model (``mpipar.analysis.memory_model``) beside the measured peak (``mem.peak`` -
-``mem.base`` events, when the run recorded them).
+memory model (``mpipar.analysis.memory_model``) beside the measured peak (``measured_memory``:
+``mem.static`` + ``mem.peak`` - ``mem.base``, when the run recorded them).
 
 The **uniform predicted bubble** (``bubble_sim``): the simulator with one cost per action kind
 for every rank, the measured mean per-chunk F, B, W times ``virtual_stages`` (the simulator takes
@@ -300,11 +300,17 @@ def calibrated(run: Run, steps, kind: str, pp: int, m: int, v: int) -> dict:
 
 
 def measured_memory(run: Run) -> list[float] | None:
-    """Per world rank: the largest ``mem.peak`` minus ``mem.base`` (bytes), None if unrecorded."""
+    """Per world rank: measured peak bytes, None if unrecorded (``mpipar.training.memory``).
+
+    ``mem.static`` + the largest ``mem.peak`` - ``mem.base``: the state counted exactly plus what
+    the steps added above the set-up. Dumps from before ``mem.static`` existed: peak - base."""
     out = []
     for ev in run.events:
-        peak, base = ev[ev["kind"] == "mem.peak"], ev[ev["kind"] == "mem.base"]
+        kinds = ev["kind"]
+        peak, base = ev[kinds == "mem.peak"], ev[kinds == "mem.base"]
+        static = ev[kinds == "mem.static"]
         if not peak.size:
             return None
-        out.append(float(peak["bytes"].max() - (base["bytes"].min() if base.size else 0)))
+        got = float(peak["bytes"].max() - (base["bytes"].min() if base.size else 0))
+        out.append(got + (float(static["bytes"].max()) if static.size else 0.0))
     return out

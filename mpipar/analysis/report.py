@@ -184,7 +184,21 @@ def prediction_text(result: dict) -> str:
                    "a time, the ranks meeting in each step's all-reduce")
     table = _table(["predicted vs measured", "measured", "predicted", "diff"], rows)
     return "  calibrated cost model (fitted from unit durations, mpipar.analysis.costmodel):\n" + \
-        "\n".join("  " + line for line in table.splitlines()) + "\n" + fitted
+        "\n".join("  " + line for line in table.splitlines()) + "\n" + fitted + \
+        _memory_parts(pr.get("memory_parts"))
+
+
+def _memory_parts(parts) -> str:
+    """The memory model's parts per pipeline rank (mpipar.analysis.memory_model), in MiB; the
+    measured peak is mem.static + mem.peak - mem.base (mpipar.training.memory)."""
+    if not parts:
+        return ""
+    each = []
+    for p, r in enumerate(parts):
+        state = (r["params"] + r["grads"] + r["optimizer"]) / 2**20
+        each.append(f"pp{p} state {state:.1f} + activations {r['activations'] / 2**20:.1f} + "
+                    f"working set {r['work'] / 2**20:.1f} + buffers {r['buffers'] / 2**20:.1f}")
+    return "\n  memory model (MiB): " + "; ".join(each)
 
 
 def _us(seconds) -> str:

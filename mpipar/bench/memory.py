@@ -4,10 +4,13 @@ Analytic count (float32, 4 bytes; T = batch * seq tokens, l layers, width d, H h
 V = vocab; P = parameters):
 
 * resident: parameters, gradients and AdamW's two moments: 4 P values;
-* activations held between forward and backward, per layer and token: 20 d + H S values
-  (LN1 x-hat and output 2d, fused QKV 3d, attention output d, LN2 x-hat and output 2d, MLP
-  pre-activation, tanh and GELU output 12d; the softmax probabilities H S), plus 2 d + V per
-  token after the last layer (final LN, softmax of the logits).
+* activations held between forward and backward, per layer and token: 20 d + H S + 2 values
+  (``mpipar.analysis.memory_model.block_stored``: LN1 x-hat and output 2d, fused QKV 3d,
+  attention output d, LN2 x-hat and output 2d, MLP pre-activation, tanh and GELU output 12d; the
+  softmax probabilities H S; two LayerNorm deviations), plus 2 d + V per token after the last
+  layer (final LN, softmax of the logits). The memory model of a whole step (what the trainer
+  measures: gradients held in the backward, the pool's working set) is
+  ``mpipar.analysis.memory_model``; this bench counts one step of one rank.
 
 Measured: tracemalloc's peak of new allocations during one step (NumPy reports its buffers to
 tracemalloc) plus the resident arrays, which exist before the step; mpipar's buffer pool is
@@ -22,9 +25,12 @@ import tracemalloc
 
 
 def analytic_bytes(sh, n_params: int, itemsize: int = 4) -> dict:
+    from mpipar.analysis.memory_model import block_stored
+
     t, d, layers = sh.tokens, sh.n_embd, sh.n_layer
     resident = 4 * n_params * itemsize
-    act = t * (layers * (20 * d + sh.n_head * sh.seq) + 2 * d + sh.vocab_size) * itemsize
+    block = block_stored(d, sh.n_head, sh.seq)
+    act = int(t * (layers * block + 2 * d + sh.vocab_size) * itemsize)
     return {"resident": resident, "activations": act, "total": resident + act}
 
 

@@ -24,7 +24,7 @@ from .costs import (
     state_bytes,
 )
 from .model import GPTShape, layer_gemm_flops, model_flops_per_step
-from .pipeline import in_flight, pipeline_time
+from .pipeline import in_flight, in_flight_last, pipeline_time
 
 GIB = 2**30
 
@@ -134,7 +134,9 @@ def _memory(m: GPTShape, c: Cluster, cfg: Config, dtype: str, micro: int) -> tup
             params += embed_params(m, t) + m.seq * m.hidden
         if r == p - 1 and (p > 1 or r != 0):
             params += embed_params(m, t)  # the tied output embedding's copy
-        flight = in_flight(cfg.schedule, p, micro, cfg.v) if r == 0 else 1
+        # each rank's own peak of live micro-batches (the last rank's was taken as 1: GPipe,
+        # ZB-H1 and interleaving hold more there)
+        flight = (in_flight if r == 0 else in_flight_last)(cfg.schedule, p, micro, cfg.v)
         acts = per_rank * kept * flight
         if cfg.recompute != "none":
             acts += working  # one layer recomputed in full during the backward

@@ -12,9 +12,12 @@ small p, m, v over several cost ratios)::
 the max is what the simulator shows beyond it: a hop along the pipeline costs at least F or B.)
     naive          p (F + BW)                          (m = 1)
 
-and at most these micro-batches hold activations on the busiest (first) rank, in stage units::
+and at most these micro-batches hold activations on the first rank, in stage units::
 
-    gpipe m;  1f1b, zb-h1 min(p, m);  interleaved min(m v, 2(p-1) + (v-1)p + 1) / v chunks.
+    gpipe m;  1f1b, zb-h1 min(p, m);  interleaved min(m v, 2(p-1) + (v-1)p + 1) / v chunks,
+
+and on the last (``in_flight_last``): gpipe m; 1f1b 1; zb-h1 min(p, m); interleaved m v / v when
+m = p, else min(m v, (v-1)p + 1) / v.
 
 Unequal stages (embedding first, logits last) use the slowest stage for the steady state and the
 mean for the fill and drain: ``m * max + (p - 1) * mean`` in the gpipe/1f1b form, and likewise.
@@ -99,4 +102,19 @@ def in_flight(kind: str, p: int, m: int, v: int) -> float:
         return min(m * v, 2 * (p - 1) + (v - 1) * p + 1) / v
     if kind == "naive":
         return 1
+    raise ValueError(f"unknown schedule {kind!r}")
+
+
+def in_flight_last(kind: str, p: int, m: int, v: int) -> float:
+    """The same on the last rank (the one that also holds the logits): GPipe holds all m there
+    too, 1F1B one, ZB-H1 min(p, m) (its W waits), interleaved (v - 1) p + 1 chunks once m > p
+    (the warm-up of the last rank), all m v when m = p (every forward runs first)."""
+    if kind == "gpipe":
+        return m
+    if kind in ("1f1b", "naive"):
+        return 1
+    if kind == "zb-h1":
+        return min(p, m)
+    if kind == "interleaved":
+        return (m * v if m <= p else min(m * v, (v - 1) * p + 1)) / v
     raise ValueError(f"unknown schedule {kind!r}")

@@ -17,8 +17,6 @@ every stage at one point, i.e. a flush), as for PipeDream.
 from __future__ import annotations
 
 import math
-import os
-import sys
 import time
 
 import numpy as np
@@ -33,6 +31,7 @@ from ..parallel.tensor_nd import tp_context
 from ..progress import beat
 from ..trace import Tracer
 from .batches import Batches, local_microbatches
+from .memory import record_setup, step_peak
 
 
 def step_lr(cfg: Config, step: int) -> float:
@@ -68,23 +67,6 @@ def make_optimizer(cfg: Config, params):
     return SGD(params, t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
 
 
-def resident_bytes() -> int:
-    """This process's resident memory now (Linux /proc; else its peak so far)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return peak_resident_bytes()
-
-
-def peak_resident_bytes() -> int:
-    """The process's peak resident memory (what the memory model predicts, plus the base)."""
-    import resource
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak) * (1 if sys.platform == "darwin" else 1024)  # macOS: bytes, Linux: KiB
-
-
 class ChunkOptimizers:
     """One optimizer per pipeline chunk (asynchronous PipeDream), seen as one for checkpoints."""
 
@@ -117,7 +99,6 @@ class Trainer:
     def __init__(self, cfg: Config, grid, tracer: Tracer, backend: Backend, data_path=None,
                  schedule=None):
         self.cfg, self.grid, self.tracer, self.backend = cfg, grid, tracer, backend
-        tracer.record("mem.base", tracer.now(), tracer.now(), nbytes=resident_bytes())
         p = cfg.parallel
         self.tp = tp_context(grid, p)  # 1D (Megatron) or 2D (parallel.tp_mode)
         self.model = build_model(cfg.model, backend, seed=cfg.train.seed, tp=self.tp)
@@ -159,6 +140,7 @@ class Trainer:
         self.segment = None  # continuous: the ContinuousRun in flight (None: drained)
         self.segment_start = self.step  # the step of micro-batch 0 of the running lists
         self._segment_schedules = {}  # steps -> the continuous schedule of that many steps
+        self._mem_base = False  # mem.static / mem.base: at the first step (training/memory.py)
 
     # -- pieces of a step
     def _local_microbatches(self, x, y):
@@ -332,6 +314,9 @@ class Trainer:
         here (the next drain point: an evaluation, a checkpoint; default the last step)."""
         cfg, tr = self.cfg, self.tracer
         tr.step = self.step
+        if not self._mem_base:  # after all set-up (resume, rank 0's GEMM peak): the base
+            record_setup(tr, self, self.backend)
+            self._mem_base = True
         t0 = tr.now()
         start = time.perf_counter()
         losses = self.forward_backward(until)
@@ -346,7 +331,7 @@ class Trainer:
             loss = self.step_loss  # came with the norm (``update``)
         self.backend.synchronize()
         tr.record("STEP", t0, tr.now())
-        tr.record("mem.peak", tr.now(), tr.now(), nbytes=peak_resident_bytes())
+        tr.record("mem.peak", tr.now(), tr.now(), nbytes=step_peak(self.backend))
         elapsed = time.perf_counter() - start
         tokens = cfg.train.batch_size * (cfg.train.seq_len if cfg.model.kind == "gpt" else 1)
         self.step += 1
