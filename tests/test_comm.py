@@ -252,9 +252,13 @@ def test_collectives_mode_and_table(monkeypatch, tmp_path):
     with pytest.raises(ValueError, match="MPIPAR_COLLECTIVES='fastest' is not one of auto"):
         tuning.mode()
     # built-in defaults: the library for small messages, halves exchanged for large ones on 2
-    # ranks (shared memory: tests/test_collectives_shm.py)
+    # ranks (from 2 MiB: at 1 MiB they tie), the library on more ranks without shared memory
+    # (shared memory: tests/test_collectives_shm.py)
     assert tuning.choose("allreduce", 8, 2, tuned={}) == "library"
+    assert tuning.choose("allreduce", 1 << 20, 2, tuned={}) == "library"
     assert tuning.choose("allreduce", 64 << 20, 2, tuned={}) == "rabenseifner"
+    assert tuning.choose("allreduce", 64 << 20, 4, tuned={}, shm=False) == "library"
+    assert tuning.choose("reduce_scatter", 1 << 20, 2, tuned={}) == "library"
     # a tuned table: nearest measured size (log scale), nearest communicator size
     result = {"allreduce": {2: [(1024, {"library": 1.0, "ring": 2.0}),
                                 (1 << 20, {"library": 3.0, "ring": 1.0}),

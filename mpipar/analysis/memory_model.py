@@ -28,8 +28,8 @@ Per rank ``p``, in values of the dtype (``s`` bytes) unless said, with ``P`` its
   receives in, and up to ``SEND_BACKLOG + 1`` outputs waiting on their sends; with dp > 1 the
   scratch of the gradient reductions (``dp_scratch``): mpipar's own all-reduce and
   reduce-scatter algorithms work in host buffers of power-of-two sizes, one set per bucket in
-  flight (a chunk's buckets all start together); the library's own (below 512 KiB by default,
-  ``mpipar.mpi.tuning``) are MPI's business and not counted.
+  flight (a chunk's buckets all start together); the library's own (wherever
+  ``mpipar.mpi.tuning`` chooses it) are MPI's business and not counted.
 
 Not counted: PipeDream's weight stashes, 2BW's older copy of the weights, evaluation (forward
 only: it holds less than a training step).

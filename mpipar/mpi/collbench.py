@@ -2,7 +2,10 @@
 
 For all-reduce, reduce-scatter and all-gather, every iteration runs the raw library call and
 ``Comm`` with ``library``, ``ring``, ``rabenseifner``, ``shm`` (NaN where the ranks span nodes)
-and ``auto`` (the choice in effect), in an order that rotates per iteration; a barrier starts
+and ``auto`` (the choice in effect), in a random order drawn per iteration (the same on every
+rank: a fixed seed). Not a rotation of one order: that keeps each variant behind the same
+neighbour, and what the neighbour leaves in the caches moved one variant's median by up to 2x
+(shm behind shm against shm behind rabenseifner, 16 MiB reduce-scatter); a barrier starts
 each, and an iteration lasts as long as its slowest rank; below 256 KiB a timed sample is
 ``reps_for`` calls in a row (the time reported is per call). Sizes follow nccl-tests: the
 per-rank buffer for all-reduce, the whole input for reduce-scatter, the whole output for
@@ -59,32 +62,28 @@ def elements(kind, nbytes, n) -> int:
 
 def _calls(kind, world, mpi_comm, MPI, e, xp, raw_xp):
     """{variant: (mode, call)} for one size; buffers made once (zeros keep repeated sums
-    finite)."""
+    finite). Raw and Comm work on the same buffers where both are host memory: two buffers
+    of one size measured up to 45 % apart with the same library call (16 MiB all-reduce), so
+    separate ones would time where pages landed, not Comm."""
     n = mpi_comm.Get_size()
+    ins, outs = {"allreduce": (e, 0), "reduce_scatter": (e, e // n)}.get(kind, (e // n, e))
+    x = xp.zeros(ins, np.float32)
+    out = xp.zeros(outs, np.float32) if outs else None  # reused, as ZeRO-1's shard/flat params
+    raw_x, raw_out = (x, out) if raw_xp is xp else (
+        raw_xp.zeros(ins, np.float32), raw_xp.zeros(outs, np.float32) if outs else None)
     if kind == "allreduce":
-        raw_x, x = raw_xp.zeros(e, np.float32), xp.zeros(e, np.float32)
-
         def raw():
             mpi_comm.Allreduce(MPI.IN_PLACE, raw_x, MPI.SUM)
 
         def comm():
             world.allreduce(x, inplace=True)
     elif kind == "reduce_scatter":
-        raw_x, raw_out, x = raw_xp.zeros(e, np.float32), raw_xp.zeros(e // n, np.float32), \
-            xp.zeros(e, np.float32)
-
         def raw():
             mpi_comm.Reduce_scatter_block(raw_x, raw_out, MPI.SUM)
-
-        out = xp.zeros(e // n, np.float32)  # reused, as ZeRO-1's shard gradient is
 
         def comm():
             world.reduce_scatter(x, out=out)
     else:
-        raw_x, raw_out, x = raw_xp.zeros(e // n, np.float32), raw_xp.zeros(e, np.float32), \
-            xp.zeros(e // n, np.float32)
-        out = xp.zeros(e, np.float32)  # reused, as ZeRO-1 gathers into its flat parameters
-
         def raw():
             mpi_comm.Allgather(raw_x, raw_out)
 
@@ -109,9 +108,9 @@ def bench_kind(kind, world, mpi_comm, MPI, sizes, iters, warmup, xp, raw_xp):
         calls = _calls(kind, world, mpi_comm, MPI, e, xp, raw_xp)
         choices.append(world.algorithm(kind, e * 4) if mode == "auto" else mode)
         times = np.zeros((len(VARIANTS), warmup + iters))
+        rng = np.random.default_rng(1000 + j)  # the same orders on every rank
         for i in range(warmup + iters):
-            order = VARIANTS[i % len(VARIANTS):] + VARIANTS[:i % len(VARIANTS)]
-            for v in order:
+            for v in (VARIANTS[k] for k in rng.permutation(len(VARIANTS))):
                 if v in skip:
                     continue
                 algo, call = calls[v]

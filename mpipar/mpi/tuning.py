@@ -27,21 +27,24 @@ ENV_MODE = "MPIPAR_COLLECTIVES"
 ENV_TABLE = "MPIPAR_COLLECTIVES_TABLE"
 MODES = ("auto",) + ALGORITHMS
 
-# Without a tuned table: the library below 512 KiB (its latency-optimised algorithms win there);
-# above it exchange halves (DESIGN.md: on 2 ranks Sendrecv plus a local add reduced 64 MB in
-# ~12 ms where MPI_Allreduce took ~33 ms). Rabenseifner moves the ring's bytes in log2 p steps.
-# Shared memory (shm.py; only where the ranks share one node, elsewhere its rows are skipped):
-# - all-reduce from 4 MiB on 3 ranks or more: one pass with three barriers where the others
-#   take 2 log2 p or 2 (p - 1) message steps. Not on 2 ranks: there it copies each rank's own
-#   half once more than exchanging halves does, and measured slower at 64 MiB.
-# - reduce-scatter from 4 MiB: the library's bytes (the others' blocks in, one reduction) with
-#   two barriers and no kernel copies.
-# - not all-gather: it copies every block twice (in, out) where the library's ring copies it
-#   once, and that ring is already near the copy bandwidth.
-# Rows: (from bytes, algorithm[, from ranks]).
+# Without a tuned table the library, unless a measurement here showed another algorithm ahead
+# (commbench, random order, raw and Comm on the same buffers; BENCHMARKS.md):
+# - all-reduce on 2 ranks from 2 MiB: exchange halves (Rabenseifner with one step). At 1 MiB it
+#   ties the library (141.7 / 142.7 us, 451 / 531 in a slower minute), from 4 MiB it wins, and
+#   at 64 MiB by 3x (DESIGN.md: MPICH maps its temporary afresh for every call).
+# - shared memory (shm.py; only where the ranks share one node, elsewhere its rows are skipped):
+#   all-reduce from 4 MiB on 3 ranks or more (one pass and three barriers where the others take
+#   2 log2 p or 2 (p - 1) message steps; on 2 ranks it copies each rank's own half once more
+#   than exchanging halves and measured slower); reduce-scatter from 4 MiB (the library's
+#   bytes with two barriers and no kernel copies; at 1 MiB the library was 3x ahead of ring and
+#   Rabenseifner and 2.7x ahead of shm). Not all-gather: it copies every block twice where the
+#   library's ring copies it once, and that ring is already near the copy bandwidth.
+# - nothing else: across nodes, or above 2 ranks without shared memory, no measurement here
+#   says the library loses, and auto must never be slower than it (rerun --tune there).
+# Rows: (from bytes, algorithm[, from ranks[, to ranks]]).
 DEFAULT = {
-    "allreduce": [(0, "library"), (512 << 10, "rabenseifner"), (4 << 20, "shm", 3)],
-    "reduce_scatter": [(0, "library"), (512 << 10, "rabenseifner"), (4 << 20, "shm")],
+    "allreduce": [(0, "library"), (2 << 20, "rabenseifner", 2, 2), (4 << 20, "shm", 3)],
+    "reduce_scatter": [(0, "library"), (4 << 20, "shm")],
     "allgather": [(0, "library")],
 }
 
@@ -118,7 +121,8 @@ def choose(kind, nbytes, p, tuned=None, shm=True) -> str:
             return algo
     algo = "library"
     for threshold, name, *ranks in DEFAULT[kind]:
-        if nbytes >= threshold and p >= (ranks or [2])[0] and (shm or name != "shm"):
+        lo, hi = (ranks[0] if ranks else 2), (ranks[1] if len(ranks) > 1 else p)
+        if nbytes >= threshold and lo <= p <= hi and (shm or name != "shm"):
             algo = name
     return algo
 
