@@ -35,6 +35,16 @@ PIPE_KINDS = ("F", "B", "W", "R", "LOSS", "pp.send", "pp.recv", "pp.wait")
 UNIT_KINDS = ("F", "B", "W", "R", "LOSS")
 
 
+def post_costs(ev) -> tuple[float, float]:
+    """(send post, receive post) from a rank's events: the median ``pp.send``, and the median
+    ``pp.recv`` plus the lower quartile of ``pp.wait`` (a wait that found its message there)."""
+    dur = ev["end"] - ev["start"]
+    waits = dur[ev["kind"] == "pp.wait"]
+    return (_med(dur[ev["kind"] == "pp.send"]),
+            _med(dur[ev["kind"] == "pp.recv"]) + (float(np.percentile(waits, 25))
+                                                  if waits.size else 0.0))
+
+
 def _med(values, default=0.0) -> float:
     return float(np.median(values)) if len(values) else default
 
@@ -198,11 +208,7 @@ def fit(run: Run, steps, schedule) -> tuple:
     model.overhead = _med([v for _, _, v in parts["overhead"]])
     ev = np.concatenate(run.events) if run.events else np.empty(0)
     ev = ev[np.isin(ev["step"], steps)]
-    dur = ev["end"] - ev["start"]
-    model.send_post = _med(dur[ev["kind"] == "pp.send"])
-    waits = dur[ev["kind"] == "pp.wait"]
-    model.recv_post = _med(dur[ev["kind"] == "pp.recv"]) + (
-        float(np.percentile(waits, 25)) if waits.size else 0.0)
+    model.send_post, model.recv_post = post_costs(ev)
     lat = transfer_times(run, steps, schedule)
     model.latency = _med(lat)
     sent = ev[ev["kind"] == "pp.send"]

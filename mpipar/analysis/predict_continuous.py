@@ -20,7 +20,16 @@ from dataclasses import replace
 
 import numpy as np
 
-from .costmodel import PIPE_KINDS, UNIT_KINDS, _med, _uncovered, jitter, one_way_minima, unit_costs
+from .costmodel import (
+    PIPE_KINDS,
+    UNIT_KINDS,
+    _med,
+    _uncovered,
+    jitter,
+    one_way_minima,
+    post_costs,
+    unit_costs,
+)
 from .dump import Run
 
 
@@ -139,11 +148,7 @@ def fit_continuous(run: Run, steps, schedule, cuts):
     model.step_post = _med([min(v) for v in post.values()])
     ev = np.concatenate(run.events)
     ev = ev[np.isin(ev["step"], steps)]
-    dur = ev["end"] - ev["start"]
-    model.send_post = _med(dur[ev["kind"] == "pp.send"])
-    waits = dur[ev["kind"] == "pp.wait"]
-    model.recv_post = _med(dur[ev["kind"] == "pp.recv"]) + (
-        float(np.percentile(waits, 25)) if waits.size else 0.0)
+    model.send_post, model.recv_post = post_costs(ev)
     lat = _latencies(run, steps, schedule)
     model.latency = _med(lat)
     notes = [] if lat else ["no messages both ways between two ranks to time: p2p latency 0"]

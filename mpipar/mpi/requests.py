@@ -106,17 +106,8 @@ class P2PRequest(Request):
         except load_mpi().Exception as exc:  # evaluated only when something was raised
             self._done = True
             raise comm.mpi_error(exc, "wait", *self._info) from exc
-        # _end, inlined: this is the pipeline's per-message path
-        self._done = True
-        self._keep = None
-        mb, chunk, nbytes, peer = self._info
-        out = self._result
-        if out is not None and status.Get_count(comm._BYTE) != nbytes:
-            comm._check_count(status, nbytes, out.shape, out.dtype, mb, chunk, peer, self._tag)
-        if comm._sink is not None:
-            t0 = tr.t0
-            comm._sink((comm.wait_kind, tr.step, mb, chunk, start - t0, _now() - t0, nbytes, peer))
-        return out
+        self._end(comm, tr, status, start)
+        return self._result
 
     def test(self) -> bool:
         if self._done:
@@ -129,15 +120,19 @@ class P2PRequest(Request):
             self._done = True
             raise comm.mpi_error(exc, "wait", *self._info) from exc
         if flag:
-            tr = comm.tracer
-            self._end(comm, tr, status, _now() - tr.t0)
+            self._end(comm, comm.tracer, status, _now())
         return flag
 
     def _end(self, comm, tr, status, start) -> None:
+        """Completion: the byte count checked, the buffer released, the wait event appended
+        (``start``: a ``perf_counter`` reading; the trace list's ``append`` straight, as in
+        ``fastp2p``: this is the pipeline's per-message path)."""
         self._done = True
         self._keep = None
         mb, chunk, nbytes, peer = self._info
         out = self._result
         if out is not None and status.Get_count(comm._BYTE) != nbytes:
             comm._check_count(status, nbytes, out.shape, out.dtype, mb, chunk, peer, self._tag)
-        tr.record_now(comm.wait_kind, start, mb, chunk, nbytes, peer)
+        if comm._sink is not None:
+            t0 = tr.t0
+            comm._sink((comm.wait_kind, tr.step, mb, chunk, start - t0, _now() - t0, nbytes, peer))
