@@ -64,3 +64,35 @@ def test_commbench_table_without_shm():
     tuned = tuning.tuned_table(collbench.tune_results({"allreduce": rows}, 2), "mpich")
     assert tuned["choices"]["allreduce"]["2"] == [[1 << 20, "ring"]]
     assert "nan" in "\n".join(collbench.format_kind("allreduce", rows, 2))
+
+
+def test_auto_keeps_device_arrays_off_host_shared_memory():
+    """shm copies device arrays to the host and back: auto chooses as if shm were not offered for
+    them (forced, shm still runs); host arrays keep the shm default. In a subprocess: building a
+    Comm loads mpi4py, which this test process should not initialise."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np\n"
+        "from mpipar.mpi import collectives, tuning\n"
+        "from mpipar.mpi.comm import Comm\n"
+        "class Two:\n"
+        "    def Get_size(self): return 2\n"
+        "    def Get_rank(self): return 0\n"
+        "Comm.shm_offered = lambda self: True\n"
+        "c = Comm(Two(), 'dp', world_ranks=[0, 1])\n"
+        "big, x = 64 << 20, np.zeros(4)\n"
+        "assert c.algorithm_for('reduce_scatter', big, x) == 'shm'\n"
+        "collectives.is_device = lambda a: True  # x stands for a CuPy array\n"
+        "want = tuning.choose('reduce_scatter', big, 2, shm=False)\n"
+        "assert c.algorithm_for('reduce_scatter', big, x) == want != 'shm', want\n"
+        "c.coll_mode = 'shm'\n"
+        "assert c.algorithm_for('reduce_scatter', big, x) == 'shm'\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "MPIPAR_COLLECTIVES": "auto", "MPIPAR_COLLECTIVES_TABLE": "/nonexistent"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env=env)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr

@@ -101,6 +101,15 @@ class Collectives:
             cache[nbytes] = algo
         return algo
 
+    def algorithm_for(self, kind, nbytes, x) -> str:
+        """``algorithm`` for the array ``x``: auto does not send device arrays through host shared
+        memory (``shm`` copies them to the host and back, where MPI, CUDA-aware or staged, is the
+        better path): for them it chooses as where shm is not offered. Forced, shm still runs."""
+        algo = self.algorithm(kind, nbytes)
+        if algo == "shm" and self._coll_mode == "auto" and is_device(x):
+            return choose(kind, nbytes, self.size, shm=False)
+        return algo
+
     def shm_offered(self) -> bool:
         """Whether the shared-memory algorithm can run: every rank on this node. Collective the
         first time (every rank asks at the same call: the first collective choosing it)."""
@@ -194,7 +203,7 @@ class Collectives:
             check_float(x, "mean")
         start = self._begin(x)
         xp = xp_of(x)
-        algo = self.algorithm("allreduce", x.nbytes)
+        algo = self.algorithm_for("allreduce", x.nbytes, x)
         MPI = load_mpi()
         if algo == "library" and not inplace and not self._stage(x):
             out = xp.empty(x.shape, dtype=x.dtype)
@@ -258,7 +267,7 @@ class Collectives:
         xm = xp.ascontiguousarray(xp.moveaxis(x, axis, 0))
         if out is None:
             out = xp.empty((x.shape[axis] // self.size,) + xm.shape[1:], dtype=x.dtype)
-        algo = self.algorithm("reduce_scatter", x.nbytes)
+        algo = self.algorithm_for("reduce_scatter", x.nbytes, x)
         if algo == "library":
             self._in_out(lambda s, r: self.mpi.Reduce_scatter_block(s, r, mpi_op), xm, out)
         else:
@@ -329,7 +338,7 @@ class Collectives:
                             (self.size * x.shape[0],) + tuple(x.shape[1:]))
         start = self._begin(x)
         xm = xp.ascontiguousarray(xp.moveaxis(x, axis, 0))
-        algo = self.algorithm("allgather", x.nbytes * self.size)
+        algo = self.algorithm_for("allgather", x.nbytes * self.size, x)
         if out is None:
             out = xp.empty((self.size * xm.shape[0],) + xm.shape[1:], dtype=x.dtype)
         elif xp.may_share_memory(xm, out) and not (algo == "shm" and _is_block(xm, out, self.rank)):

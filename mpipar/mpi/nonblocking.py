@@ -26,7 +26,7 @@ class NonBlocking:
         if op == "mean":
             check_float(x, "mean")
         start = self._begin(x)
-        algo = self.algorithm("allreduce", x.nbytes)
+        algo = self.algorithm_for("allreduce", x.nbytes, x)
         stage = self._stage(x) and algo != "shm"  # shm copies device memory itself
         buf = POOL.acquire(x.nbytes) if stage else None
         target = x
@@ -72,7 +72,7 @@ class NonBlocking:
         if op == "mean":
             check_float(x, "mean")
         start = self._begin(x)
-        algo = self.algorithm("reduce_scatter", x.nbytes)
+        algo = self.algorithm_for("reduce_scatter", x.nbytes, x)
         stage = self._stage(x) and algo == "library"  # the others stage (or need not) inside
         bufs = [POOL.acquire(x.nbytes), POOL.acquire(out.nbytes)] if stage else []
         if algo != "library":

@@ -38,7 +38,8 @@ MODES = ("auto",) + ALGORITHMS
 #   than exchanging halves and measured slower); reduce-scatter from 4 MiB (the library's
 #   bytes with two barriers and no kernel copies; at 1 MiB the library was 3x ahead of ring and
 #   Rabenseifner and 2.7x ahead of shm). Not all-gather: it copies every block twice where the
-#   library's ring copies it once, and that ring is already near the copy bandwidth.
+#   library's ring copies it once, and that ring is already near the copy bandwidth. Never
+#   for device arrays under auto (``Comm.algorithm_for``): shm would copy them through the host.
 # - nothing else: across nodes, or above 2 ranks without shared memory, no measurement here
 #   says the library loses, and auto must never be slower than it (rerun --tune there).
 # Rows: (from bytes, algorithm[, from ranks[, to ranks]]).
