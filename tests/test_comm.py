@@ -199,10 +199,11 @@ def test_commbench_cli(tmp_path, n):
     cmd = [sys.executable, "-m", "mpipar.cli", "commbench", "--sizes", "8,4K", "--iters", "3"]
     p = run_mpi(n, [*cmd, "--out", out], timeout=90, check=True)
     assert "ping-pong" in p.stdout and f"all-reduce over {n} ranks" in p.stdout, p.stdout
+    assert "tracer off" in p.stdout, p.stdout
     assert "reduce-scatter over" in p.stdout and "all-gather over" in p.stdout, p.stdout
     with h5py.File(out, "r") as f:
         assert f.attrs["kind"] == "commbench" and f.attrs["world_size"] == n
-        for name in ("p2p", "allreduce"):
+        for name in ("p2p", "p2p_untraced", "allreduce"):
             rows = f[name][()]
             assert rows.dtype == RESULT_DTYPE and list(rows["bytes"]) == [8, 4096]
             assert np.all(rows["raw_s"] > 0) and np.all(rows["comm_s"] > 0)

@@ -5,15 +5,17 @@ receives into a reused buffer, as the pipeline's receive pool does), and all-red
 reduce-scatter and all-gather over all ranks with every algorithm (``collbench.py``: time,
 algorithm chosen, bus bandwidth), for message sizes from bytes to 64 MiB. ``--tune`` writes the
 fastest algorithm per kind and size to the table ``Comm`` chooses from (``tuning.py``).
-Each iteration runs the raw probe and the ``Comm`` path back to back, alternating which goes
-first, each as ``reps_for(bytes)`` operations in a row (64 up to 4 KiB, one from 256 KiB: a lone
-small operation is no longer than the clock calls and barrier skew around it), and the tables
-report medians of the per-operation time: shared-memory bandwidth on a small machine drifts for
-minutes at a time (DESIGN.md), so only a side-by-side ratio means anything.
+Each iteration runs the raw probe and the ``Comm`` paths back to back, in a random order (the
+same on every rank), each as ``reps_for(bytes)`` operations in a row (64 up to 4 KiB, one from
+256 KiB: a lone small operation is no longer than the clock calls and barrier skew around it),
+and the tables report medians of the per-operation time: shared-memory bandwidth on a small
+machine drifts for minutes at a time (DESIGN.md), so only a side-by-side ratio means anything.
 
 An operation's time is the slowest rank's (collectives) or half the round trip seen by rank 0
 (ping-pong). Raw and ``Comm`` use the same buffers the same way (a send buffer and a separate,
-reused receive buffer), and ``Comm`` traces every operation, as in a run. Bus bandwidth follows
+reused receive buffer), and ``Comm`` traces every operation, as in a run; the ping-pong also
+runs through a second ``Comm`` whose tracer is off (``run.trace = false``), so the trace
+event's share of ``Comm``'s cost is measured, not guessed. Bus bandwidth follows
 nccl-tests: algbw * 2 (n-1) / n for all-reduce, (n-1) / n for reduce-scatter and all-gather.
 """
 
@@ -65,9 +67,11 @@ def format_size(n: int) -> str:
     return str(n)
 
 
-def _pingpong(world, mpi_comm, MPI, size, iters, warmup, xp, raw_xp):
-    """Per-iteration one-way times (raw, comm) seen by rank 0; None on other ranks."""
-    rank = world.rank
+def _pingpong(comms, mpi_comm, MPI, size, iters, warmup, xp, raw_xp):
+    """Per-iteration one-way times seen by rank 0, (raw, [one array per Comm of ``comms``]);
+    None on other ranks. ``comms``: the traced Comm, then an untraced one (``run.trace =
+    false``): the difference between the two is the trace event's cost."""
+    rank = mpi_comm.Get_rank()
     # raw and Comm move the same bytes between the same buffers: a send buffer and a separate,
     # reused receive buffer on rank 0; rank 1 sends back what it received. The same memory for
     # both, so a difference between the columns is Comm's own work, not where pages landed
@@ -76,7 +80,6 @@ def _pingpong(world, mpi_comm, MPI, size, iters, warmup, xp, raw_xp):
     comm_buf = raw_buf if same else xp.ones(size, dtype=np.uint8)
     comm_in = raw_in if same else xp.ones(size, dtype=np.uint8)
     u8 = np.dtype(np.uint8)  # a dtype object, as the pipeline passes its activations' dtype
-    raw_t, comm_t = [], []
     tag = 11
     reps = range(reps_for(size))
     per = 2 * len(reps)  # one-way messages per sample
@@ -93,7 +96,7 @@ def _pingpong(world, mpi_comm, MPI, size, iters, warmup, xp, raw_xp):
             mpi_comm.Send([raw_in, MPI.BYTE], 0, tag)
         return 0.0
 
-    def comm_once():
+    def comm_once(world):
         if rank == 0:
             t = time.perf_counter()
             for _ in reps:
@@ -107,14 +110,13 @@ def _pingpong(world, mpi_comm, MPI, size, iters, warmup, xp, raw_xp):
 
     if rank > 1:
         return None  # only world ranks 0 and 1 play; the others wait at the next barrier
+    runs = [raw_once] + [lambda w=w: comm_once(w) for w in comms]
+    times = np.zeros((len(runs), warmup + iters))
+    rng = np.random.default_rng(size)  # the same orders on both ranks; not one fixed rotation
     for i in range(warmup + iters):
-        first, second = (raw_once, comm_once) if i % 2 == 0 else (comm_once, raw_once)
-        a, b = first(), second()
-        if i >= warmup:
-            ra, ca = (a, b) if first is raw_once else (b, a)
-            raw_t.append(ra)
-            comm_t.append(ca)
-    return (np.array(raw_t), np.array(comm_t)) if rank == 0 else None
+        for k in rng.permutation(len(runs)):
+            times[k, i] = runs[k]()
+    return (times[0, warmup:], list(times[1:, warmup:])) if rank == 0 else None
 
 
 def preflight(out=None, table=None) -> tuple[int, str]:
@@ -165,7 +167,8 @@ def run_benchmark(sizes, iters=20, warmup=2, device="cpu", staging=None, tracer=
                   kinds=KINDS):
     """Run the benchmarks on every rank of COMM_WORLD; rank 0 gets the result dict, others None.
 
-    Result: {"p2p": RESULT_DTYPE rows, "p2p_samples": (raw, comm) arrays [sizes, iters],
+    Result: {"p2p": RESULT_DTYPE rows (Comm traced), "p2p_untraced" (its tracer off),
+    "p2p_samples": (raw, comm) arrays [sizes, iters],
     "collectives": {kind: COLL_DTYPE rows}, "collective_samples": {kind: [variant, size, iter]},
     "allreduce": RESULT_DTYPE rows (raw beside auto, for ``mpipar bench``), "attrs": {...}}.
     """
@@ -196,13 +199,18 @@ def run_benchmark(sizes, iters=20, warmup=2, device="cpu", staging=None, tracer=
     # the best MPI itself can do, so the ratio shows the cost of staging
     raw_xp = xp if (device == "cuda" and cuda_aware()) else np
 
-    p2p_raw, p2p_comm = [], []
+    # the same messages through a Comm whose tracer is off (run.trace = false)
+    quiet = Comm(mpi_comm.Dup(), "world", Tracer(enabled=False), world_ranks=list(range(n)),
+                 staging=staging)
+    p2p_raw, p2p_comm, p2p_quiet = [], [], []
     for size in sizes:
-        res = _pingpong(world, mpi_comm, MPI, size, iters, warmup, xp, raw_xp)
+        res = _pingpong([world, quiet], mpi_comm, MPI, size, iters, warmup, xp, raw_xp)
         if res is not None:
             p2p_raw.append(res[0])
-            p2p_comm.append(res[1])
+            p2p_comm.append(res[1][0])
+            p2p_quiet.append(res[1][1])
         mpi_comm.Barrier()
+    quiet.free()
     colls, coll_samples = {}, {}
     for kind in kinds:
         colls[kind], coll_samples[kind] = bench_kind(kind, world, mpi_comm, MPI, sizes, iters,
@@ -222,6 +230,7 @@ def run_benchmark(sizes, iters=20, warmup=2, device="cpu", staging=None, tracer=
 
     return {
         "p2p": table(p2p_raw, p2p_comm, sizes, 1.0),
+        "p2p_untraced": table(p2p_raw, p2p_quiet, sizes, 1.0),
         "p2p_samples": (np.array(p2p_raw), np.array(p2p_comm)),
         "collectives": colls,
         "collective_samples": coll_samples,
@@ -293,7 +302,13 @@ def format_tables(result) -> str:
     ]
     lines.append(f"collectives: MPIPAR_COLLECTIVES={a['collectives_mode']}, auto chooses from "
                  f"{a['collectives_table']}")
-    for name, title, bw in (("p2p", "ping-pong world ranks 0 <-> 1: one-way time", "GB/s"),):
+    for name, title, bw in (
+            ("p2p", "ping-pong world ranks 0 <-> 1: one-way time (Comm traced, as by default)",
+             "GB/s"),
+            ("p2p_untraced", "the same with Comm's tracer off (run.trace = false): the rest of "
+             "the difference is the trace event", "GB/s")):
+        if name not in result:
+            continue
         lines += [
             "",
             title,
@@ -312,7 +327,8 @@ def format_tables(result) -> str:
 
 
 def write_result(path, result) -> None:
-    """HDF5: /p2p and /allreduce (RESULT_DTYPE tables: raw beside Comm, auto for all-reduce),
+    """HDF5: /p2p, /p2p_untraced and /allreduce (RESULT_DTYPE tables: raw beside Comm traced,
+    untraced, and auto for all-reduce),
     /p2p_raw_s and /p2p_comm_s (samples [size, iteration]), /collectives/<kind> (COLL_DTYPE) and
     /collectives/<kind>_s (samples [variant, size, iteration], variants in the attribute
     ``variants``), /tuned (the --tune table as JSON text); attributes describe the run. Written
@@ -324,6 +340,7 @@ def write_result(path, result) -> None:
         for key, value in result["attrs"].items():
             f.attrs[key] = json.dumps(value) if isinstance(value, (list, dict)) else value
         f.create_dataset("p2p", data=result["p2p"])
+        f.create_dataset("p2p_untraced", data=result["p2p_untraced"])
         raw, comm = result["p2p_samples"]
         f.create_dataset("p2p_raw_s", data=raw)
         f.create_dataset("p2p_comm_s", data=comm)
