@@ -81,3 +81,14 @@ def python_script(n, path, *args, timeout=120, env=None, cwd=None, check=False):
 SMALL_GPT = ["--set", "model.n_layer=4", "--set", "model.n_embd=16", "--set", "model.n_head=4",
              "--set", "model.block_size=16", "--seq-len", "16", "--batch-size", "8",
              "--set", "train.eval_interval=0", "--quiet"]
+
+
+def assert_snippet_ok(code: str, env=None, timeout=60) -> None:
+    """Run ``code`` in a fresh Python (one process, no mpiexec: a stand-in communicator) with the
+    collectives choice reset to the built-in defaults, and check it printed ``ok``. A subprocess,
+    because building a ``Comm`` loads mpi4py, which the test process should not initialise."""
+    full = {**os.environ, "MPIPAR_COLLECTIVES": "auto",
+            "MPIPAR_COLLECTIVES_TABLE": "/nonexistent", **(env or {})}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=timeout, env=full)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr

@@ -3,7 +3,7 @@
 import math
 
 import pytest
-from mpi_util import python_script
+from mpi_util import assert_snippet_ok, python_script
 
 from mpipar.mpi import shm, tuning
 
@@ -70,10 +70,6 @@ def test_auto_keeps_device_arrays_off_host_shared_memory():
     """shm copies device arrays to the host and back: auto chooses as if shm were not offered for
     them (forced, shm still runs); host arrays keep the shm default. In a subprocess: building a
     Comm loads mpi4py, which this test process should not initialise."""
-    import os
-    import subprocess
-    import sys
-
     code = (
         "import numpy as np\n"
         "from mpipar.mpi import collectives, tuning\n"
@@ -92,7 +88,4 @@ def test_auto_keeps_device_arrays_off_host_shared_memory():
         "assert c.algorithm_for('reduce_scatter', big, x) == 'shm'\n"
         "print('ok')\n"
     )
-    env = {**os.environ, "MPIPAR_COLLECTIVES": "auto", "MPIPAR_COLLECTIVES_TABLE": "/nonexistent"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         env=env)
-    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+    assert_snippet_ok(code)

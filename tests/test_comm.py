@@ -1,12 +1,11 @@
 """Communication layer: tags, the one-rank stand-in, staging buffers, and every op under mpiexec."""
 
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from mpi_util import python_script, run_mpi
+from mpi_util import assert_snippet_ok, python_script, run_mpi
 
 from mpipar.mpi import staging
 from mpipar.mpi.comm import (
@@ -126,10 +125,7 @@ def test_algorithm_choice_cached_per_mode():
         "assert y is not x and y.shape == x.shape and m.calls == 2\n"
         "print('ok')\n"
     )
-    env = {**os.environ, "MPIPAR_COLLECTIVES": "auto", "MPIPAR_COLLECTIVES_TABLE": "/nonexistent"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         env=env)
-    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+    assert_snippet_ok(code)
 
 
 def test_staging_pool_reuses_buffers():
