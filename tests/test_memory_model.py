@@ -176,3 +176,19 @@ def test_planner_counts_each_ranks_own_live_micro_batches():
                         peaks = run_simulation(kind, p, m, v, costs).peak_activations
                         assert in_flight(kind, p, m, v) * v == peaks[0]
                         assert in_flight_last(kind, p, m, v) * v == peaks[-1], (kind, p, m, v)
+
+
+def test_dp_scratch_counts_one_shared_window_for_shm(monkeypatch):
+    """Where the tuning picks shared memory (ZeRO-1's reduce-scatter of a large bucket on one
+    node), the scratch is one window per communicator, sized as shm.py sizes it, not per bucket."""
+    from mpipar.analysis.memory_model import dp_scratch
+    from mpipar.mpi import shm, tuning
+
+    monkeypatch.setattr(tuning, "_TABLE", {})  # the built-in defaults, whatever ~/.cache holds
+    n = 16 << 20  # one 16 MiB float32 bucket
+    assert tuning.choose("reduce_scatter", n, 2) == "shm"
+    one = dp_scratch([n // 4], 2, True, 4, 25.0)
+    assert one == int(shm.size_class(n) * 1.5)  # own segment + the block read from the other
+    two = dp_scratch([n // 4, n // 4], 2, True, 4, 25.0)  # two chunks' buckets: still one window
+    assert two == one
+    assert dp_scratch([n // 4], 2, False, 4, 25.0) > 0  # all-reduce on 2 ranks: halves' scratch

@@ -43,9 +43,6 @@ from .flops import setting as get
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 RECV_WINDOW, SEND_BACKLOG = 2, 4  # as parallel/pipeline/transfers.py
 BLOCK_ELEMENTS = 1 << 18  # nn/cpu.py: AdamW's per-thread scratch is at most one block
-# mpi/shm.py (shared-memory collectives, where the tuning picks them): the window per rank
-# grows to a power of two of the largest message, between these
-SHM_MIN, SHM_MAX = 1 << 20, 64 << 20
 
 
 def block_stored(d: int, heads: int, seq: int, tp: int = 1, sp: bool = False) -> float:
@@ -213,6 +210,7 @@ def dp_scratch(chunk_params: list, dp: int, zero1: bool, s: int, bucket_mb: floa
     ``mpipar.mpi.tuning`` picks for that size."""
     if dp <= 1:
         return 0
+    from mpipar.mpi.shm import size_class  # pure: no MPI is loaded by importing these
     from mpipar.mpi.tuning import choose
 
     limit = max(1, int(bucket_mb * 2**20 / s))
@@ -224,7 +222,7 @@ def dp_scratch(chunk_params: list, dp: int, zero1: bool, s: int, bucket_mb: floa
             kind = "reduce_scatter" if zero1 else "allreduce"
             algo = choose(kind, n, dp)
             if algo == "shm":  # one shared window per communicator, not per bucket
-                window = max(window, min(max(_pow2(n), SHM_MIN), SHM_MAX))
+                window = max(window, size_class(n))  # the window shm grows to
             elif algo != "library":
                 tmp = n if algo == "rabenseifner" else n // dp
                 total += _pow2(tmp) + (_pow2(n + n // dp) if zero1 else 0)
