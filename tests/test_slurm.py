@@ -212,7 +212,9 @@ def test_sweep_array_runs_every_grid(cluster, train_ready, tmp_path, capsys):
                   "--microbatches", 2)
     states = _wait(cluster, job)
     assert sorted(s.job_id for s in states) == [f"{job}_{i}" for i in range(3)]
-    assert all(s.state == "COMPLETED" for s in states), [(s.job_id, s.state) for s in states]
+    failed = [s for s in states if s.state != "COMPLETED"]
+    assert not failed, "\n".join(f"{s.job_id} {s.state}:\n{slurm.error_text(s, 40)}"
+                                  for s in failed)
     rows = slurm.collect(tmp_path / "runs", job)
     assert [(r["dp"], r["pp"], r["tp"]) for r in rows] == [(1, 1, 1), (2, 1, 1), (1, 2, 1)]
     for r in rows:
