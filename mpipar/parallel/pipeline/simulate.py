@@ -110,6 +110,7 @@ class SimResult:
     step_time: float = 0.0
     step_bubble: float = 0.0  # mean over ranks of 1 - model compute (no optimizer) / step
     comm: list[float] = field(default_factory=list)  # p2p, dp, waits in the step's collectives
+    pipe_comm: list[float] = field(default_factory=list)  # p2p and dp only (no collective waits)
     overhead: list[float] = field(default_factory=list)  # per-action overhead per rank
     pipeline_end: list[float] = field(default_factory=list)  # per rank, with its dp reduction
     dp_timeline: list[list[tuple[float, float, int]]] = field(default_factory=list)
@@ -284,6 +285,7 @@ def simulate(s: Schedule, costs: dict | CostModel | None = None, draw=None) -> S
         # as a dump counts it: waits inside the norm and loss collectives are communication
         comm=[c + (meet - e) + (opt - model.optimizer.get(r, 0.0))
               for r, (c, e) in enumerate(zip(sim.comm, ends, strict=True))],
+        pipe_comm=list(sim.comm),
         overhead=sim.over,
         pipeline_end=list(ends),
         dp_timeline=[list(x) for x in dp_spans],
