@@ -267,7 +267,7 @@ class Collectives(Registering):
         """The steps of a reduce-scatter of contiguous xm (p blocks along axis 0) into
         contiguous out, by ``algo`` (not the library)."""
         if algo == "shm":
-            if xp_of(xm).may_share_memory(xm, out):
+            if xp_of(xm).may_share_memory(xm, out) and not self._registered(xm):
                 xm = xm.copy()  # out is written before the last chunk of xm is read
             return self._shm.reduce_scatter(xm.reshape(-1), out.reshape(-1), op, self._k_rs)
         return self._p2p_reduce_scatter_steps(algo, xm, out, op)

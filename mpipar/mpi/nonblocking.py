@@ -13,8 +13,6 @@ and read bucket 2 of rank 1 while rank 1's backward still writes it. A registere
 
 from __future__ import annotations
 
-import numpy as np
-
 from mpipar.mpi import algorithms as alg
 from mpipar.mpi.common import check_contiguous, check_divisible, check_float
 from mpipar.mpi.requests import Request
@@ -85,7 +83,7 @@ class NonBlocking:
         bufs = [POOL.acquire(x.nbytes), POOL.acquire(out.nbytes)] if stage else []
         if algo != "library":
             req = self._post(algo, self._reduce_scatter_steps(algo, x, out, op),
-                             0 if registered and not np.may_share_memory(x, out) else x.nbytes)
+                             0 if registered else x.nbytes)
         elif stage:
             hin, hout = host_view(bufs[0], x.shape, x.dtype), host_view(bufs[1], want, x.dtype)
             to_host(x, hin)

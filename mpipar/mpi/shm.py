@@ -174,6 +174,9 @@ class Shm:
         yield from self._sync()
         rows = np.array([h[:_FIELDS] for h in self.window.hdr])
         if (rows != rows[0]).any():
+            # every rank read the same rows: none may start its next collective (and write
+            # its header again) before the slowest has read them, or that one sees other rows
+            self.comm.Barrier()
             raise ValueError(f"{what}: the ranks' calls disagree ({describe(rows)}); every "
                              f"rank must call the same collective with the same shape and dtype")
         if where[0] < 0 and self.window.capacity < min(nbytes, MAX_BYTES):
