@@ -29,6 +29,11 @@ copies, so two in flight would only hold twice the memory). Growing the window i
 collective, so it happens only at a post or in a blocking call (the same point on every rank),
 never inside a ``test()``.
 
+An array that is a registered buffer (``Comm.registered_zeros``, ``shm_registered.py``: it
+lives in a shared window already, at the same offset on every rank) skips the copies: all-reduce
+and reduce-scatter read the other ranks' buffers where they are (two barriers, no window
+growth); the header then also carries the buffer's window and offset, compared like the rest.
+
 Only offered where every rank of the communicator shares one node (``Split_type(SHARED)``);
 elsewhere ``tuning.choose`` falls back on the other algorithms.
 """

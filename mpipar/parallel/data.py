@@ -4,7 +4,9 @@ Each chunk's gradients live in a few flat buckets (``param.grad`` becomes a view
 bucket is reduced with one collective. A chunk's buckets start reducing (non-blocking) as soon as
 its last micro-batch's weight gradient is done, while the rest of the backward goes on; ``finish``
 waits for all of them. Buckets are filled in reverse layer order, the order backward finishes them
-(as PyTorch DDP and Megatron do).
+(as PyTorch DDP and Megatron do). All buckets' gradients come from one collective
+``registered_zeros`` on the dp group: where its ranks share a node they live in a shared window
+(Megatron's contiguous gradient buffer, registered), and the reductions read them in place.
 
 ZeRO-1 (Rajbhandari et al., 2020, stage 1): each bucket's gradient is reduce-scattered instead of
 all-reduced; each dp rank keeps optimizer state for, and updates, only its 1/dp slice of the
