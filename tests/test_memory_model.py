@@ -178,17 +178,19 @@ def test_planner_counts_each_ranks_own_live_micro_batches():
                         assert in_flight_last(kind, p, m, v) * v == peaks[-1], (kind, p, m, v)
 
 
-def test_dp_scratch_counts_one_shared_window_for_shm(monkeypatch):
-    """Where the tuning picks shared memory (ZeRO-1's reduce-scatter of a large bucket on one
-    node), the scratch is one window per communicator, sized as shm.py sizes it, not per bucket."""
-    from mpipar.analysis.memory_model import dp_scratch
-    from mpipar.mpi import shm, tuning
+def test_dp_scratch_counts_the_peer_blocks_of_registered_buckets(monkeypatch):
+    """Where the tuning picks shared memory for a registered bucket (ZeRO-1's reduce-scatter or
+    the all-reduce of a large bucket on one node), nothing is copied: the scratch is this rank's
+    block of every other rank's bucket, mapped here; where it picks exchanging halves, that
+    algorithm's power-of-two scratch."""
+    from mpipar.analysis.memory_model import _pow2, dp_scratch
+    from mpipar.mpi import tuning
 
     monkeypatch.setattr(tuning, "_TABLE", {})  # the built-in defaults, whatever ~/.cache holds
     n = 16 << 20  # one 16 MiB float32 bucket
-    assert tuning.choose("reduce_scatter", n, 2) == "shm"
-    one = dp_scratch([n // 4], 2, True, 4, 25.0)
-    assert one == int(shm.size_class(n) * 1.5)  # own segment + the block read from the other
-    two = dp_scratch([n // 4, n // 4], 2, True, 4, 25.0)  # two chunks' buckets: still one window
-    assert two == one
-    assert dp_scratch([n // 4], 2, False, 4, 25.0) > 0  # all-reduce on 2 ranks: halves' scratch
+    assert tuning.choose("reduce_scatter_registered", n, 2) == "shm"
+    assert dp_scratch([n // 4], 2, True, 4, 25.0) == n // 2  # the other rank's half
+    assert dp_scratch([n // 4, n // 4], 2, True, 4, 25.0) == n  # two chunks' buckets: both
+    assert dp_scratch([n // 4], 4, False, 4, 25.0) == 3 * n // 4
+    monkeypatch.setattr(tuning, "_TABLE", {"allreduce_registered": {2: [(n, "rabenseifner")]}})
+    assert dp_scratch([n // 4], 2, False, 4, 25.0) == _pow2(n)

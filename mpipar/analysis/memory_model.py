@@ -28,8 +28,9 @@ Per rank ``p``, in values of the dtype (``s`` bytes) unless said, with ``P`` its
   receives in, and up to ``SEND_BACKLOG + 1`` outputs waiting on their sends; with dp > 1 the
   scratch of the gradient reductions (``dp_scratch``): mpipar's own all-reduce and
   reduce-scatter algorithms work in host buffers of power-of-two sizes, one set per bucket in
-  flight (a chunk's buckets all start together); the library's own (wherever
-  ``mpipar.mpi.tuning`` chooses it) are MPI's business and not counted.
+  flight (a chunk's buckets all start together); the shared-memory one reduces the buckets where
+  they live (registered buffers) and maps this rank's block of every other rank's bucket; the
+  library's own (wherever ``mpipar.mpi.tuning`` chooses it) are MPI's business and not counted.
 
 Not counted: PipeDream's weight stashes, 2BW's older copy of the weights, evaluation (forward
 only: it holds less than a training step).
@@ -205,29 +206,29 @@ def dp_scratch(chunk_params: list, dp: int, zero1: bool, s: int, bucket_mb: floa
     chunk's parameters cut into buckets of ``bucket_mb`` MiB, all in flight at once). Per bucket
     of n bytes: a ring all-reduce n / dp, Rabenseifner's n; ZeRO-1's reduce-scatter copies its
     input (n + n / dp) and works in n (Rabenseifner) or n / dp (ring); the all-gather works in
-    place; the shared-memory algorithms (``shm``, where the tuning has them) go through one window
-    per communicator instead, of a power of two of the largest message. The algorithm is the one
-    ``mpipar.mpi.tuning`` picks for that size."""
+    place. The buckets are registered buffers (``mpi/registered.py``: one shared window where
+    the dp ranks share a node), so the shared-memory algorithm (``shm``, where the tuning has it)
+    copies nothing: it reads and writes block r of every other rank's bucket there, and those
+    pages stay mapped, resident in this rank too: (dp - 1) / dp of each bucket. The algorithm is
+    the one ``mpipar.mpi.tuning`` picks for that size and a registered buffer."""
     if dp <= 1:
         return 0
-    from mpipar.mpi.shm import size_class  # pure: no MPI is loaded by importing these
-    from mpipar.mpi.tuning import choose
+    from mpipar.mpi.tuning import REGISTERED, choose  # pure: no MPI is loaded by importing it
 
     limit = max(1, int(bucket_mb * 2**20 / s))
-    total = window = 0
+    total = 0
     for n_params in chunk_params:
         sizes = [limit] * (n_params // limit) + ([n_params % limit] if n_params % limit else [])
         for size in sizes:
             n = -(-size // dp) * dp * s if zero1 else size * s
             kind = "reduce_scatter" if zero1 else "allreduce"
-            algo = choose(kind, n, dp)
-            if algo == "shm":  # one shared window per communicator, not per bucket
-                window = max(window, size_class(n))  # the window shm grows to
+            algo = choose(REGISTERED[kind], n, dp)
+            if algo == "shm":  # the others' blocks r of this bucket, mapped here
+                total += n * (dp - 1) // dp
             elif algo != "library":
                 tmp = n if algo == "rabenseifner" else n // dp
                 total += _pow2(tmp) + (_pow2(n + n // dp) if zero1 else 0)
-    # a rank fills its own segment and reads its block of each other rank's
-    return total + int(window * (1 + (dp - 1) / dp))
+    return total
 
 
 def _buffers(schedule, p: int) -> int:

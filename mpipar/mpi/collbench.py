@@ -11,6 +11,12 @@ each, and an iteration lasts as long as its slowest rank; below 256 KiB a timed 
 per-rank buffer for all-reduce, the whole input for reduce-scatter, the whole output for
 all-gather; bus bandwidth = algbw * 2 (n-1)/n for all-reduce and algbw * (n-1)/n for the other
 two (algbw = bytes / time).
+
+All-reduce and reduce-scatter are timed a second time on a registered buffer
+(``Comm.registered_zeros``, where the ranks share a node and the arrays are host memory): the
+rows ``allreduce_registered`` / ``reduce_scatter_registered``, raw and every variant on the SAME
+registered buffer (one, sized for the largest message; each size its leading elements), auto
+choosing from the registered rows (``tuning.REGISTERED``), shm there the zero-copy path.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import time
 import numpy as np
 
 from mpipar.mpi.algorithms import ALGORITHMS, KINDS
-from mpipar.mpi.tuning import pick
+from mpipar.mpi.tuning import REGISTERED, pick
 
 VARIANTS = ("raw",) + ALGORITHMS + ("auto",)
 
@@ -60,14 +66,15 @@ def elements(kind, nbytes, n) -> int:
     return e if kind == "allreduce" else max(n, e - e % n)
 
 
-def _calls(kind, world, mpi_comm, MPI, e, xp, raw_xp):
+def _calls(kind, world, mpi_comm, MPI, e, xp, raw_xp, reg=None):
     """{variant: (mode, call)} for one size; buffers made once (zeros keep repeated sums
     finite). Raw and Comm work on the same buffers where both are host memory: two buffers
     of one size measured up to 45 % apart with the same library call (16 MiB all-reduce), so
-    separate ones would time where pages landed, not Comm."""
+    separate ones would time where pages landed, not Comm. ``reg``: a registered float32 buffer
+    whose first elements are the input (the registered rows)."""
     n = mpi_comm.Get_size()
     ins, outs = {"allreduce": (e, 0), "reduce_scatter": (e, e // n)}.get(kind, (e // n, e))
-    x = xp.zeros(ins, np.float32)
+    x = xp.zeros(ins, np.float32) if reg is None else reg[:ins]
     out = xp.zeros(outs, np.float32) if outs else None  # reused, as ZeRO-1's shard/flat params
     raw_x, raw_out = (x, out) if raw_xp is xp else (
         raw_xp.zeros(ins, np.float32), raw_xp.zeros(outs, np.float32) if outs else None)
@@ -95,8 +102,10 @@ def _calls(kind, world, mpi_comm, MPI, e, xp, raw_xp):
     return {"raw": (None, raw), **{a: (a, comm) for a in ALGORITHMS + ("auto",)}}
 
 
-def bench_kind(kind, world, mpi_comm, MPI, sizes, iters, warmup, xp, raw_xp):
-    """(rows of COLL_DTYPE on rank 0, samples [variant, size, iteration]) for one kind."""
+def bench_kind(kind, world, mpi_comm, MPI, sizes, iters, warmup, xp, raw_xp, reg=None):
+    """(rows of COLL_DTYPE on rank 0, samples [variant, size, iteration]) for one kind; on the
+    registered buffer ``reg`` (all-reduce, reduce-scatter) when given."""
+    name = kind if reg is None else REGISTERED[kind]  # the table's rows auto chooses from
     n = mpi_comm.Get_size()
     mode = world.coll_mode
     skip = () if world.shm_offered() else ("shm",)  # forced, it would time a fallback
@@ -105,8 +114,8 @@ def bench_kind(kind, world, mpi_comm, MPI, sizes, iters, warmup, xp, raw_xp):
     for j, size in enumerate(sizes):
         e = elements(kind, size, n)
         reps = range(reps_for(e * 4))
-        calls = _calls(kind, world, mpi_comm, MPI, e, xp, raw_xp)
-        choices.append(world.algorithm(kind, e * 4) if mode == "auto" else mode)
+        calls = _calls(kind, world, mpi_comm, MPI, e, xp, raw_xp, reg)
+        choices.append(world.algorithm(name, e * 4) if mode == "auto" else mode)
         times = np.zeros((len(VARIANTS), warmup + iters))
         rng = np.random.default_rng(1000 + j)  # the same orders on every rank
         for i in range(warmup + iters):
@@ -127,12 +136,12 @@ def bench_kind(kind, world, mpi_comm, MPI, sizes, iters, warmup, xp, raw_xp):
     for v in skip:
         samples[VARIANTS.index(v)] = np.nan
     byte_counts = [elements(kind, s, n) * 4 for s in sizes]
-    return table(kind, n, byte_counts, samples, choices), samples
+    return table(name, n, byte_counts, samples, choices), samples
 
 
 def table(kind, n, byte_counts, samples, choices):
     rows = np.zeros(len(byte_counts), dtype=COLL_DTYPE)
-    f = bus_factor(kind, n)
+    f = bus_factor(kind.removesuffix("_registered"), n)
     for j, b in enumerate(byte_counts):
         med = {v: float(np.median(samples[k, j])) for k, v in enumerate(VARIANTS)}
         best = pick({a: med[a] for a in ALGORITHMS})
@@ -157,7 +166,10 @@ def tune_results(tables, n) -> dict:
 
 def format_kind(kind, rows, n) -> list[str]:
     title = {"allreduce": "all-reduce", "reduce_scatter": "reduce-scatter",
-             "allgather": "all-gather"}[kind]
+             "allgather": "all-gather",
+             "allreduce_registered": "all-reduce on a registered buffer (shm: zero-copy)",
+             "reduce_scatter_registered": "reduce-scatter on a registered buffer (shm: "
+                                          "zero-copy)"}[kind]
     lines = ["", f"{title} over {n} ranks (float32; times in us; bus = nccl-tests bus GB/s)",
              f"{'bytes':>7} {'raw':>9} {'library':>9} {'ring':>9} {'rabens.':>9} {'shm':>9} "
              f"{'auto':>9} "

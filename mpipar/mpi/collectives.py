@@ -24,9 +24,9 @@ from mpipar.mpi.common import (
     check_float,
     norm_axis,
 )
-from mpipar.mpi.shm import Shm
+from mpipar.mpi.registered import Registering
 from mpipar.mpi.staging import POOL, from_host, host_view, is_device, load_mpi, to_host, xp_of
-from mpipar.mpi.tuning import choose
+from mpipar.mpi.tuning import REGISTERED, TABLE_KINDS, choose
 
 _ndarray = np.ndarray
 _IN_PLACE = _SUM = None  # MPI.IN_PLACE and MPI.SUM, set by the first Comm
@@ -59,12 +59,10 @@ def copy_into(src, dst) -> None:
         dst[...] = src
 
 
-class Collectives:
+class Collectives(Registering):
     """allreduce / iallreduce / reduce_scatter / allgather with a choice of algorithm."""
 
-    _dup = None  # the communicator the algorithms talk on (a Dup, made on first use)
     _seq = 0  # collectives run so far: a fresh tag each, so overlapping ones never mix
-    _shm = None  # shm.Shm once asked for; False where the ranks span nodes
 
     def _coll_init(self, MPI) -> None:
         """Hoist what the fast paths need (called by ``Comm.__init__`` after ``_fast_init``)."""
@@ -84,7 +82,7 @@ class Collectives:
         # repeated size costs one lookup (a group sees few distinct sizes; cleared if it sees
         # many); kept per mode, so commbench switching modes between calls keeps them warm
         by_mode = self.__dict__.setdefault("_algos_by_mode", {})
-        self._algos = by_mode.setdefault(value, {kind: {} for kind in KINDS})
+        self._algos = by_mode.setdefault(value, {kind: {} for kind in TABLE_KINDS})
         self._ar_algo, self._rs_algo, self._ag_algo = (self._algos[k] for k in KINDS)
 
     def algorithm(self, kind, nbytes) -> str:
@@ -101,35 +99,15 @@ class Collectives:
             cache[nbytes] = algo
         return algo
 
-    def algorithm_for(self, kind, nbytes, x) -> str:
+    def algorithm_for(self, kind, nbytes, x, registered=False) -> str:
         """``algorithm`` for the array ``x``: auto does not send device arrays through host shared
         memory (``shm`` copies them to the host and back, where MPI, CUDA-aware or staged, is the
-        better path): for them it chooses as where shm is not offered. Forced, shm still runs."""
-        algo = self.algorithm(kind, nbytes)
+        better path): for them it chooses as where shm is not offered. Forced, shm still runs.
+        ``registered``: x is a registered buffer, worked on in place (its own rows)."""
+        algo = self.algorithm(REGISTERED[kind] if registered else kind, nbytes)
         if algo == "shm" and self._coll_mode == "auto" and is_device(x):
             return choose(kind, nbytes, self.size, shm=False)
         return algo
-
-    def shm_offered(self) -> bool:
-        """Whether the shared-memory algorithm can run: every rank on this node. Collective the
-        first time (every rank asks at the same call: the first collective choosing it)."""
-        if self._shm is None:
-            self._shm = Shm.create(self._dup_comm()) or False
-        return self._shm is not False
-
-    def _dup_comm(self):
-        if self._dup is None:
-            self._dup = self.mpi.Dup()  # collective: every rank reaches it at the same call
-        return self._dup
-
-    def _coll_free(self) -> None:
-        """Free the shared window and the duplicate communicator (collective; ``Comm.free``)."""
-        if self._shm:
-            self._shm.free()
-        self._shm = None
-        if self._dup is not None:
-            self._dup.Free()
-            self._dup = None
 
     def _ctx(self, op, like):
         self._seq = self._seq % (TAG_LIMIT - 1) + 1
@@ -181,8 +159,11 @@ class Collectives:
         """Elementwise reduction over the group; a new array, or x itself when ``inplace``."""
         if op == "sum" and type(x) is _ndarray and self._fast and x.flags.c_contiguous:
             # the hot case, a sum of a host array by the library: its call plus one lookup
-            n = x.nbytes
-            if (self._ar_algo.get(n) or self.algorithm("allreduce", n)) == "library":
+            n, kind, cache = x.nbytes, "allreduce", self._ar_algo
+            if inplace and self._regs and self._registered(x):  # its own rows
+                kind = REGISTERED[kind]
+                cache = self._algos[kind]
+            if (cache.get(n) or self.algorithm(kind, n)) == "library":
                 tr = self.tracer
                 start = _now() - tr.t0
                 if inplace:
@@ -203,7 +184,7 @@ class Collectives:
             check_float(x, "mean")
         start = self._begin(x)
         xp = xp_of(x)
-        algo = self.algorithm_for("allreduce", x.nbytes, x)
+        algo = self.algorithm_for("allreduce", x.nbytes, x, inplace and self._registered(x))
         MPI = load_mpi()
         if algo == "library" and not inplace and not self._stage(x):
             out = xp.empty(x.shape, dtype=x.dtype)
@@ -238,8 +219,11 @@ class Collectives:
         if (axis == 0 and op == "sum" and type(x) is _ndarray and self._fast
                 and x.flags.c_contiguous and x.ndim and x.shape[0] % self.size == 0):
             # the hot case: the library's call on x and out as they are
-            n = x.nbytes
-            if (self._rs_algo.get(n) or self.algorithm("reduce_scatter", n)) == "library":
+            n, kind, cache = x.nbytes, "reduce_scatter", self._rs_algo
+            if self._regs and self._registered(x):  # a registered buffer: its own rows
+                kind = REGISTERED[kind]
+                cache = self._algos[kind]
+            if (cache.get(n) or self.algorithm(kind, n)) == "library":
                 shape = (x.shape[0] // self.size,) + x.shape[1:]
                 if out is None:
                     out = np.empty(shape, x.dtype)
@@ -267,7 +251,7 @@ class Collectives:
         xm = xp.ascontiguousarray(xp.moveaxis(x, axis, 0))
         if out is None:
             out = xp.empty((x.shape[axis] // self.size,) + xm.shape[1:], dtype=x.dtype)
-        algo = self.algorithm_for("reduce_scatter", x.nbytes, x)
+        algo = self.algorithm_for("reduce_scatter", x.nbytes, x, axis == 0 and self._registered(x))
         if algo == "library":
             self._in_out(lambda s, r: self.mpi.Reduce_scatter_block(s, r, mpi_op), xm, out)
         else:
@@ -283,7 +267,7 @@ class Collectives:
         """The steps of a reduce-scatter of contiguous xm (p blocks along axis 0) into
         contiguous out, by ``algo`` (not the library)."""
         if algo == "shm":
-            if xp_of(xm).may_share_memory(xm, out):
+            if xp_of(xm).may_share_memory(xm, out) and not self._registered(xm):
                 xm = xm.copy()  # out is written before the last chunk of xm is read
             return self._shm.reduce_scatter(xm.reshape(-1), out.reshape(-1), op, self._k_rs)
         return self._p2p_reduce_scatter_steps(algo, xm, out, op)

@@ -31,7 +31,14 @@ import numpy as np
 
 from mpipar.mpi import tuning
 from mpipar.mpi.algorithms import KINDS
-from mpipar.mpi.collbench import VARIANTS, bench_kind, format_kind, reps_for, tune_results
+from mpipar.mpi.collbench import (
+    VARIANTS,
+    bench_kind,
+    elements,
+    format_kind,
+    reps_for,
+    tune_results,
+)
 
 DEFAULT_SIZES = "8,64,512,4K,32K,256K,1M,4M,16M,64M"
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -169,7 +176,9 @@ def run_benchmark(sizes, iters=20, warmup=2, device="cpu", staging=None, tracer=
 
     Result: {"p2p": RESULT_DTYPE rows (Comm traced), "p2p_untraced" (its tracer off),
     "p2p_samples": (raw, comm) arrays [sizes, iters],
-    "collectives": {kind: COLL_DTYPE rows}, "collective_samples": {kind: [variant, size, iter]},
+    "collectives": {kind: COLL_DTYPE rows}, "collective_samples": {kind: [variant, size, iter]}
+    (kinds: those asked for, and ``allreduce_registered`` / ``reduce_scatter_registered``: the
+    same on a registered buffer, where the ranks share a node and the device is the CPU),
     "allreduce": RESULT_DTYPE rows (raw beside auto, for ``mpipar bench``), "attrs": {...}}.
     """
     from mpi4py import MPI
@@ -215,6 +224,15 @@ def run_benchmark(sizes, iters=20, warmup=2, device="cpu", staging=None, tracer=
     for kind in kinds:
         colls[kind], coll_samples[kind] = bench_kind(kind, world, mpi_comm, MPI, sizes, iters,
                                                      warmup, xp, raw_xp)
+    # the same on one registered buffer (host memory, ranks of one node): "<kind>_registered"
+    reg_kinds = [k for k in kinds if k in tuning.REGISTERED] if device == "cpu" else []
+    if reg_kinds and world.shm_offered():
+        (reg,) = world.registered_zeros(
+            [max(elements(k, s, n) for k in reg_kinds for s in sizes)], np.float32)
+        for kind in reg_kinds:
+            name = tuning.REGISTERED[kind]
+            colls[name], coll_samples[name] = bench_kind(kind, world, mpi_comm, MPI, sizes,
+                                                         iters, warmup, xp, raw_xp, reg)
     blobs = world.gather_bytes(socket.gethostname().encode(), root=0, trace=False)
     hosts = [b.decode() for b in blobs] if blobs is not None else None
     world.free()  # and mpi_comm with it

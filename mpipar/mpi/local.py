@@ -61,6 +61,14 @@ class LocalComm:
 
     # --- collectives: identity or copy -------------------------------------------------------
 
+    def registered_zeros(self, sizes, dtype, xp=None) -> list:
+        """Plain zeroed arrays (``Comm.registered_zeros`` registers them in a shared window; a
+        one-rank group reduces nothing)."""
+        import numpy as np
+
+        xp = np if xp is None else xp
+        return [xp.zeros(int(n), dtype=dtype) for n in sizes]
+
     def allreduce(self, x, op="sum", inplace=False):
         check_op(op)
         if inplace:

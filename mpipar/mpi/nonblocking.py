@@ -4,7 +4,11 @@ A mixin beside ``Collectives`` (``collectives.py``), whose algorithm choice, scr
 step generators it uses. A posted collective advances whenever ``algorithms.progress()`` (the
 executor, between actions) or its request's ``test()`` runs, and finishes at ``wait()``. The
 shared-memory algorithm (``shm.py``) advances the same way, a barrier per step; one is in flight
-per communicator (posting the next finishes the one before).
+per communicator (posting the next finishes the one before): the steps' barriers are Ibarriers
+on one communicator, which match in the order posted, not by collective, so with two in flight
+rank 0 could pass bucket 2's first barrier matched against rank 1's closing barrier of bucket 1,
+and read bucket 2 of rank 1 while rank 1's backward still writes it. A registered buffer
+(``shm_registered.py``) needs no window of the size of the message: its post never grows one.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ class NonBlocking:
         if op == "mean":
             check_float(x, "mean")
         start = self._begin(x)
-        algo = self.algorithm_for("allreduce", x.nbytes, x)
+        registered = self._registered(x)
+        algo = self.algorithm_for("allreduce", x.nbytes, x, registered)
         stage = self._stage(x) and algo != "shm"  # shm copies device memory itself
         buf = POOL.acquire(x.nbytes) if stage else None
         target = x
@@ -37,7 +42,7 @@ class NonBlocking:
             req = self.mpi.Iallreduce(load_mpi().IN_PLACE, target, mpi_op)
         else:
             req = self._post(algo, self._allreduce_steps(algo, target.reshape(-1), op),
-                             x.nbytes)
+                             0 if registered else x.nbytes)
         size = self.size
 
         def finish(status):
@@ -72,11 +77,13 @@ class NonBlocking:
         if op == "mean":
             check_float(x, "mean")
         start = self._begin(x)
-        algo = self.algorithm_for("reduce_scatter", x.nbytes, x)
+        registered = self._registered(x)
+        algo = self.algorithm_for("reduce_scatter", x.nbytes, x, registered)
         stage = self._stage(x) and algo == "library"  # the others stage (or need not) inside
         bufs = [POOL.acquire(x.nbytes), POOL.acquire(out.nbytes)] if stage else []
         if algo != "library":
-            req = self._post(algo, self._reduce_scatter_steps(algo, x, out, op), x.nbytes)
+            req = self._post(algo, self._reduce_scatter_steps(algo, x, out, op),
+                             0 if registered else x.nbytes)
         elif stage:
             hin, hout = host_view(bufs[0], x.shape, x.dtype), host_view(bufs[1], want, x.dtype)
             to_host(x, hin)

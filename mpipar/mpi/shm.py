@@ -29,6 +29,11 @@ copies, so two in flight would only hold twice the memory). Growing the window i
 collective, so it happens only at a post or in a blocking call (the same point on every rank),
 never inside a ``test()``.
 
+An array that is a registered buffer (``Comm.registered_zeros``, ``shm_registered.py``: it
+lives in a shared window already, at the same offset on every rank) skips the copies: all-reduce
+and reduce-scatter read the other ranks' buffers where they are (two barriers, no window
+growth); the header then also carries the buffer's window and offset, compared like the rest.
+
 Only offered where every rank of the communicator shares one node (``Split_type(SHARED)``);
 elsewhere ``tuning.choose`` falls back on the other algorithms.
 """
@@ -39,6 +44,9 @@ import numpy as np
 
 from mpipar.mpi.algorithms import Stepper, bounds
 from mpipar.mpi.algorithms import run as run_steps
+from mpipar.mpi.shm_registered import allreduce as registered_allreduce
+from mpipar.mpi.shm_registered import reduce_in_order
+from mpipar.mpi.shm_registered import reduce_scatter as registered_reduce_scatter
 from mpipar.mpi.staging import from_host, is_device, load_mpi, to_host
 
 HEADER = 4096  # bytes before each rank's data: the call's description; keeps data page-aligned
@@ -46,7 +54,9 @@ MIN_BYTES = 1 << 20  # the smallest window, per rank
 MAX_BYTES = 64 << 20  # the largest, per rank; a longer message goes through in chunks
 _KINDS = {"allreduce": 1, "reduce_scatter": 2, "allgather": 3}
 _OPS = {"sum": 1, "mean": 2, "max": 3}
-_FIELDS = 6  # call number, kind, op, bytes, dtype number, item size
+# call number, kind, op, bytes, dtype number, item size, and for a registered buffer
+# (shm_registered.py) its window's number and byte offset (-1, -1 for any other array)
+_FIELDS = 8
 _DTYPE_NAMES = {np.dtype(c).num: np.dtype(c).name for c in np.typecodes["All"]}
 
 
@@ -102,6 +112,7 @@ class Shm:
         self.window = Window(comm, MIN_BYTES)
         self.calls = 0  # shared-memory collectives started here: the same count on every rank
         self.busy = None  # the Stepper of the collective in flight
+        self.regs = []  # shm_registered.Registered windows (Comm.registered_zeros), in order
 
     @classmethod
     def create(cls, comm):
@@ -115,6 +126,18 @@ class Shm:
     def free(self) -> None:
         self.finish_busy()
         self.window.free()
+        for reg in self.regs:
+            reg.free()
+        self.regs.clear()
+
+    def locate(self, x):
+        """(registered window, byte offset) of host array ``x`` when it lies, contiguous, in one
+        of this communicator's registered windows; else None."""
+        for reg in self.regs:
+            off = reg.locate(x)
+            if off is not None:
+                return reg, off
+        return None
 
     # --- driving -------------------------------------------------------------------------
 
@@ -146,25 +169,33 @@ class Shm:
         yield [self.comm.Ibarrier()]
         win.Sync()
 
-    def _agree(self, what, kind, op, dtype, nbytes):
-        """Header, barrier, every rank's call compared; the window grown to fit ``nbytes``."""
+    def _agree(self, what, kind, op, dtype, nbytes, where=(-1, -1)):
+        """Header, barrier, every rank's call compared; the window grown to fit ``nbytes``.
+        ``where``: a registered buffer's (window number, byte offset), which every rank must
+        pass alike (its data is not copied: the window need not grow)."""
         self.calls += 1
-        mine = (self.calls, _KINDS[kind], _OPS[op], nbytes, dtype.num, dtype.itemsize)
+        mine = (self.calls, _KINDS[kind], _OPS[op], nbytes, dtype.num, dtype.itemsize) + where
         self.window.hdr[self.rank][:_FIELDS] = mine
         yield from self._sync()
         rows = np.array([h[:_FIELDS] for h in self.window.hdr])
         if (rows != rows[0]).any():
+            # every rank read the same rows: none may start its next collective (and write
+            # its header again) before the slowest has read them, or that one sees other rows
+            self.comm.Barrier()
             raise ValueError(f"{what}: the ranks' calls disagree ({describe(rows)}); every "
                              f"rank must call the same collective with the same shape and dtype")
-        if self.window.capacity < min(nbytes, MAX_BYTES):
+        if where[0] < 0 and self.window.capacity < min(nbytes, MAX_BYTES):
             self.window.free()
             self.window = Window(self.comm, size_class(nbytes))
 
     # --- the collectives (host arrays; a device array goes through a host copy) -----------
 
     def allreduce(self, flat, op, what):
-        """In place over the 1-D array ``flat``."""
-        if is_device(flat):
+        """In place over the 1-D array ``flat``; zero-copy where it is a registered buffer."""
+        loc = self.locate(flat) if self.regs else None
+        if loc is not None:
+            yield from registered_allreduce(self, *loc, flat, op, what)
+        elif is_device(flat):
             host = host_copy(flat)
             yield from self._allreduce(host, op, what)
             from_host(host, flat)
@@ -196,8 +227,11 @@ class Shm:
 
     def reduce_scatter(self, x, out, op, what):
         """Block r of the reduction of every rank's 1-D x (p equal blocks) into 1-D ``out``
-        (not overlapping x)."""
-        if is_device(x) or is_device(out):
+        (not overlapping x); x is not copied where it is a registered buffer."""
+        loc = self.locate(x) if self.regs else None
+        if loc is not None:
+            yield from registered_reduce_scatter(self, *loc, x, out, op, what)
+        elif is_device(x) or is_device(out):
             host = np.empty(out.shape, out.dtype)
             yield from self._reduce_scatter(host_copy(x) if is_device(x) else x, host, op, what)
             store(host, out)
@@ -267,21 +301,16 @@ def host_copy(x) -> np.ndarray:
     return host
 
 
-def reduce_in_order(ufunc, parts, acc) -> None:
-    """acc = ((parts[0] op parts[1]) op parts[2]) ...: the same order on every rank. ``acc`` may
-    be parts[0] itself (no other rank reads it meanwhile)."""
-    ufunc(parts[0], parts[1], out=acc)
-    for part in parts[2:]:
-        ufunc(acc, part, out=acc)
-
-
 def describe(rows) -> str:
     """The header rows as text: 'rank 0: call 3, allreduce sum of 800 bytes float64; ...'."""
     kinds = {v: k for k, v in _KINDS.items()}
     ops = {v: k for k, v in _OPS.items()}
+    registered = bool((rows[:, 6] >= 0).any())
     out = []
-    for q, (call, kind, op, nbytes, num, _) in enumerate(rows.tolist()):
+    for q, (call, kind, op, nbytes, num, _, win, off) in enumerate(rows.tolist()):
         name = _DTYPE_NAMES.get(num, f"dtype #{num}")
+        where = (f" in registered window {win} at byte {off}" if win >= 0
+                 else " (not a registered buffer)" if registered else "")
         out.append(f"rank {q}: call {call}, {kinds.get(kind, kind)} {ops.get(op, op)} of "
-                   f"{nbytes} bytes {name}")
+                   f"{nbytes} bytes {name}{where}")
     return "; ".join(out)

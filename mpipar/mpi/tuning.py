@@ -11,7 +11,10 @@ system): ranks that choose differently would run different message patterns and 
 Table file (JSON): ``{"version": 1, "mpi_library": "...", "choices": {kind: {comm size:
 [[bytes, algorithm], ...]}}}``, the fastest algorithm measured at each size (the library's
 unless another beat it by ``MARGIN``); a message takes the choice measured at the nearest size
-(on a log scale), a communicator size not in the table the nearest one measured.
+(on a log scale), a communicator size not in the table the nearest one measured. Kinds:
+``allreduce``, ``reduce_scatter``, ``allgather``, and ``allreduce_registered`` /
+``reduce_scatter_registered`` for arrays that are registered buffers (``shm_registered.py``),
+whose shm path copies nothing and so has rows of its own.
 """
 
 from __future__ import annotations
@@ -43,11 +46,23 @@ MODES = ("auto",) + ALGORITHMS
 # - nothing else: across nodes, or above 2 ranks without shared memory, no measurement here
 #   says the library loses, and auto must never be slower than it (rerun --tune there).
 # Rows: (from bytes, algorithm[, from ranks[, to ranks]]).
+# - registered buffers (``shm_registered.py``: the gradient buckets live in a shared window),
+#   their own rows: shm there copies nothing in or out (two barriers, n bytes read and written
+#   per rank), so it should win from far smaller sizes than the copying shm. From 256 KiB is a
+#   guess (two barriers cost a few us, a 256 KiB library all-reduce tens): not measured on a
+#   quiet machine yet; ``commbench --tune`` measures these rows ("allreduce_registered") too.
+#   Below it, and where shm is not offered, the same choices as for plain arrays.
 DEFAULT = {
     "allreduce": [(0, "library"), (2 << 20, "rabenseifner", 2, 2), (4 << 20, "shm", 3)],
     "reduce_scatter": [(0, "library"), (4 << 20, "shm")],
     "allgather": [(0, "library")],
+    "allreduce_registered": [(0, "library"), (2 << 20, "rabenseifner", 2, 2),
+                             (256 << 10, "shm")],
+    "reduce_scatter_registered": [(0, "library"), (256 << 10, "shm")],
 }
+# the kinds whose arrays may be registered buffers, and their rows' names in DEFAULT and tables
+REGISTERED = {"allreduce": "allreduce_registered", "reduce_scatter": "reduce_scatter_registered"}
+TABLE_KINDS = KINDS + tuple(REGISTERED.values())
 
 
 def default_path() -> Path:
@@ -70,8 +85,9 @@ def validate(table: dict, source="table") -> dict:
         raise ValueError(f"{source}: no 'choices' object; rerun mpipar commbench --tune")
     out = {}
     for kind, by_size in choices.items():
-        if kind not in KINDS:
-            raise ValueError(f"{source}: unknown collective {kind!r} (expected one of {KINDS})")
+        if kind not in TABLE_KINDS:
+            raise ValueError(f"{source}: unknown collective {kind!r} (expected one of "
+                             f"{TABLE_KINDS})")
         out[kind] = {}
         for p, rows in by_size.items():
             entries = []
@@ -110,7 +126,9 @@ def table() -> dict:
 def choose(kind, nbytes, p, tuned=None, shm=True) -> str:
     """The algorithm for a ``kind`` collective of ``nbytes`` over p ranks: nccl-tests' sizes, the
     per-rank buffer (all-reduce), the whole input (reduce-scatter) or output (all-gather).
-    ``shm=False``: the ranks span nodes, choose among the others (the defaults)."""
+    ``kind`` may name a registered buffer's rows (``REGISTERED``); a table without them (tuned
+    before they existed) leaves them to the defaults. ``shm=False``: the ranks span nodes,
+    choose among the others (the defaults)."""
     tuned = table() if tuned is None else tuned
     by_size = tuned.get(kind)
     if by_size:

@@ -4,7 +4,9 @@ Each chunk's gradients live in a few flat buckets (``param.grad`` becomes a view
 bucket is reduced with one collective. A chunk's buckets start reducing (non-blocking) as soon as
 its last micro-batch's weight gradient is done, while the rest of the backward goes on; ``finish``
 waits for all of them. Buckets are filled in reverse layer order, the order backward finishes them
-(as PyTorch DDP and Megatron do).
+(as PyTorch DDP and Megatron do). All buckets' gradients come from one collective
+``registered_zeros`` on the dp group: where its ranks share a node they live in a shared window
+(Megatron's contiguous gradient buffer, registered), and the reductions read them in place.
 
 ZeRO-1 (Rajbhandari et al., 2020, stage 1): each bucket's gradient is reduce-scattered instead of
 all-reduced; each dp rank keeps optimizer state for, and updates, only its 1/dp slice of the
@@ -20,13 +22,19 @@ from ..nn.params import REPLICATED, ShardSpec
 from .tensor import sync_partial_grads
 
 
+def padded_size(params, pad_to) -> int:
+    """A bucket's elements: its parameters', rounded up to a multiple of ``pad_to``."""
+    return -(-sum(p.size for p in params) // pad_to) * pad_to
+
+
 class Bucket:
-    def __init__(self, params, xp, dtype, pad_to=1):
+    """Parameters whose gradients live in one flat array ``grad`` (zeros, ``padded_size``)."""
+
+    def __init__(self, params, grad):
         self.params = list(params)
-        n = sum(p.size for p in self.params)
-        self.numel = n
-        self.padded = -(-n // pad_to) * pad_to
-        self.grad = xp.zeros(self.padded, dtype=dtype)
+        self.numel = sum(p.size for p in self.params)
+        self.padded = grad.size
+        self.grad = grad
         off = 0
         for p in self.params:
             view = self.grad[off:off + p.size].reshape(p.shape)
@@ -77,7 +85,7 @@ class GradSync:
         self.overlap, self.zero1 = overlap and self.dp > 1, zero1 and self.dp > 1
         xp, dtype = backend.xp, backend.dtype
         limit = max(1, int(bucket_mb * 2**20 / dtype().itemsize))
-        self.buckets = {}  # chunk -> [Bucket]
+        groups_of = {}  # chunk -> [[Parameter, ...] of one bucket]
         for c, params in chunk_params.items():
             groups = {}
             for p in reversed(params):  # backward finishes the last layers first
@@ -88,13 +96,20 @@ class GradSync:
                 cur, size = [], 0
                 for p in group:
                     if cur and size + p.size > limit:
-                        out.append(Bucket(cur, xp, dtype, self.dp if self.zero1 else 1))
+                        out.append(cur)
                         cur, size = [], 0
                     cur.append(p)
                     size += p.size
                 if cur:
-                    out.append(Bucket(cur, xp, dtype, self.dp if self.zero1 else 1))
-            self.buckets[c] = out
+                    out.append(cur)
+            groups_of[c] = out
+        # every bucket's gradient in one collective allocation: registered buffers of one shared
+        # window where the dp ranks share a node (host arrays), so the dp all-reduce and ZeRO-1's
+        # reduce-scatter reduce them where they are, with no copy in or out (mpi/registered.py)
+        pad = self.dp if self.zero1 else 1
+        flat = [g for c in groups_of for g in groups_of[c]]
+        grads = iter(comm.registered_zeros([padded_size(g, pad) for g in flat], dtype, xp))
+        self.buckets = {c: [Bucket(g, next(grads)) for g in gs] for c, gs in groups_of.items()}
         self.shards = self._make_shards() if self.zero1 else []
         # the step's bookkeeping, in one place: chunks whose gradients are final, and the
         # parameters already final (tp partial sums done) before their chunk is

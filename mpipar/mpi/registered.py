@@ -1,0 +1,94 @@
+"""The shared window of a ``Comm``'s collectives, and ``registered_zeros``: arrays that live in
+a shared window (``shm_registered.py``).
+
+A mixin of ``Collectives``: the duplicate communicator the algorithms talk on, the ``Shm`` of
+``shm.py`` (made when first asked for) and their freeing; and registered buffers.
+
+Where the shared-memory algorithm is offered (every rank on one node) and the arrays are host
+memory, the arrays are registered: one shared window holds them at the same offsets in every
+rank's segment, and an all-reduce (in place) or reduce-scatter (axis 0) of one of them, or of a
+contiguous view inside one, chooses from its own rows (``tuning.REGISTERED``) and, where that is
+shm, reduces without copying it in or out. Everywhere else (ranks on several nodes, no shared
+windows, device arrays) the arrays are plain zeros and everything works as for any array:
+callers never need to know. They are registered whatever ``MPIPAR_COLLECTIVES`` forces (any
+algorithm runs on them; commbench switches the mode between calls on the same buffers). They
+replace the caller's own allocation: no extra memory.
+The window is freed with the communicator (``Comm.free``): the arrays must not be used after.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from mpipar.mpi.shm import Shm
+from mpipar.mpi.shm_registered import Registered
+from mpipar.mpi.staging import load_mpi
+
+
+class Registering:
+    """The shared window's life, registered_zeros, and whether an array is registered."""
+
+    _dup = None  # the communicator the algorithms talk on (a Dup, made on first use)
+    _shm = None  # shm.Shm once asked for; False where the ranks span nodes
+    _regs = ()  # the Shm's registered windows (its list, once one is made)
+
+    def shm_offered(self) -> bool:
+        """Whether the shared-memory algorithm can run: every rank on this node. Collective the
+        first time (every rank asks at the same call: the first collective choosing it)."""
+        if self._shm is None:
+            self._shm = Shm.create(self._dup_comm()) or False
+        return self._shm is not False
+
+    def _dup_comm(self):
+        if self._dup is None:
+            self._dup = self.mpi.Dup()  # collective: every rank reaches it at the same call
+        return self._dup
+
+    def _coll_free(self) -> None:
+        """Free the shared windows (registered ones too) and the duplicate communicator
+        (collective; ``Comm.free``)."""
+        if self._shm:
+            self._shm.free()
+        self._shm = None
+        self._regs = ()
+        if self._dup is not None:
+            self._dup.Free()
+            self._dup = None
+
+
+    def registered_zeros(self, sizes, dtype, xp=np) -> list:
+        """Zeroed 1-D arrays of ``sizes`` elements of ``dtype``, registered where possible
+        (module docstring). Collective: every rank calls it with the same sizes and dtype (a
+        disagreement is the same error on every rank)."""
+        sizes = [int(n) for n in sizes]
+        dtype = np.dtype(dtype)
+        if any(n < 0 for n in sizes):
+            raise ValueError(f"{self.axis}.registered_zeros: negative size in {sizes}")
+        if xp is not np or not self.shm_offered():
+            return [xp.zeros(n, dtype=dtype) for n in sizes]
+        self._agree_sizes(sizes, dtype)
+        shm = self._shm
+        reg = Registered(shm.comm, sizes, dtype, len(shm.regs))
+        shm.regs.append(reg)
+        self._regs = shm.regs
+        return list(reg.arrays)
+
+    def _agree_sizes(self, sizes, dtype) -> None:
+        """Every rank asked for the same arrays, or the same error on every rank."""
+        MPI = load_mpi()
+        mine = np.array([len(sizes), sum(sizes), zlib.crc32(np.array(sizes, np.int64).tobytes()),
+                         dtype.num, dtype.itemsize], dtype=np.int64)
+        lo, hi = mine.copy(), mine.copy()
+        comm = self._shm.comm
+        comm.Allreduce(MPI.IN_PLACE, lo, MPI.MIN)
+        comm.Allreduce(MPI.IN_PLACE, hi, MPI.MAX)
+        if (lo != hi).any():
+            raise ValueError(f"{self.axis}.registered_zeros: the ranks asked for different "
+                             f"arrays (here {len(sizes)} of {dtype.name}, {sum(sizes)} elements "
+                             f"in all); every rank must pass the same sizes and dtype")
+
+    def _registered(self, x) -> bool:
+        """x is (a contiguous view inside) one of this communicator's registered buffers."""
+        return bool(self._regs) and self._shm.locate(x) is not None
