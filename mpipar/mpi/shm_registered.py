@@ -70,10 +70,17 @@ class Registered:
         rank = comm.Get_rank()
         self.arrays = [np.frombuffer(self.mem[rank][o:o + int(n) * dtype.itemsize], dtype)
                        for o, n in zip(self.offsets, sizes, strict=True)]
+        # the arrays' identities: a view of one (a slice, a reshape) has it as its ``base``, so
+        # ``locate`` rejects any other array with two set lookups, where reading an address
+        # (``ctypes.data``, ~1 us) on every collective of the communicator cost more than a
+        # small all-reduce itself
+        self.roots = frozenset(id(a) for a in self.arrays)
 
     def locate(self, x):
         """The byte offset of contiguous host array ``x`` in this rank's segment, or None."""
-        if type(x) is not np.ndarray or not x.flags.c_contiguous:
+        roots = self.roots
+        if (type(x) is not np.ndarray or (id(x) not in roots and id(x.base) not in roots)
+                or not x.flags.c_contiguous):
             return None
         addr = x.ctypes.data
         if self.lo <= addr and addr + x.nbytes <= self.hi:
@@ -86,6 +93,7 @@ class Registered:
 
     def free(self) -> None:
         self.seg = self.mem = self.arrays = []  # no view of ours may outlive the memory
+        self.roots = frozenset()
         self.win.Unlock_all()
         self.win.Free()
 

@@ -52,6 +52,8 @@ def test_layout():
     assert all(c._registered(a) for a in arrays if a.size)
     assert c._registered(arrays[1][10:20]) and not c._registered(np.zeros(3, np.float32))
     assert not c._registered(arrays[1][::2]), "a strided view is not a registered buffer"
+    assert c._registered(arrays[1].reshape(50, 100)[3]), "a view of a view"
+    assert not c._registered(arrays[1].copy()) and not c._registered(arrays[1].tolist())
     assert all(a.base.nbytes == a.nbytes for a in arrays), "each its own bytes (memory.py)"
     c.free()
 
