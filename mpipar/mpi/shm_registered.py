@@ -29,6 +29,8 @@ window or another offset raises the same error on every rank, as any disagreemen
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from mpipar.mpi.algorithms import bounds
@@ -75,17 +77,25 @@ class Registered:
         # (``ctypes.data``, ~1 us) on every collective of the communicator cost more than a
         # small all-reduce itself
         self.roots = frozenset(id(a) for a in self.arrays)
+        self._seen = {}  # id(array) -> (weak reference, offset): a bucket is reduced every step
 
     def locate(self, x):
         """The byte offset of contiguous host array ``x`` in this rank's segment, or None."""
         roots = self.roots
-        if (type(x) is not np.ndarray or (id(x) not in roots and id(x.base) not in roots)
-                or not x.flags.c_contiguous):
+        if type(x) is not np.ndarray or (id(x) not in roots and id(x.base) not in roots):
+            return None
+        seen = self._seen.get(id(x))
+        if seen is not None and seen[0]() is x:  # the same object (not a reused id)
+            return seen[1]
+        if not x.flags.c_contiguous:
             return None
         addr = x.ctypes.data
-        if self.lo <= addr and addr + x.nbytes <= self.hi:
-            return addr - self.lo
-        return None
+        if not (self.lo <= addr and addr + x.nbytes <= self.hi):
+            return None
+        if len(self._seen) > 4096:
+            self._seen.clear()
+        self._seen[id(x)] = (weakref.ref(x), addr - self.lo)
+        return addr - self.lo
 
     def views(self, off, dtype, n):
         """Every rank's n elements of ``dtype`` at byte offset ``off``."""
@@ -93,7 +103,7 @@ class Registered:
 
     def free(self) -> None:
         self.seg = self.mem = self.arrays = []  # no view of ours may outlive the memory
-        self.roots = frozenset()
+        self.roots, self._seen = frozenset(), {}
         self.win.Unlock_all()
         self.win.Free()
 
