@@ -48,17 +48,17 @@ MODES = ("auto",) + ALGORITHMS
 # Rows: (from bytes, algorithm[, from ranks[, to ranks]]).
 # - registered buffers (``shm_registered.py``: the gradient buckets live in a shared window),
 #   their own rows: shm there copies nothing in or out (two barriers, n bytes read and written
-#   per rank), so it should win from far smaller sizes than the copying shm. From 256 KiB is a
-#   guess (two barriers cost a few us, a 256 KiB library all-reduce tens): not measured on a
-#   quiet machine yet; ``commbench --tune`` measures these rows ("allreduce_registered") too.
-#   Below it, and where shm is not offered, the same choices as for plain arrays.
+#   per rank). Measured (commbench --sizes 128K..1M, 30 iterations, alone, load 0.82): the
+#   all-reduce ties the library at 256 KiB (2 ranks 62.7 / 67.3 us, 4 ranks 288 / 249) and 384
+#   KiB on 4 ranks, and wins from 512 KiB (70 / 100 us, 317 / 382); the reduce-scatter ties at
+#   768 KiB and wins from 1 MiB (130 / 167, 546 / 645). Below, the choices for plain arrays.
 DEFAULT = {
     "allreduce": [(0, "library"), (2 << 20, "rabenseifner", 2, 2), (4 << 20, "shm", 3)],
     "reduce_scatter": [(0, "library"), (4 << 20, "shm")],
     "allgather": [(0, "library")],
     "allreduce_registered": [(0, "library"), (2 << 20, "rabenseifner", 2, 2),
-                             (256 << 10, "shm")],
-    "reduce_scatter_registered": [(0, "library"), (256 << 10, "shm")],
+                             (512 << 10, "shm")],
+    "reduce_scatter_registered": [(0, "library"), (1 << 20, "shm")],
 }
 # the kinds whose arrays may be registered buffers, and their rows' names in DEFAULT and tables
 REGISTERED = {"allreduce": "allreduce_registered", "reduce_scatter": "reduce_scatter_registered"}
