@@ -120,9 +120,12 @@ class Collectives(Registering):
         else:
             alg.run(steps)
 
-    def _post(self, algo, steps, need):
-        """An algorithm's steps in flight (non-blocking); ``need``: bytes per rank."""
-        return self._shm.start(steps, need) if algo == "shm" else alg.Stepper(steps)
+    def _post(self, algo, steps, need, registered=False):
+        """An algorithm's steps in flight (non-blocking); ``need``: bytes per rank;
+        ``registered``: shm's zero-copy path, queued behind the collectives in flight."""
+        if algo == "shm":
+            return self._shm.start(steps, need, queued=registered)
+        return alg.Stepper(steps)
 
     def _work(self, n, dtype, like, host):
         """(a flat scratch array of n elements, release()) on the host or beside ``like``."""

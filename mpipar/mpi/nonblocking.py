@@ -3,12 +3,14 @@
 A mixin beside ``Collectives`` (``collectives.py``), whose algorithm choice, scratch buffers and
 step generators it uses. A posted collective advances whenever ``algorithms.progress()`` (the
 executor, between actions) or its request's ``test()`` runs, and finishes at ``wait()``. The
-shared-memory algorithm (``shm.py``) advances the same way, a barrier per step; one is in flight
-per communicator (posting the next finishes the one before): the steps' barriers are Ibarriers
-on one communicator, which match in the order posted, not by collective, so with two in flight
-rank 0 could pass bucket 2's first barrier matched against rank 1's closing barrier of bucket 1,
-and read bucket 2 of rank 1 while rank 1's backward still writes it. A registered buffer
-(``shm_registered.py``) needs no window of the size of the message: its post never grows one.
+shared-memory algorithm (``shm.py``) advances the same way, a barrier per step; one runs at a
+time per communicator: the steps' barriers are Ibarriers on one communicator, which match in the
+order posted, not by collective, so with two running rank 0 could pass bucket 2's first barrier
+matched against rank 1's closing barrier of bucket 1, and read bucket 2 of rank 1 while rank 1's
+backward still writes it. Posting a copying one finishes the one before; a registered buffer's
+(``shm_registered.py``: no window to grow) is queued instead and starts when the one before it
+ends, at a later ``progress()``, ``test()`` or ``wait()``: posting a bucket during the backward
+never blocks it.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class NonBlocking:
             req = self.mpi.Iallreduce(load_mpi().IN_PLACE, target, mpi_op)
         else:
             req = self._post(algo, self._allreduce_steps(algo, target.reshape(-1), op),
-                             0 if registered else x.nbytes)
+                             0 if registered else x.nbytes, registered)
         size = self.size
 
         def finish(status):
@@ -83,7 +85,7 @@ class NonBlocking:
         bufs = [POOL.acquire(x.nbytes), POOL.acquire(out.nbytes)] if stage else []
         if algo != "library":
             req = self._post(algo, self._reduce_scatter_steps(algo, x, out, op),
-                             0 if registered else x.nbytes)
+                             0 if registered else x.nbytes, registered)
         elif stage:
             hin, hout = host_view(bufs[0], x.shape, x.dtype), host_view(bufs[1], want, x.dtype)
             to_host(x, hin)

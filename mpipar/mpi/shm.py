@@ -23,11 +23,14 @@ keeps a rank from overwriting its segment while another still reads it.
 
 A collective is a generator of steps (``algorithms.Stepper`` shape), each step ending in an
 ``Ibarrier``: the blocking collective waits on each, a non-blocking one advances at every
-``progress()`` / ``test()`` whose barrier has completed. One collective is in flight per window:
-starting another first finishes the one before (shared memory is filled by this rank's own
-copies, so two in flight would only hold twice the memory). Growing the window is a blocking
-collective, so it happens only at a post or in a blocking call (the same point on every rank),
-never inside a ``test()``.
+``progress()`` / ``test()`` whose barrier has completed. One collective runs at a time per
+communicator (their barriers match in the order posted): starting a copying one first finishes
+the one before (shared memory is filled by this rank's own copies, so two in flight would only
+hold twice the memory); a registered buffer's is queued (``Queued``) and starts when the ones
+before it end, so that posting a gradient bucket during the backward never waits there.
+Growing the window is a blocking collective, so it happens only at a post or in a blocking
+call (the same point on every rank), never inside a ``test()``: queued collectives never grow
+it.
 
 An array that is a registered buffer (``Comm.registered_zeros``, ``shm_registered.py``: it
 lives in a shared window already, at the same offset on every rank) skips the copies: all-reduce
@@ -39,6 +42,8 @@ elsewhere ``tuning.choose`` falls back on the other algorithms.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 import numpy as np
 
@@ -112,6 +117,8 @@ class Shm:
         self.window = Window(comm, MIN_BYTES)
         self.calls = 0  # shared-memory collectives started here: the same count on every rank
         self.busy = None  # the Stepper of the collective in flight
+        self.owner = None  # the Queued whose Stepper ``busy`` is (None: a copying collective's)
+        self.queue = deque()  # registered collectives posted behind ``busy``, in call order
         self.regs = []  # shm_registered.Registered windows (Comm.registered_zeros), in order
 
     @classmethod
@@ -142,25 +149,61 @@ class Shm:
     # --- driving -------------------------------------------------------------------------
 
     def finish_busy(self) -> None:
-        if self.busy is not None:
-            busy, self.busy = self.busy, None
-            busy.Wait()
+        """Finish the collective in flight and every one queued behind it (blocking)."""
+        while self.busy is not None or self.queue:
+            if self.busy is None:
+                self._start_next()
+            self.busy.Wait()
+            self._retire()
 
     def run(self, steps) -> None:
         """Run a collective's steps to the end (blocking)."""
         self.finish_busy()
         run_steps(steps)
 
-    def start(self, steps, need) -> Stepper:
-        """A collective's steps posted as a Stepper (the non-blocking path). ``need``: the data
-        bytes per rank; where they outgrow the window, the call agreement and the growth run
-        here, blocking, the same call on every rank, instead of inside a later ``test()``."""
+    def start(self, steps, need, queued=False):
+        """A collective's steps posted (the non-blocking path): a Stepper, or with ``queued``
+        (a registered buffer's: it never grows the window) a ``Queued`` that starts when the
+        ones before it are done, advanced by its own and their ``Test``. A copying collective
+        first finishes everything in flight. ``need``: the data bytes per rank; where they
+        outgrow the window, the call agreement and the growth run here, blocking, the same call
+        on every rank, instead of inside a later ``test()``."""
+        if queued:
+            q = Queued(self, steps)
+            self.queue.append(q)
+            self.pump(q, block=False)  # starts at once when nothing is in flight
+            return q
         self.finish_busy()
         stepper = Stepper(steps)  # header written, first barrier posted
         if self.window.capacity < min(need, MAX_BYTES):
             stepper.advance()
         self.busy = stepper
         return stepper
+
+    def pump(self, q, block) -> bool:
+        """Advance the collectives in flight and queued up to ``q``: until it is done (block)
+        or nothing more has arrived. Whether ``q`` is done. Each starts when the one before it
+        has ended on this rank, so every rank posts their barriers in one order (call order)
+        on one communicator: the reason for the queue (module docstring)."""
+        while not q.done:
+            if self.busy is None:
+                self._start_next()
+                continue
+            if block:
+                self.busy.Wait()
+            elif not self.busy.Test():
+                return False
+            self._retire()
+        return True
+
+    def _start_next(self) -> None:
+        self.owner = self.queue.popleft()
+        self.busy = self.owner.stepper = Stepper(self.owner.steps)  # header, first barrier
+
+    def _retire(self) -> None:
+        if self.owner is not None:
+            self.owner.done = True
+        self.busy = self.owner = None
 
     def _sync(self):
         """A barrier step: writes before it are seen by every rank after it."""
@@ -285,6 +328,22 @@ class Shm:
                     out[q * k + lo:q * k + hi] = segs[q]
                 elif not in_place:
                     out[q * k + lo:q * k + hi] = x[lo:hi]
+
+
+class Queued:
+    """A registered buffer's collective posted behind others (``Shm.start(queued=True)``),
+    shaped like an mpi4py request (``Test`` / ``Wait``) so ``Request`` can hold it."""
+
+    __slots__ = ("shm", "steps", "stepper", "done")
+
+    def __init__(self, shm, steps):
+        self.shm, self.steps, self.stepper, self.done = shm, steps, None, False
+
+    def Test(self, status=None) -> bool:  # noqa: N802 (mpi4py's name)
+        return self.shm.pump(self, block=False)
+
+    def Wait(self, status=None) -> None:  # noqa: N802
+        self.shm.pump(self, block=True)
 
 
 def store(host, out) -> None:

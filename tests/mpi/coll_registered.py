@@ -174,6 +174,44 @@ def test_auto_and_other_algorithms_on_registered():
         c.free()
 
 
+def test_buckets_posted_behind_a_late_rank_never_block():
+    """Gradient buckets posted back to back (as the backward does) while the last rank is
+    still computing: every post returns at once (each starts when the one before it ends), a
+    copying shm collective drains them first, and waiting in any order gives each bucket the
+    rank-order reduction."""
+    import time
+
+    c = make()
+    sizes = [5000, 3, 70000, 1, 40001]
+    bufs = c.registered_zeros(sizes, np.float64)
+    xs = [[data(80 + i, q, n, np.float64) for q in range(N)] for i, n in enumerate(sizes)]
+    late = N - 1
+    if c.rank == late:
+        time.sleep(1.0)  # the others post all their buckets meanwhile
+    t0 = time.perf_counter()
+    reqs = []
+    for i, buf in enumerate(bufs):
+        buf[...] = xs[i][c.rank]
+        reqs.append(c.iallreduce(buf, op="mean" if i % 2 else "sum"))
+    posted = time.perf_counter() - t0
+    if c.rank != late:
+        assert posted < 0.5, f"posting 5 buckets took {posted:.2f} s: a post waited for a peer"
+    plain = data(90, c.rank, 1000, np.float64)  # a copying shm all-reduce: drains the queue
+    got = c.allreduce(plain)
+    assert np.array_equal(got, in_rank_order([data(90, q, 1000, np.float64) for q in range(N)]))
+    assert all(r._req.done for r in reqs), "the copying collective finished the queued first"
+    for i in reversed(range(len(bufs))):
+        want = in_rank_order(xs[i])
+        assert np.array_equal(reqs[i].wait(), want / N if i % 2 else want), f"bucket {i}"
+    for i, buf in enumerate(bufs):  # again, waited in order, progressed as the executor does
+        buf[...] = xs[i][c.rank]
+    reqs = [c.iallreduce(buf) for buf in bufs]
+    while not all(r.done for r in reqs):
+        alg.progress()
+    assert all(np.array_equal(b, in_rank_order(x)) for b, x in zip(bufs, xs, strict=True))
+    c.free()
+
+
 def test_plain_where_shm_is_not_offered():
     real = shm.on_one_node
     shm.on_one_node = lambda comm: False
