@@ -9,7 +9,8 @@ memory, the arrays are registered: one shared window holds them at the same offs
 rank's segment, and an all-reduce (in place) or reduce-scatter (axis 0) of one of them, or of a
 contiguous view inside one, chooses from its own rows (``tuning.REGISTERED``) and, where that is
 shm, reduces without copying it in or out. Everywhere else (ranks on several nodes, no shared
-windows, device arrays) the arrays are plain zeros and everything works as for any array:
+windows, device arrays, or a node's /dev/shm without room for the window: ``_room``) the
+arrays are plain zeros and everything works as for any array:
 callers never need to know. They are registered whatever ``MPIPAR_COLLECTIVES`` forces (any
 algorithm runs on them; commbench switches the mode between calls on the same buffers). They
 replace the caller's own allocation: no extra memory.
@@ -18,12 +19,13 @@ The window is freed with the communicator (``Comm.free``): the arrays must not b
 
 from __future__ import annotations
 
+import sys
 import zlib
 
 import numpy as np
 
 from mpipar.mpi.shm import Shm
-from mpipar.mpi.shm_registered import Registered
+from mpipar.mpi.shm_registered import SHM_DIR, Registered, room_for, segment_bytes
 from mpipar.mpi.staging import load_mpi
 
 
@@ -57,7 +59,6 @@ class Registering:
             self._dup.Free()
             self._dup = None
 
-
     def registered_zeros(self, sizes, dtype, xp=np) -> list:
         """Zeroed 1-D arrays of ``sizes`` elements of ``dtype``, registered where possible
         (module docstring). Collective: every rank calls it with the same sizes and dtype (a
@@ -70,10 +71,27 @@ class Registering:
             return [xp.zeros(n, dtype=dtype) for n in sizes]
         self._agree_sizes(sizes, dtype)
         shm = self._shm
+        if not self._room(segment_bytes(sizes, dtype) * shm.size):
+            return [xp.zeros(n, dtype=dtype) for n in sizes]
         reg = Registered(shm.comm, sizes, dtype, len(shm.regs))
         shm.regs.append(reg)
         self._regs = shm.regs
         return list(reg.arrays)
+
+    def _room(self, nbytes) -> bool:
+        """Whether every rank sees room for the window (``nbytes`` for all ranks, a quarter
+        more for what else lives there) in the node's shared-memory file system (collective).
+        A container's default /dev/shm is 64 MiB: there the buckets stay private memory (the
+        reduction takes the other algorithms) instead of MPI failing to map the window."""
+        MPI = load_mpi()
+        ok = np.array([1 if room_for(nbytes + nbytes // 4) else 0], dtype=np.int64)
+        self._shm.comm.Allreduce(MPI.IN_PLACE, ok, MPI.MIN)
+        if not ok[0] and self.rank == 0:
+            print(f"[mpipar] {self.axis}: no room in {SHM_DIR} for {nbytes / 2**20:.1f} MiB of "
+                  f"registered buffers: they stay private memory (the collectives copy); give "
+                  f"the node's shared memory more room (e.g. docker --shm-size)",
+                  file=sys.stderr, flush=True)
+        return bool(ok[0])
 
     def _agree_sizes(self, sizes, dtype) -> None:
         """Every rank asked for the same arrays, or the same error on every rank."""

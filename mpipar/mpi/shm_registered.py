@@ -29,6 +29,7 @@ window or another offset raises the same error on every rank, as any disagreemen
 
 from __future__ import annotations
 
+import os
 import weakref
 
 import numpy as np
@@ -37,9 +38,36 @@ from mpipar.mpi.algorithms import bounds
 from mpipar.mpi.staging import load_mpi
 
 PAGE = 4096
+SHM_DIR = "/dev/shm"  # MPICH's and Open MPI's shared windows live in files here
 # the reduction of a block goes in pieces of this many bytes, so the copies out to the other
 # ranks' buckets read the result from the cache it was just written to
 PIECE = 512 << 10
+
+
+def offsets(sizes, dtype) -> list[int]:
+    """Each array's byte offset in a segment: one after the other, each page-aligned."""
+    out, off = [], 0
+    for n in sizes:
+        out.append(off)
+        off += -(-int(n) * np.dtype(dtype).itemsize // PAGE) * PAGE
+    return out
+
+
+def segment_bytes(sizes, dtype) -> int:
+    """One rank's segment of a window holding arrays of ``sizes`` elements."""
+    n = int(sizes[-1]) * np.dtype(dtype).itemsize if len(sizes) else 0
+    end = offsets(sizes, dtype)[-1] + -(-n // PAGE) * PAGE if len(sizes) else 0
+    return max(end, PAGE)
+
+
+def room_for(nbytes, path=SHM_DIR) -> bool:
+    """Whether the node's shared-memory file system (where MPI places shared windows) has
+    ``nbytes`` free; True where it cannot be told (then MPI decides)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return True
+    return st.f_bavail * st.f_frsize >= nbytes
 
 
 class Registered:
@@ -49,11 +77,8 @@ class Registered:
         MPI = load_mpi()
         dtype = np.dtype(dtype)
         self.number = number  # this window's place among the communicator's (in the header)
-        self.offsets, off = [], 0
-        for n in sizes:
-            self.offsets.append(off)
-            off += -(-int(n) * dtype.itemsize // PAGE) * PAGE  # the next array page-aligned
-        self.nbytes = max(off, PAGE)
+        self.offsets = offsets(sizes, dtype)
+        self.nbytes = segment_bytes(sizes, dtype)
         info = MPI.Info.Create()
         info.Set("alloc_shared_noncontig", "true")  # each segment on its owner's NUMA node
         try:

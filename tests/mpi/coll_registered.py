@@ -212,6 +212,25 @@ def test_buckets_posted_behind_a_late_rank_never_block():
     c.free()
 
 
+def test_plain_where_one_rank_sees_no_room():
+    """A shared-memory file system too small on one rank: every rank gets plain arrays
+    (agreed, so no rank waits in a window allocation the others skip), and they still reduce."""
+    from mpipar.mpi import registered
+
+    real = registered.room_for
+    registered.room_for = lambda nbytes: MPI.COMM_WORLD.Get_rank() != 0
+    try:
+        c = make()
+        (x,) = c.registered_zeros([1000], np.float64)
+        assert not c._registered(x) and not x.any() and not c._shm.regs
+        x[...] = 1.0
+        c.allreduce(x, inplace=True)
+        assert (x == N).all()
+        c.free()
+    finally:
+        registered.room_for = real
+
+
 def test_plain_where_shm_is_not_offered():
     real = shm.on_one_node
     shm.on_one_node = lambda comm: False
