@@ -220,13 +220,7 @@ def test_plain_where_one_rank_sees_no_room():
     real = registered.room_for
     registered.room_for = lambda nbytes: MPI.COMM_WORLD.Get_rank() != 0
     try:
-        c = make()
-        (x,) = c.registered_zeros([1000], np.float64)
-        assert not c._registered(x) and not x.any() and not c._shm.regs
-        x[...] = 1.0
-        c.allreduce(x, inplace=True)
-        assert (x == N).all()
-        c.free()
+        plain_and_reduced(1000, lambda c: not c._shm.regs)
     finally:
         registered.room_for = real
 
@@ -235,15 +229,20 @@ def test_plain_where_shm_is_not_offered():
     real = shm.on_one_node
     shm.on_one_node = lambda comm: False
     try:
-        c = make()
-        (x,) = c.registered_zeros([10], np.float64)
-        assert not c._registered(x) and isinstance(x, np.ndarray) and not x.any()
-        x[...] = 1.0
-        c.allreduce(x, inplace=True)
-        assert (x == N).all()
-        c.free()
+        plain_and_reduced(10, lambda c: not c._shm)
     finally:
         shm.on_one_node = real
+
+
+def plain_and_reduced(n, also):
+    """registered_zeros gave a plain zeroed array (and ``also(comm)`` holds), which reduces."""
+    c = make()
+    (x,) = c.registered_zeros([n], np.float64)
+    assert not c._registered(x) and isinstance(x, np.ndarray) and not x.any() and also(c)
+    x[...] = 1.0
+    c.allreduce(x, inplace=True)
+    assert (x == N).all()
+    c.free()
 
 
 for name, fn in list(globals().items()):
