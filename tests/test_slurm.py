@@ -175,6 +175,26 @@ def _wait(cluster, job_id: str) -> list[slurm.JobState]:
         pytest.fail(f"{exc}\n{cluster.log_tail('slurmctld')}")
 
 
+# The PyPI mpich wheel under Slurm 22.05's PMI-2 plugin sometimes fails in MPI_Init before
+# mpipar runs a line: slurmstepd logs "mpi/pmi2: invalid client request" (the client sent bytes
+# of its own heap as a hex value) and UCX then rejects a garbled peer address. CI met it on two
+# runs (one 2-rank array task each time); the development machine never did; slurm/README.md.
+# Only the test of the srun path itself meets it; it tries once more then.
+PMI2_STARTUP_FAILURE = ("mpi/pmi2: invalid client request", "Fatal error in internal_Init_thread")
+
+
+def _run_srun_job(cluster, run_root: Path, *argv) -> tuple[str, list[slurm.JobState]]:
+    """Submit with the default launcher (srun + PMI-2) and wait; resubmit once when the job
+    failed in MPI_Init with the wheel's PMI-2 fault, and on nothing else."""
+    for attempt in (1, 2):
+        job = _submit(cluster, run_root, *argv)
+        states = _wait(cluster, job)
+        logs = [slurm.error_text(s, 200) for s in states if s.state != "COMPLETED"]
+        if attempt == 2 or not any(sig in log for log in logs for sig in PMI2_STARTUP_FAILURE):
+            return job, states
+        print(f"job {job} failed in MPI_Init (the wheel's PMI-2 fault): submitting it again")
+
+
 def _losses(trace: Path) -> np.ndarray:
     import h5py
 
@@ -187,9 +207,8 @@ GRID = ("--dp", 2, "--pp", 2, "--tp", 1, "--schedule", "1f1b", "--microbatches",
 
 
 def test_batch_job_trains_like_mpiexec(cluster, train_ready, tmp_path):
-    job = _submit(cluster, tmp_path / "runs", *GRID)
-    states = _wait(cluster, job)
-    assert [s.state for s in states] == ["COMPLETED"], slurm.error_text(states[0])
+    job, states = _run_srun_job(cluster, tmp_path / "runs", *GRID)
+    assert [s.state for s in states] == ["COMPLETED"], slurm.error_text(states[0], 40)
     run_dir = tmp_path / "runs" / job
     losses = _losses(run_dir / "trace.h5")
     metrics = json.loads((run_dir / "metrics.json").read_text())
@@ -208,8 +227,10 @@ def test_batch_job_trains_like_mpiexec(cluster, train_ready, tmp_path):
 def test_sweep_array_runs_every_grid(cluster, train_ready, tmp_path, capsys):
     sweep = tmp_path / "grids.txt"
     sweep.write_text("dp=1\ndp=2\npp=2 microbatches=2 schedule=gpipe\n")
+    # Hydra inside the allocation: this test is about the array, not the launcher (the test
+    # above covers srun), and srun + PMI-2 with the mpich wheel can fail in MPI_Init.
     job = _submit(cluster, tmp_path / "runs", "--sweep", sweep, "--steps", 2,
-                  "--microbatches", 2)
+                  "--microbatches", 2, "--launcher", "mpiexec")
     states = _wait(cluster, job)
     assert sorted(s.job_id for s in states) == [f"{job}_{i}" for i in range(3)]
     failed = [s for s in states if s.state != "COMPLETED"]
@@ -239,6 +260,7 @@ def test_failing_job_is_reported_with_its_error(cluster, train_ready, tmp_path):
 
     proc = subprocess.run([sys.executable, "-m", "mpipar.cli", "slurm", "submit", "--config",
                            bad, "--dp", "2", "--run-root", tmp_path / "runs", "--wait",
+                           "--launcher", "mpiexec",  # the report, not the launcher, is tested
                            "--timeout", str(JOB_TIMEOUT)], capture_output=True, text=True,
                           env=cluster.env, timeout=JOB_TIMEOUT + 30)
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -247,7 +269,8 @@ def test_failing_job_is_reported_with_its_error(cluster, train_ready, tmp_path):
 
 
 def test_scancel_stops_a_running_job(cluster, train_ready, tmp_path):
-    job = _submit(cluster, tmp_path / "runs", "--dp", 2, "--steps", 100000)
+    job = _submit(cluster, tmp_path / "runs", "--dp", 2, "--steps", 100000,
+                  "--launcher", "mpiexec")
     deadline = time.monotonic() + JOB_TIMEOUT
     while slurm.job_states(job, cluster.env)[0].state != "RUNNING":
         assert time.monotonic() < deadline, "job never started"
