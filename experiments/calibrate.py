@@ -47,7 +47,8 @@ COLUMNS = ["grid", "schedule", "v", "m", "bubble_measured", "bubble_pred", "bubb
 BUBBLE_PTS, STEP_PCT = 1.5, 10.0
 # A row is marked when its units ran this much slower beside a neighbour's compute than alone,
 # with the line explaining this share of their spread (analysis.contention). Over 193 rows of
-# five calibrate runs, three reached 1.22-1.36 (R^2 0.44-0.63) and missed; no other passed 0.16.
+# five calibrate runs, three reached 1.22-1.36 (R^2 0.44-0.63) and missed; every other row's
+# R^2 was at most 0.16.
 CONTENTION_SLOWDOWN, CONTENTION_R2 = 1.1, 0.3
 
 

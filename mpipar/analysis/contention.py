@@ -11,7 +11,6 @@ of predicted against measured can say which rows it marks.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 
 import numpy as np
@@ -23,9 +22,8 @@ MIN_UNITS = 8
 
 
 def _hosts(run: Run) -> list:
+    """Each rank's host (the dump's ``hostnames``, decoded by the loader); one host if absent."""
     hosts = run.attrs.get("hostnames")
-    if isinstance(hosts, str):
-        hosts = json.loads(hosts)
     return list(hosts) if hosts and len(hosts) == run.world_size else ["?"] * run.world_size
 
 
