@@ -60,8 +60,9 @@ def cfg_of(**sets):
     ({"schedule": "1f1b", "pp": 2, "microbatches": 4}, "synchronous"),
     ({"schedule": "pipedream-2bw", "pp": 2, "microbatches": 2}, "2bw"),
     ({"schedule": "pipedream", "pp": 2, "microbatches": 2}, "pipedream"),
+    ({"schedule": "pipedream", "pp": 2, "microbatches": 2, "continuous": "true"}, "continuous"),
     ({"schedule": "pipedream-2bw", "pp": 2, "microbatches": 2, "continuous": "true"},
-     "continuous"),
+     "continuous-2bw"),
 ])
 def test_the_resolved_run_names_its_mode_and_holds_one_lowered_schedule(sets, mode):
     r = resolve(cfg_of(**sets))
@@ -71,7 +72,7 @@ def test_the_resolved_run_names_its_mode_and_holds_one_lowered_schedule(sets, mo
     assert all(r.rank_of(c) == c % 2 for c in r.bounds)
     with pytest.raises(FrozenInstanceError):  # frozen: nothing downstream changes the run
         r.mode = "synchronous"
-    if mode == "continuous":
+    if mode.startswith("continuous"):
         seg = r.segment(3)
         assert seg.steps == 3 and seg.lowered and r.segment(3) is seg  # made once per length
         check_schedule(seg)

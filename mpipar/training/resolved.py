@@ -17,7 +17,7 @@ from ..parallel.pipeline import build
 from ..parallel.pipeline.actions import Schedule
 
 # the training modes, one step class each (``steps.STEP_CLASSES``)
-MODES = ("synchronous", "pipedream", "2bw", "continuous")
+MODES = ("synchronous", "pipedream", "2bw", "continuous", "continuous-2bw")
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,8 @@ class ResolvedRun:
 
 def training_mode(cfg: Config, schedule: Schedule) -> str:
     """Which step class runs the schedule (``MODES``)."""
-    if cfg.parallel.continuous:
-        return "continuous"  # pipedream or pipedream-2bw without a flush between steps
+    if cfg.parallel.continuous:  # no flush between steps either
+        return "continuous-2bw" if schedule.kind == "pipedream-2bw" else "continuous"
     if schedule.asynchronous:
         return "pipedream"  # an update per micro-batch, weight stashing
     if schedule.kind == "pipedream-2bw":

@@ -10,10 +10,10 @@ shard, chunks, gradient sync, optimizer, executor, batches) and each mode adds i
 - ``PipeDream``: no flush inside a step's lists: each chunk steps on its own, once per
   micro-batch, from the executor's UPDATE actions (weight stashing; no global-norm clipping, a
   global norm needs every stage at one point).
-- ``Continuous``: pipedream / pipedream-2bw with no flush between steps either: the steps up to
-  the next drain point form one continuous schedule (``ResolvedRun.segment``), run a step at a
-  time; 2BW updates each chunk once per step (the gradient taken on the older buffer, which is
-  kept per chunk and checkpointed).
+- ``Continuous`` / ``ContinuousTwoBW``: pipedream / pipedream-2bw with no flush between steps
+  either: the steps up to the next drain point form one continuous schedule
+  (``ResolvedRun.segment``), run a step at a time; 2BW updates each chunk once per step (the
+  gradient taken on the older buffer, which is kept per chunk and checkpointed).
 """
 
 from __future__ import annotations
@@ -193,12 +193,10 @@ class PipeDream(Step):
 
 
 class Continuous(PipeDream):
-    """No flush between steps (module doc)."""
+    """PipeDream with no flush between steps (module doc)."""
 
     def __init__(self, trainer):
         super().__init__(trainer)
-        self.two_bw = trainer.run.schedule.kind == "pipedream-2bw"
-        self.older = OlderBuffer(trainer.params) if self.two_bw else None
         self.segment = None  # the ContinuousRun in flight (None: drained)
         self.start_step = 0  # the step of micro-batch 0 of the running lists
         self._fed = {}
@@ -227,11 +225,14 @@ class Continuous(PipeDream):
             on_update=self.apply_update)
         for q in t.params:
             q.zero_grad()
-        if self.two_bw:
-            self.older.ensure()
+        older = self._older_by_chunk()
         self.start_step, self._fed = t.step, {}
-        return ContinuousRun(ex, self._feed, older=self.older.by_chunk(t.chunks)
-                             if self.two_bw else None)
+        return ContinuousRun(ex, self._feed, older=older)
+
+    def _older_by_chunk(self):
+        """The older weights the run starts with, {chunk: arrays} (None: PipeDream keeps
+        none across runs)."""
+        return None
 
     def _feed(self, k):
         """The local micro-batches of step k of the running lists (the trainer feeds step k+1
@@ -245,12 +246,21 @@ class Continuous(PipeDream):
     def step_of(self, mb: int) -> int:
         return self.start_step + mb // self.t.run.microbatches
 
+
+class ContinuousTwoBW(Continuous):
+    """PipeDream-2BW with no flush between steps (module doc): one update per chunk and step."""
+
+    def __init__(self, trainer):
+        super().__init__(trainer)
+        self.older = OlderBuffer(trainer.params)
+
+    def _older_by_chunk(self):
+        self.older.ensure()
+        return self.older.by_chunk(self.t.chunks)
+
     def apply_update(self, mb, c):
-        """2BW: mb is its step's last; the step's gradient (taken on the older buffer) goes to
-        the current weights, which first become the chunk's older buffer."""
-        if not self.two_bw:
-            super().apply_update(mb, c)
-            return
+        """mb is its step's last; the step's gradient (taken on the older buffer) goes to the
+        current weights, which first become the chunk's older buffer."""
         ps = self.t.chunks[c].params()
         keep = {id(q): q.data.copy() for q in ps}
         self.older.arrays = [keep.get(id(q), w) for q, w in zip(self.t.params, self.older.arrays)]
@@ -260,4 +270,4 @@ class Continuous(PipeDream):
 
 
 STEP_CLASSES = {"synchronous": Synchronous, "2bw": TwoBW, "pipedream": PipeDream,
-                "continuous": Continuous}
+                "continuous": Continuous, "continuous-2bw": ContinuousTwoBW}
