@@ -55,8 +55,6 @@ class OlderBuffer:
 class Step:
     """One training mode (module doc). ``t``: the trainer whose shared state it uses."""
 
-    asynchronous = False  # True: the executor applies the updates (UPDATE actions)
-
     def __init__(self, trainer):
         self.t = trainer
         self.older = None  # 2BW only: the OlderBuffer
@@ -157,8 +155,6 @@ class TwoBW(Step):
 
 class PipeDream(Step):
     """An update per micro-batch, from UPDATE actions (module doc)."""
-
-    asynchronous = True
 
     def optimizer(self):
         t = self.t  # each chunk steps on its own
