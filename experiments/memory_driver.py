@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     tracer = Tracer(enabled=True, backend=backend, rank=rank)
     p = cfg.parallel
     grid = ProcessGrid(p.dp, p.pp, p.tp, order=p.order, tracer=tracer, backend=backend)
-    trainer = Trainer(cfg, grid, tracer, backend, prepare_data(cfg, grid), schedule=schedule)
+    trainer = Trainer(cfg, grid, tracer, backend, prepare_data(cfg, grid), resolved=schedule)
     probe = Probe(trainer.chunks, p.recompute)
     setup = tracemalloc.get_traced_memory()[0]  # the data set, model and optimizer made
     grid.world_comm.barrier()

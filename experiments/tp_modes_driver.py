@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     backend = Backend("cpu", cfg.train.dtype)
     tracer = Tracer(enabled=True, backend=backend, rank=rank)
     grid = ProcessGrid(1, 1, a.tp, tracer=tracer, backend=backend)
-    tr = Trainer(cfg, grid, tracer, backend, prepare_data(cfg, grid), schedule=schedule)
+    tr = Trainer(cfg, grid, tracer, backend, prepare_data(cfg, grid), resolved=schedule)
     times = []
     for _ in range(a.steps):
         grid.world_comm.barrier()

@@ -11,9 +11,8 @@ import pytest
 from mpi_util import SMALL_GPT, python_script, run_mpi
 
 from mpipar.config import ConfigError, load_config
-from mpipar.parallel.pipeline.actions import Action, Schedule, ScheduleError
+from mpipar.parallel.pipeline.actions import Action, Schedule, ScheduleError, step_cuts
 from mpipar.parallel.pipeline.check import check_schedule
-from mpipar.parallel.pipeline.continuous import step_cuts
 from mpipar.parallel.pipeline.generators import build_schedule, weight_versions
 from mpipar.parallel.pipeline.simulate import simulate
 from mpipar.training.loop import drain_point

@@ -235,12 +235,12 @@ def continuous_dump(path, model, kind="pipedream-2bw", pp=2, m=2, steps=4):
     record (step k's call between STEP markers, each action's event tagged with the step of its
     micro-batch, UPDATE as OPT, the world all-reduce the ranks meet in). Returns (path, spans)."""
     from mpipar.analysis.synthetic import gpt_config
-    from mpipar.parallel.pipeline.continuous import step_cuts
-    from mpipar.parallel.pipeline.executor import sends_first
+    from mpipar.parallel.pipeline.actions import step_cuts
+    from mpipar.parallel.pipeline.lowering import lower
     from mpipar.parallel.pipeline.simulate import simulate_steps
 
-    s = build_schedule(kind, pp, m, steps=steps)
-    order = [sends_first(a) for a in s.ranks]
+    s = lower(build_schedule(kind, pp, m, steps=steps))
+    order = s.ranks  # the executor's order
     cuts = [step_cuts(s, a) for a in order]
     sim, spans = simulate_steps(s, model, order, cuts)
     starts = [sum(spans[:k]) for k in range(steps)]

@@ -114,7 +114,7 @@ def _traced_peak(sets: dict) -> tuple[float, list[dict]]:
     cpu.clear_pool()  # buffers an earlier test left in the pool would be reused, not traced
     tracemalloc.start()
     try:
-        trainer = Trainer(cfg, grid, tracer, backend, data, schedule=schedule)
+        trainer = Trainer(cfg, grid, tracer, backend, data, resolved=schedule)
         setup = tracemalloc.get_traced_memory()[0]
         tracemalloc.reset_peak()
         for _ in range(3):

@@ -344,9 +344,10 @@ def test_v_placement_errors():
 
 
 def test_forward_only_and_build_chunks_follow_the_placement():
-    from mpipar.parallel.pipeline.executor import build_chunks, forward_only_schedule
+    from mpipar.parallel.pipeline.executor import build_chunks
+    from mpipar.parallel.pipeline.generators import forward_only
 
-    s = forward_only_schedule(3, 2, 2, "v")
+    s = forward_only(3, 2, 2, "v")
     assert all(s.rank_of(a.chunk) == r for r, acts in enumerate(s.ranks) for a in acts)
     assert "RECV_F0.3" not in [str(a) for a in s.ranks[2]]  # chunks 2 and 3 both on rank 2
     assert "RECV_F0.4" in [str(a) for a in s.ranks[1]]

@@ -183,12 +183,12 @@ def test_compute_jitter_raises_the_expected_step_and_is_deterministic():
 def test_a_continuous_schedule_run_a_step_at_a_time_meets_after_every_step():
     """simulate_steps: call k + 1 starts on every rank only after every rank ended call k, the
     step's collective (sync) and the fixed time after and before; the spans add up."""
-    from mpipar.parallel.pipeline.continuous import step_cuts
-    from mpipar.parallel.pipeline.executor import sends_first
+    from mpipar.parallel.pipeline.actions import step_cuts
+    from mpipar.parallel.pipeline.lowering import lower
     from mpipar.parallel.pipeline.simulate import CostModel, simulate_steps
 
-    s = build_schedule("pipedream-2bw", 2, 2, steps=3)
-    order = [sends_first(a) for a in s.ranks]
+    s = lower(build_schedule("pipedream-2bw", 2, 2, steps=3))
+    order = s.ranks  # the executor's order
     cuts = [step_cuts(s, a) for a in order]
     model = CostModel(sync=0.5, step_pre=0.25, step_post=0.125)
     sim, spans = simulate_steps(s, model, order, cuts)

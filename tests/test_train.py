@@ -57,16 +57,18 @@ def test_config_errors_name_the_field(over, words):
 
 
 def test_preflight_builds_the_checked_schedule_once(tmp_path, monkeypatch):
-    from mpipar.parallel.pipeline import generators
+    from mpipar.parallel.pipeline import build
 
     calls = []
-    real = generators.build_schedule
-    monkeypatch.setattr(generators, "build_schedule",
+    real = build.build_schedule
+    monkeypatch.setattr(build, "build_schedule",
                         lambda *a, **k: calls.append(a) or real(*a, **k))
     cfg = load_config(None, {"parallel.pp": "2", "parallel.microbatches": "4",
                              "run.out": str(tmp_path / "r")})
-    s = preflight(cfg, 2)
-    assert (s.pp, s.microbatches) == (2, 4) and len(calls) == 1
+    r = preflight(cfg, 2)
+    s = r.schedule
+    assert (s.pp, r.microbatches, r.mode) == (2, 4, "synchronous") and len(calls) == 1
+    assert s.lowered and r.eval_schedule.lowered and r.bounds == {0: (0, 2), 1: (2, 4)}
     with pytest.raises(ConfigError, match="mpiexec -n 2"):
         preflight(cfg, 4)
     with pytest.raises(ConfigError, match="zigzag"):

@@ -10,9 +10,10 @@ slower one to join the reduction is idle inside it, and is predicted so), each m
 its own unit costs and the results averaged, as the measurement averages steps (``calibrated``),
 every compute drawing its duration from the fitted jitter and the prediction the mean of those
 draws (``expected_outcome``; mean costs under-count the waits a slow unit causes), the ranks in
-their executor's order (``as_executed``); a continuous run by ``predict_continuous``; and the
-memory model (``mpipar.analysis.memory_model``) beside the measured peak (``measured_memory``:
-``mem.static`` + ``mem.peak`` - ``mem.base``, when the run recorded them).
+their executor's order (the lowered schedule, ``lowering.lower``); a continuous run by
+``predict_continuous``; and the memory model (``mpipar.analysis.memory_model``) beside the
+measured peak (``measured_memory``: ``mem.static`` + ``mem.peak`` - ``mem.base``, when the run
+recorded them).
 
 The **uniform predicted bubble** (``bubble_sim``): the simulator with one cost per action kind
 for every rank, the measured mean per-chunk F, B, W times ``virtual_stages`` (the simulator takes
@@ -27,6 +28,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..parallel.pipeline.lowering import lower
 from .dump import Run
 from .flops import setting as get
 
@@ -130,13 +132,6 @@ def pipeline_bubble(sims) -> float:
     return sum(1 - b / window for b in busy) / len(busy) if window > 0 else 0.0
 
 
-def as_executed(sched):
-    """The schedule with each rank's actions in the order its executor runs them
-    (``executor.sends_first``: in a run of sends and receives, the sends first): the calibrated
-    model is of this executor, whose order decides which rank waits."""
-    from mpipar.parallel.pipeline.executor import sends_first
-
-    return replace(sched, ranks=[sends_first(acts) for acts in sched.ranks])
 
 
 def run_model(run: Run, steps, kind: str, pp: int, m: int, v: int):
@@ -150,7 +145,7 @@ def run_model(run: Run, steps, kind: str, pp: int, m: int, v: int):
         from .predict_continuous import continuous_model
 
         return continuous_model(run, steps, kind, pp, m)
-    sched = as_executed(build_schedule(kind, pp, m, virtual_stages=v))
+    sched = lower(build_schedule(kind, pp, m, virtual_stages=v))
     model, notes = fit(run, steps, sched)
     return sched, model, notes, simulate(sched, model)
 
@@ -186,7 +181,7 @@ def replica_models(run: Run, steps, kind: str, pp: int, m: int, v: int, fixed=No
 
     from .costmodel import fit, jitter
 
-    sched = as_executed(build_schedule(kind, pp, m, virtual_stages=v))
+    sched = lower(build_schedule(kind, pp, m, virtual_stages=v))
     fitted = [fit(sub, steps, sched) for sub in replicas(run)]
     models = [mod for mod, _ in fitted]
     keys = set().union(*(mod.dp_reduce for mod in models))

@@ -1,7 +1,7 @@
 """The calibrated prediction of a continuous run (PipeDream / 2BW without a flush).
 
 A continuous run's lists span its steps (``Schedule.steps``), but the trainer still calls the
-executor a step at a time (``continuous.step_cuts``: step k's call runs a rank's actions up to
+executor a step at a time (``actions.step_cuts``: step k's call runs a rank's actions up to
 the last one of a step-k micro-batch), and every call ends in the loss all-reduce of the whole
 world: every step, the ranks meet. That meeting is most of a continuous run's bubble (the
 simulation of the lists alone, with nothing between the steps, has 2.7 % at m = 8 where
@@ -176,15 +176,15 @@ def _model(run: Run, steps, kind: str, pp: int, m: int) -> tuple:
     """(schedule, fitted CostModel, notes, (jitter-free SimResult, spans), executor order, cuts)
     of the run's lists, one from step 0 to the last (the trainer drains only there when no
     evaluation or checkpoint stops it first)."""
-    from mpipar.parallel.pipeline.continuous import step_cuts
-    from mpipar.parallel.pipeline.executor import sends_first
+    from mpipar.parallel.pipeline.actions import step_cuts
     from mpipar.parallel.pipeline.generators import build_schedule
+    from mpipar.parallel.pipeline.lowering import lower
     from mpipar.parallel.pipeline.simulate import simulate_steps
 
     if len({(int(d), int(t)) for d, _, t in run.coords}) > 1:
         raise ValueError("a continuous run with dp or tp > 1 has no calibrated model yet")
-    sched = build_schedule(kind, pp, m, steps=max(run.steps()) + 1)
-    order = [sends_first(acts) for acts in sched.ranks]
+    sched = lower(build_schedule(kind, pp, m, steps=max(run.steps()) + 1))
+    order = sched.ranks  # the executor's order
     cuts = [step_cuts(sched, acts) for acts in order]
     model, notes = fit_continuous(run, steps, sched, cuts)
     return sched, model, notes, simulate_steps(sched, model, order, cuts), order, cuts

@@ -45,21 +45,22 @@ def unit_costs(run) -> tuple[list[float], list[str]]:
     """(cost per pipeline unit, its layout symbol E / t / L) of the run's GPT."""
     from ..backend import Backend
     from ..models import build_model
-    from ..training.preflight import make_schedule
-    from ..training.trainer import chunk_bounds
+    from ..parallel.pipeline.build import run_schedule, stage_bounds, unit_weights
 
     cfg = _config_of(run)
     if cfg.model.kind != "gpt":
         raise ValueError(f"{run.path}: layouts describe GPT stages; this run trained a "
                          f"{cfg.model.kind}")
     model = build_model(cfg.model, Backend("cpu", "float32"), seed=0)
-    bounds = chunk_bounds(cfg, model, make_schedule(cfg))
+    p = cfg.parallel
+    v = run_schedule(p, cfg.train.steps).virtual_stages
+    weights = unit_weights(model)  # each unit's parameters (+1): also the spread within a chunk
+    bounds = stage_bounds(p, cfg.model.n_layer, len(model.units), v, weights)
     times = chunk_times(run)
     missing = sorted(set(bounds) - set(times))
     if missing:
         raise ValueError(f"{run.path}: no compute events for chunk(s) {missing}; was the run "
                          f"traced (run.trace = true)?")
-    weights = [sum(q.size for q in u.params()) + 1 for u in model.units]
     costs = [0.0] * len(model.units)
     for c, (lo, hi) in bounds.items():
         total = sum(weights[lo:hi])

@@ -1,4 +1,5 @@
-"""``mpipar schedule``: build or load a pipeline schedule, check, simulate and chart it (no MPI)."""
+"""``mpipar schedule``: build or load a pipeline schedule, lower it to the executor's order
+(``lowering.lower``), check, simulate and chart that (no MPI): what is drawn is what runs."""
 
 from __future__ import annotations
 
@@ -31,8 +32,11 @@ def add_arguments(p) -> None:
                    help="pipedream: every stage uses the first stage's weight version")
     p.add_argument("--png", help="also write a Gantt chart to this PNG file")
     p.add_argument("--save", help="write the schedule's action lists to this text file (.csv: "
-                   "torch.distributed.pipelining's CSV, with communication)")
-    p.add_argument("--actions", action="store_true", help="print the action lists too")
+                   "torch.distributed.pipelining's CSV, with communication), as generated: "
+                   "sends and receives in an order safe with blocking sends; mpipar lowers it "
+                   "again when it runs or draws it")
+    p.add_argument("--actions", action="store_true",
+                   help="print the action lists too, in the executor's (lowered) order")
     p.add_argument("--width", type=int, default=120, help="chart width in characters")
     p.add_argument("--layout-from", metavar="DUMP",
                    help="print the layout string (--layout) that balances the per-unit compute "
@@ -102,6 +106,7 @@ def run(args) -> int:
     from mpipar.parallel.pipeline.chart import save_png, text_chart
     from mpipar.parallel.pipeline.check import check_schedule
     from mpipar.parallel.pipeline.generators import build_schedule, default_virtual_stages
+    from mpipar.parallel.pipeline.lowering import lower
     from mpipar.parallel.pipeline.simulate import resolve_costs, simulate, textbook_bubble
 
     try:
@@ -113,25 +118,26 @@ def run(args) -> int:
             if args.file.endswith(".csv"):  # torch.distributed.pipelining's CSV
                 from mpipar.parallel.pipeline.torch_csv import load_torch_csv
 
-                s = load_torch_csv(args.file)
+                source = load_torch_csv(args.file)
             else:
-                s = Schedule.load(args.file)
-            check_sizes(s.pp, s.microbatches, s.virtual_stages, args.width)
+                source = Schedule.load(args.file)
+            check_sizes(source.pp, source.microbatches, source.virtual_stages, args.width)
         else:
             kind = args.kind or "1f1b"
             virtual_stages = args.virtual_stages
             if virtual_stages is None:
                 virtual_stages = default_virtual_stages(kind)
-            s = build_schedule(kind, args.pp, args.microbatches, virtual_stages,
-                               steps=args.steps, vertical_sync=args.vertical_sync)
+            source = build_schedule(kind, args.pp, args.microbatches, virtual_stages,
+                                    steps=args.steps, vertical_sync=args.vertical_sync)
+        s = lower(source)
         check_schedule(s)
         result = simulate(s, costs)
         if args.save and args.save.endswith(".csv"):  # torch's CSV, with sends and receives
             from mpipar.parallel.pipeline.torch_csv import format_torch_csv
 
-            Path(args.save).write_text(format_torch_csv(s, "compute_comms"))
+            Path(args.save).write_text(format_torch_csv(source, "compute_comms"))
         elif args.save:
-            s.save(args.save)
+            source.save(args.save)
         if args.png:
             save_png(result, s, args.png)
     except (ValueError, OSError) as exc:  # user errors: a message, no traceback

@@ -71,7 +71,7 @@ def run(args) -> int:
     failfast.install(brief)
     # Start: the deterministic checks, on every rank, before any MPI traffic. The ranks then
     # agree: one message (not one per rank), the same exit code everywhere, no rank left waiting.
-    error = cfg = schedule = None
+    error = cfg = resolved = None
     try:
         world_size, _ = world_size_and_rank()
         from mpipar.config import load_config
@@ -79,7 +79,7 @@ def run(args) -> int:
         from mpipar.training.loop import check_run_settings
 
         cfg = load_config(args.config, overrides_from(args))
-        schedule = preflight(cfg, world_size)
+        resolved = preflight(cfg, world_size)
         check_run_settings(cfg)
     except Exception as exc:
         error = exc
@@ -92,7 +92,7 @@ def run(args) -> int:
 
     with failfast.guard(brief):
         try:
-            train_run(cfg, schedule)
+            train_run(cfg, resolved)
         except Preempted:
             return failfast.EXIT_PREEMPTED
     return 0

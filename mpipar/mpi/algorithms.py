@@ -251,6 +251,11 @@ class Stepper:
 PENDING: list = []  # Requests of non-blocking collectives not yet known to be done
 
 
+def in_flight() -> bool:
+    """Whether any non-blocking collective is outstanding (``progress`` has work to do)."""
+    return bool(PENDING)
+
+
 def progress() -> None:
     """Advance every outstanding non-blocking collective as far as its messages allow.
 

@@ -55,10 +55,12 @@ def split_rows(a, parts, index=None):
     return [a[i * k:(i + 1) * k] for i in range(parts)]
 
 
-def local_microbatches(cfg: Config, backend, dp_rank: int, x, y):
-    """This data-parallel replica's rows of a global batch, on the device, as micro-batches."""
-    p = cfg.parallel
-    x, y = split_rows(x, p.dp, dp_rank), split_rows(y, p.dp, dp_rank)
+def local_microbatches(run, backend, dp_rank: int, x, y):
+    """This data-parallel replica's rows of a global batch, on the device, as the resolved
+    run's (``resolved.ResolvedRun``) micro-batches."""
+    cfg = run.cfg
+    dp = cfg.parallel.dp
+    x, y = split_rows(x, dp, dp_rank), split_rows(y, dp, dp_rank)
     xp, dtype = backend.xp, backend.dtype
     if cfg.model.kind == "mlp":
         x = xp.asarray(x, dtype=dtype)
@@ -67,5 +69,5 @@ def local_microbatches(cfg: Config, backend, dp_rank: int, x, y):
     else:
         x = xp.asarray(x)
     y = xp.asarray(y)
-    m = p.microbatches
+    m = run.microbatches
     return split_rows(x, m), split_rows(y, m)

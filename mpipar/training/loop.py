@@ -40,9 +40,9 @@ def check_run_settings(cfg: Config) -> None:
         cfg.run.resume = "latest" if latest.is_file() else ""
 
 
-def run(cfg: Config, schedule=None) -> dict:
+def run(cfg: Config, resolved=None) -> dict:
     """Train as the config says, on whatever MPI world this process belongs to.
-    ``schedule``: the one ``preflight`` built (``mpipar train`` runs preflight before this)."""
+    ``resolved``: the run ``preflight`` resolved (``mpipar train`` runs preflight before this)."""
     from ..checkpoint import maybe_resume, save_checkpoint
     from ..mpi import failfast
     from ..mpi.dump import dump_trace
@@ -50,8 +50,8 @@ def run(cfg: Config, schedule=None) -> dict:
     from ..mpi.world import world_size_and_rank
 
     world_size, world_rank = world_size_and_rank()
-    if schedule is None:  # every rank checks; all fail alike, before any MPI traffic
-        schedule = preflight(cfg, world_size)
+    if resolved is None:  # every rank checks; all fail alike, before any MPI traffic
+        resolved = preflight(cfg, world_size)
         check_run_settings(cfg)
     failfast.install()
     if cfg.train.device == "cuda":
@@ -62,7 +62,7 @@ def run(cfg: Config, schedule=None) -> dict:
     grid = ProcessGrid(p.dp, p.pp, p.tp, order=p.order, tracer=tracer, backend=backend)
     out = cfg.out_dir
     data_path = prepare_data(cfg, grid) if cfg.model.kind == "gpt" else None
-    trainer = Trainer(cfg, grid, tracer, backend, data_path, schedule=schedule)
+    trainer = Trainer(cfg, grid, tracer, backend, data_path, resolved=resolved)
     maybe_resume(trainer)
     grid.world_comm.barrier()
     tracer.reset_clock()
@@ -75,7 +75,8 @@ def run(cfg: Config, schedule=None) -> dict:
     if lead:
         out.mkdir(parents=True, exist_ok=True)
         print(f"mpipar: {cfg.model.kind} with {trainer.model.n_params_full:,} parameters on "
-              f"dp={p.dp} pp={p.pp} tp={p.tp} ({p.schedule}, {p.microbatches} micro-batches), "
+              f"dp={p.dp} pp={p.pp} tp={p.tp} ({p.schedule}, {resolved.microbatches} "
+              f"micro-batches), "
               f"{cfg.train.dtype} on {cfg.train.device}; run dir {out}", flush=True)
     file_attrs = {"config": cfg.to_dict(),
                   "peak_flops": _device_peak(grid, backend) if cfg.run.trace else float("nan")}
@@ -156,7 +157,7 @@ def _steps(cfg: Config, trainer: Trainer, lead: bool, flush, checkpoint):
                     _maybe_progress(cfg, i, n, rec, start)
                 # every rank stops after the same step (the last one needs no agreement)
                 pending = pending or (0 if last else signals.agree())
-                if pending and trainer.segment is None:
+                if pending and trainer.drained:
                     return history, val_loss, pending
                 _periodic(cfg, i + 1, last, flush, checkpoint)
     finally:
@@ -251,7 +252,7 @@ def _summary(cfg, trainer, history: History, val_loss):
         "params": trainer.model.n_params_full,
         "grid": {"dp": cfg.parallel.dp, "pp": cfg.parallel.pp, "tp": cfg.parallel.tp},
         "schedule": cfg.parallel.schedule,
-        "microbatches": cfg.parallel.microbatches,
+        "microbatches": trainer.run.microbatches,
     }
     if cfg.model.kind == "gpt":
         s["unigram_val_loss"] = trainer.batches.ds.unigram_val_loss

@@ -1,7 +1,8 @@
 """Every check that needs no MPI work, on every rank, before anything starts (contract 8).
 
 ``config.validate`` checks the settings alone; here they meet the world (its size), the model
-(the shapes tp and the pipeline cut) and the schedule, which is built and checked once and
+(the shapes tp and the pipeline cut) and the schedule; the run is resolved once
+(``resolved.resolve``: schedule lowered and checked, micro-batches, mode, stage cut) and
 handed to the trainer.
 """
 
@@ -10,35 +11,7 @@ from __future__ import annotations
 from ..config import Config, ConfigError, validate
 from ..models import check_gpt_shapes, check_mlp_shapes, unit_count
 from ..trace import check_writable
-
-
-def make_schedule(cfg: Config):
-    """The run's schedule (generated, or read from ``parallel.schedule_file``), checked."""
-    from ..parallel.pipeline.actions import Schedule
-    from ..parallel.pipeline.check import check_schedule
-    from ..parallel.pipeline.generators import build_schedule
-
-    p = cfg.parallel
-    if p.schedule_file.endswith(".csv"):  # torch.distributed.pipelining's schedule CSV
-        from ..parallel.pipeline.torch_csv import load_torch_csv
-
-        s = load_torch_csv(p.schedule_file)
-    elif p.schedule_file:
-        s = Schedule.load(p.schedule_file)
-    if p.schedule_file:
-        if (s.pp, s.microbatches) != (p.pp, p.microbatches):
-            raise ConfigError(f"schedule file {p.schedule_file} is for pp={s.pp}, microbatches="
-                              f"{s.microbatches}; the run has pp={p.pp}, microbatches="
-                              f"{p.microbatches}")
-    elif p.continuous:  # a few steps of the cross-step schedule (the trainer builds each run's)
-        steps = min(cfg.train.steps, 2 + -(-p.pp // p.microbatches))
-        s = build_schedule(p.schedule, p.pp, p.microbatches, p.virtual_stages, steps=steps,
-                           vertical_sync=p.vertical_sync)
-    else:
-        s = build_schedule(p.schedule, p.pp, p.microbatches, p.virtual_stages,
-                           vertical_sync=p.vertical_sync)
-    check_schedule(s)
-    return s
+from .resolved import ResolvedRun, resolve
 
 
 def check_model(cfg: Config) -> None:
@@ -104,8 +77,8 @@ def _check_run_dir(cfg: Config) -> None:
         raise ConfigError(str(exc)) from None
 
 
-def preflight(cfg: Config, world_size: int):
-    """Validate ``cfg`` against the world and the model; return the run's checked schedule.
+def preflight(cfg: Config, world_size: int) -> ResolvedRun:
+    """Validate ``cfg`` against the world and the model; return the resolved run.
 
     Every rank calls it and fails alike, with a ``ConfigError`` saying what to change.
     """
@@ -113,8 +86,8 @@ def preflight(cfg: Config, world_size: int):
     check_model(cfg)
     _check_device(cfg)
     try:
-        schedule = make_schedule(cfg)
+        run = resolve(cfg)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     _check_run_dir(cfg)
-    return schedule
+    return run

@@ -27,7 +27,7 @@ from mpipar.mpi.grid import ProcessGrid
 from mpipar.nn.optim import AdamW
 from mpipar.parallel.pipeline.generators import build_schedule, weight_versions
 from mpipar.trace import Tracer
-from mpipar.training import Batches, Trainer, chunk_bounds, step_lr
+from mpipar.training import Batches, Trainer, stage_bounds, step_lr
 
 STEPS = 4
 SEGMENTS = {"step": [1] * STEPS, "continuous": [STEPS], "vsync": [STEPS], "drains": [2, 2],
@@ -54,7 +54,7 @@ class Replay:
         p, t = cfg.parallel, cfg.train
         self.cfg, self.kind = cfg, p.schedule
         self.model = build_model(cfg.model, backend, seed=t.seed)
-        bounds = chunk_bounds(cfg, self.model, build_schedule("1f1b", p.pp, p.microbatches))
+        bounds = stage_bounds(cfg, 1)
         self.chunks = {c: self.model.params(self.model.units[lo:hi])
                        for c, (lo, hi) in bounds.items()}
         self.opts = {c: AdamW(ps, t.lr, betas=(t.beta1, t.beta2), eps=t.eps,

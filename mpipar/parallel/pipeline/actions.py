@@ -23,6 +23,7 @@ A *continuous* schedule (``steps=S`` in the header, S > 1) runs S training steps
 micro-batch ``j`` (``0 <= j < S * microbatches``) belongs to step ``j // microbatches``, and the
 warm-up of step k+1 overlaps the cool-down of step k. ``vsync=true``: vertical sync (every stage
 runs a micro-batch with the weight version the first stage used; ``versions.weight_versions``).
+``lowered=true``: the lists are in the order the executor runs them (``lowering.lower``).
 
 ``F3.0&B1.7`` is a paired action (DualPipe's F&B): the forward of one micro-batch and the backward
 of another, issued together (``Schedule.pairs``); here they run one after the other.
@@ -126,6 +127,9 @@ class Schedule:
     pairs: list[tuple[int, int]] = field(default_factory=list)
     steps: int = 1  # training steps the lists span without a flush (continuous: > 1)
     vertical_sync: bool = False  # asynchronous only: every stage uses the first stage's version
+    # the order the executor runs (``lowering.lower``): its sends are non-blocking, so the
+    # deadlock check replays it with eager sends instead of rendezvous ones
+    lowered: bool = False
 
     @property
     def total_microbatches(self) -> int:
@@ -166,6 +170,7 @@ class Schedule:
             f"placement={self.placement}"
             + (f" steps={self.steps}" if self.steps != 1 else "")
             + (" vsync=true" if self.vertical_sync else "")
+            + (" lowered=true" if self.lowered else "")
         )
 
     def format(self) -> str:
@@ -227,6 +232,7 @@ class Schedule:
             pairs=sorted(pairs),
             steps=header["steps"],
             vertical_sync=header["vsync"],
+            lowered=header["lowered"],
         )
 
     def save(self, path) -> None:
@@ -253,7 +259,7 @@ def _parse_header(line: str, lineno: int) -> dict:
             f"got {words[0]!r}"
         )
     out: dict = {"kind": "custom", "virtual": 1, "asynchronous": False, "placement": "loop",
-                 "steps": 1, "vsync": False}
+                 "steps": 1, "vsync": False, "lowered": False}
     col = len(words[0]) + 1
     for w in words[1:]:
         col = line.index(w, col) + 1
@@ -267,7 +273,7 @@ def _parse_header(line: str, lineno: int) -> dict:
             if not value.isdigit() or int(value) < 1:
                 raise ScheduleError(f"{where}: {key} must be a positive integer, got {value!r}")
             out[key] = int(value)
-        elif key in ("asynchronous", "vsync"):
+        elif key in ("asynchronous", "vsync", "lowered"):
             if value.lower() not in ("true", "false", "1", "0"):
                 raise ScheduleError(f"{where}: {key} must be true or false, got {value!r}")
             out[key] = value.lower() in ("true", "1")
@@ -279,7 +285,8 @@ def _parse_header(line: str, lineno: int) -> dict:
         else:
             raise ScheduleError(
                 f"{where}: unknown header key {key!r} "
-                "(known: kind, pp, virtual, microbatches, asynchronous, placement, steps, vsync)"
+                "(known: kind, pp, virtual, microbatches, asynchronous, placement, steps, vsync, "
+                "lowered)"
             )
         col += len(w)
     for key in ("pp", "microbatches"):
@@ -315,6 +322,18 @@ def _parse_rank_line(line: str, lineno: int, seen: dict) -> tuple[int, list[Acti
         except ScheduleError as exc:
             raise ScheduleError(f"line {lineno}, column {col}: {exc}") from None
     return r, acts, paired
+
+
+def step_cuts(schedule: Schedule, actions: list[Action]) -> list[int]:
+    """For each step k of a continuous schedule, the index in ``actions`` (one rank's list) just
+    after the last action of a micro-batch of step k or earlier: the executor's call for step k
+    runs the actions up to there."""
+    last = [0] * schedule.steps
+    for i, a in enumerate(actions):
+        last[schedule.step_of(a.mb)] = i + 1
+    for k in range(1, schedule.steps):  # a step with no action of its own on this rank
+        last[k] = max(last[k], last[k - 1])
+    return last
 
 
 def matching(a: Action) -> Action:

@@ -5,6 +5,10 @@ every compute present exactly once on the rank that holds its chunk; local depen
 order; every send matched by exactly one receive on the right rank; and no deadlock when each
 send blocks until its receive is posted (rendezvous). The executor's non-blocking sends and
 early receives can only do better than that, so a schedule that passes here cannot hang.
+
+A lowered schedule (``lowering.lower``: sends moved ahead of receives) is the executor's own
+order and relies on its non-blocking sends; its deadlock check replays eager sends instead (a
+send never waits; a receive waits for its send), which is exactly what the executor can hang on.
 """
 
 from __future__ import annotations
@@ -192,9 +196,28 @@ class _Rendezvous(Replay):
         return ScheduleError(_deadlock_message(self.schedule, self.pos))
 
 
+class _Eager(Replay):
+    """Non-blocking sends (the executor's): a receive runs once its send has."""
+
+    def __init__(self, s: Schedule):
+        super().__init__(s.ranks)
+        self.schedule, self.sent = s, set()
+
+    def can_run(self, r: int, a: Action) -> bool:
+        return not a.op.startswith("RECV") or matching(a) in self.sent
+
+    def run(self, r: int, a: Action) -> None:
+        if a.op.startswith("SEND"):
+            self.sent.add(a)
+
+    def stuck(self) -> Exception:
+        return ScheduleError(_deadlock_message(self.schedule, self.pos))
+
+
 def _check_deadlock(s: Schedule) -> None:
-    """Run all ranks with blocking sends: a send and its receive complete together."""
-    _Rendezvous(s).play()
+    """Run all ranks with blocking sends (a send and its receive complete together), or, for
+    a lowered schedule, with the executor's non-blocking ones."""
+    (_Eager if s.lowered else _Rendezvous)(s).play()
 
 
 def _deadlock_message(s: Schedule, pos: list[int]) -> str:

@@ -11,10 +11,13 @@ The loss is computed on the last chunk right after its forward (as Megatron does
 
 Asynchronous PipeDream (``schedule.asynchronous``): each micro-batch is its own update. F runs
 with its weight version and stashes it; BW runs with that stash (weight stashing, Harlap et al.
-2018; ``continuous.VersionStash``) on freshly zeroed gradients; UPDATE hands the gradient to
+2018; ``stash.VersionStash``) on freshly zeroed gradients; UPDATE hands the gradient to
 ``on_update(mb, chunk)`` at once. The loss is not scaled by 1 / microbatches then. ``run`` drains
 at its end (a step); a continuous schedule runs a step at a time through
-``continuous.ContinuousRun`` (``start_continuous``), draining only at the end of its lists.
+``continuous.ContinuousRun``, draining only at the end of its lists.
+
+Each rank's actions run in the order the schedule lists them: the schedule comes lowered
+(``lowering.lower``), so what was checked, simulated and drawn is what runs.
 """
 
 from __future__ import annotations
@@ -22,13 +25,13 @@ from __future__ import annotations
 from collections import defaultdict
 from contextlib import nullcontext
 
-from ...mpi.algorithms import PENDING
+from ...mpi.algorithms import in_flight
 from ...mpi.common import MAX_MB
 from ...nn.layers import Sequential, set_selective_recompute
 from ...progress import beat
 from ...trace import Clock
 from .actions import Action, ScheduleError
-from .continuous import VersionStash
+from .stash import VersionStash
 from .transfers import ACT, GRAD, SEND_BACKLOG, Receives, Sends, receive_plan, tag
 
 
@@ -55,7 +58,7 @@ class StepState:
         self.acts_in, self.acts_out = {}, {}  # (mb, chunk) -> activation arriving at / leaving
         self.grads_in, self.grads_out = {}, {}  # (mb, chunk) -> gradient at output / input
         self.saved_inputs = {}  # recomputation: the chunk input of each micro-batch
-        self.stash = None  # asynchronous only: continuous.VersionStash
+        self.stash = None  # asynchronous only: stash.VersionStash
         self.losses = {}
         self.w_done = defaultdict(int)  # chunk -> weight-gradient passes done this step
         self.receives, self.sends = receives, Sends()
@@ -84,7 +87,7 @@ class PipelineExecutor:
         self.pp, self.pp_rank, self.comm = schedule.pp, pp_rank, comm
         self.n_chunks = schedule.n_chunks
         self.last = self.n_chunks - 1
-        self.actions = sends_first(schedule.ranks[pp_rank])
+        self.actions = schedule.ranks[pp_rank]
         # the receives in the order taken, as tagged, and their routes: made once, not per message
         self._plan, self._routes = receive_plan([_wire(a) for a in self.actions]), {}
         # recompute: False, True / "full" (whole chunks) or "selective" (attention cores only)
@@ -94,7 +97,7 @@ class PipelineExecutor:
             set_selective_recompute(chunks.values())
         self.on_grads_ready, self.on_update = on_grads_ready, on_update
         self.on_unit_ready = on_unit_ready
-        self.asynchronous = bool(getattr(schedule, "asynchronous", False))
+        self.asynchronous = schedule.asynchronous
         if self.asynchronous and on_update is None:
             raise ScheduleError("an asynchronous (PipeDream) schedule needs an on_update callback")
         for a in self.actions:
@@ -120,7 +123,7 @@ class PipelineExecutor:
         loss_scale = 1.0 if self.asynchronous else 1.0 / m
         if self.schedule.steps != 1:
             raise ScheduleError("a continuous schedule runs a step at a time: use "
-                                "start_continuous")
+                                "continuous.ContinuousRun")
         st = StepState(inputs, targets, forward_only, loss_scale, self._receives(inputs[0]))
         if self.asynchronous and not forward_only:
             st.stash = VersionStash(self.schedule, self.chunks)
@@ -129,18 +132,11 @@ class PipelineExecutor:
         self.finish(st)
         return st.losses
 
-    def start_continuous(self, fetch, older=None):
-        """A ``continuous.ContinuousRun`` of this (continuous) schedule: ``fetch(step) -> (xs,
-        ys)`` of each step in the lists, ``older``: 2BW's older buffer {chunk: arrays}."""
-        from .continuous import ContinuousRun
-
-        return ContinuousRun(self, fetch, older)
-
     def dispatch(self, a, st):
         beat(a)  # the watchdog names the action a stalled rank is blocked in
         self._handlers[a.op](a, st)
         sends = st.sends
-        if PENDING or len(sends.requests) > SEND_BACKLOG:  # else release_finished is a no-op
+        if in_flight() or len(sends.requests) > SEND_BACKLOG:  # else release_finished is a no-op
             sends.release_finished()
 
     def finish(self, st):
@@ -298,34 +294,6 @@ class PipelineExecutor:
             self.on_grads_ready(c)
 
 
-def forward_only_schedule(pp: int, microbatches: int, virtual_stages: int = 1,
-                          placement: str = "loop"):
-    """Evaluation: every micro-batch through every chunk in order, no backward.
-
-    Each rank walks (micro-batch, chunk) in lexicographic order and every F depends only on a
-    lexicographically earlier F, so the earliest unfinished action can always run: no deadlock.
-    Neighbouring chunks on one rank (``placement`` v) pass the activation in memory.
-    """
-    from .actions import Action, Schedule, rank_of_chunk
-
-    n = pp * virtual_stages
-    ranks = [[] for _ in range(pp)]
-
-    def where(c):
-        return rank_of_chunk(c, pp, placement)
-
-    for mb in range(microbatches):
-        for c in range(n):
-            r = ranks[where(c)]
-            if c > 0 and where(c - 1) != where(c):
-                r.append(Action("RECV_F", mb, c))
-            r.append(Action("F", mb, c))
-            if c < n - 1 and where(c + 1) != where(c):
-                r.append(Action("SEND_F", mb, c))
-    return Schedule(kind="forward", pp=pp, virtual_stages=virtual_stages, microbatches=microbatches,
-                    ranks=ranks, placement=placement)
-
-
 def build_chunks(model, bounds: dict, pp_rank: int, pp: int, rank_of=None) -> dict:
     """{global chunk: Chunk} for the chunks rank ``pp_rank`` holds, in model order. ``bounds``:
     chunk -> (lo, hi) unit ranges covering every unit exactly once; ``rank_of(chunk)``: the
@@ -341,27 +309,3 @@ def _wire(a):
     """A receive as its message is tagged: tags tell MAX_MB micro-batches apart, and a continuous
     schedule numbers more; receives are posted a short window ahead, so the wrap is harmless."""
     return Action(a.op, a.mb % MAX_MB, a.chunk) if a.mb >= MAX_MB else a
-
-
-_COMM_OPS = frozenset(("SEND_F", "SEND_B", "RECV_F", "RECV_B"))
-
-
-def sends_first(actions: list) -> list:
-    """The rank's actions with, in every run of sends and receives between two computes, the
-    sends first (stable). A send there carries data an earlier compute made, and sends are
-    non-blocking with receives posted ahead, so this cannot deadlock; it stops a rank from
-    waiting for its next input before handing a peer the output that peer waits for (the last
-    1F1B stage waited for F(mb+1)'s activation before sending B(mb)'s gradient, which held the
-    previous stage up once per micro-batch). The schedule's data is unchanged; only the order in
-    which this rank posts its messages."""
-    out, run = [], []
-    for a in actions + [None]:
-        if a is not None and a.op in _COMM_OPS:
-            run.append(a)
-            continue
-        out += [x for x in run if x.op.startswith("SEND")]
-        out += [x for x in run if x.op.startswith("RECV")]
-        run = []
-        if a is not None:
-            out.append(a)
-    return out

@@ -141,6 +141,32 @@ def continuous(kind: str, pp: int, m: int, steps: int, vertical_sync: bool = Fal
                     vertical_sync=vertical_sync)
 
 
+def forward_only(pp: int, microbatches: int, virtual_stages: int = 1,
+                 placement: str = "loop") -> Schedule:
+    """Evaluation: every micro-batch through every chunk in order, no backward.
+
+    Each rank walks (micro-batch, chunk) in lexicographic order and every F depends only on a
+    lexicographically earlier F, so the earliest unfinished action can always run: no deadlock.
+    Neighbouring chunks on one rank (``placement`` v) pass the activation in memory.
+    """
+    n = pp * virtual_stages
+    ranks = [[] for _ in range(pp)]
+
+    def where(c):
+        return rank_of_chunk(c, pp, placement)
+
+    for mb in range(microbatches):
+        for c in range(n):
+            r = ranks[where(c)]
+            if c > 0 and where(c - 1) != where(c):
+                r.append(Action("RECV_F", mb, c))
+            r.append(Action("F", mb, c))
+            if c < n - 1 and where(c + 1) != where(c):
+                r.append(Action("SEND_F", mb, c))
+    return Schedule(kind="forward", pp=pp, virtual_stages=virtual_stages, microbatches=microbatches,
+                    ranks=ranks, placement=placement)
+
+
 def _1f1b(pp, m, v):
     return [one_f_one_b(pp, m, r) for r in range(pp)]
 

@@ -1,0 +1,83 @@
+"""Weight versions of an asynchronous schedule on one rank (PipeDream's weight stashing).
+
+``VersionStash`` generalises weight stashing to the version map of ``versions.weight_versions``:
+F(mb, c) runs with its version's weights (the current ones, or an older copy the rank kept:
+vertical sync, PipeDream-2BW's older buffer) and BW(mb, c) with the same ones. A version is
+copied once, when a forward first needs it or an UPDATE ends it while a later forward still
+needs it, and kept while a later forward or an in-flight backward needs it, so 2BW holds two
+buffers: the current weights and one older copy.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from contextlib import contextmanager
+
+from .actions import ScheduleError
+from .versions import weight_versions
+
+
+class VersionStash:
+    """Weight versions of this rank's chunks (module doc). ``older``: {chunk: arrays} of version
+    -1 (2BW's older buffer carried in); ``zero_each``: zero the gradients before each backward
+    (PipeDream: one update per micro-batch) or let them accumulate (2BW: one per step)."""
+
+    def __init__(self, schedule, chunks: dict, older=None, zero_each=True):
+        self.map = {k: v for k, v in weight_versions(schedule).items() if k[1] in chunks}
+        self.uses = Counter((c, v) for (_, c), v in self.map.items())
+        self.current = dict.fromkeys(chunks, 0)  # chunk -> UPDATEs done on it
+        self.kept = {(c, -1): w for c, w in (older or {}).items() if c in chunks}
+        self.saved = {}  # (mb, chunk) -> the arrays its backward runs with
+        self.zero_each = zero_each
+
+    def _weights(self, c, v, chunk):
+        if (c, v) not in self.kept:
+            if v != self.current[c]:
+                raise ScheduleError(f"F of chunk {c} needs weight version {v}, which this rank "
+                                    f"no longer holds or has not made (it is at "
+                                    f"{self.current[c]})")
+            self.kept[(c, v)] = [p.data.copy() for p in chunk.params()]
+        return self.kept[(c, v)]
+
+    @contextmanager
+    def forward(self, mb, c, chunk):
+        """F(mb, c) with its version's weights; stashes them for its backward."""
+        v = self.map[(mb, c)]
+        w = self._weights(c, v, chunk)
+        self.saved[(mb, c)] = w
+        self.uses[(c, v)] -= 1
+        if not self.uses[(c, v)]:
+            del self.kept[(c, v)]  # the stash holds it until the backward
+        if v == self.current[c]:  # the current weights are the version: no swap
+            yield
+            return
+        with _swapped(chunk.params(), w, zero=False):
+            yield
+
+    @contextmanager
+    def swapped(self, mb, c, chunk):
+        """BW(mb, c) with the weights F(mb, c) ran with."""
+        with _swapped(chunk.params(), self.saved.pop((mb, c)), zero=self.zero_each):
+            yield
+
+    def updating(self, c, chunk):
+        """Before an UPDATE of chunk c: keep a copy of the version it ends if a later forward
+        needs it (2BW: the next step's forwards on the last stages; vertical sync)."""
+        v = self.current[c]
+        if self.uses[(c, v)] > 0 and (c, v) not in self.kept:
+            self.kept[(c, v)] = [p.data.copy() for p in chunk.params()]
+        self.current[c] = v + 1
+
+
+@contextmanager
+def _swapped(params, weights, zero):
+    current = [p.data for p in params]
+    for p, w in zip(params, weights):
+        p.data = w
+        if zero:
+            p.zero_grad()
+    try:
+        yield
+    finally:
+        for p, w in zip(params, current):
+            p.data = w
