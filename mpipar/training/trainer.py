@@ -23,7 +23,7 @@ import numpy as np
 
 from ..backend import Backend
 from ..config import Config
-from ..models import build_model
+from ..models import build_model, stage_bounds
 from ..nn.optim import SGD, AdamW, clip_grads_, grad_norm_sq_local, lr_at
 from ..parallel.data import GradSync
 from ..parallel.pipeline.executor import PipelineExecutor, build_chunks, forward_only_schedule
@@ -42,21 +42,8 @@ def step_lr(cfg: Config, step: int) -> float:
 
 
 def chunk_bounds(cfg: Config, model, schedule) -> dict:
-    """{chunk: (first unit, end unit)} of the pipeline cut ``parallel.partition`` asks for."""
-    from ..parallel.pipeline.partition import chunk_layers
-
-    p = cfg.parallel
-    if p.layout:  # uneven stages as the user wrote them (checked in preflight)
-        from ..parallel.pipeline.stage_layout import layout_bounds
-
-        return layout_bounds(p.layout, cfg.model.n_layer, schedule.n_chunks)
-    kw = {"method": p.partition}
-    if p.partition in ("params", "cost"):
-        kw["weights"] = [sum(q.size * q.tp_size if q.spec.axis is not None else q.size
-                             for q in u.params()) + 1 for u in model.units]
-    if p.partition == "explicit":
-        kw["boundaries"] = list(p.boundaries)
-    return chunk_layers(len(model.units), schedule.pp, schedule.virtual_stages, **kw)
+    """{chunk: (first unit, end unit)} of the pipeline cut (``models.stage_bounds``)."""
+    return stage_bounds(cfg.model, cfg.parallel, schedule.pp, schedule.virtual_stages)
 
 
 def make_optimizer(cfg: Config, params):
