@@ -41,7 +41,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from ..models import GPTDims, gpt_counts, stage_bounds
-from ..models.counts import boundary_values
+from ..models.counts import block_counts, boundary_values
 from ..nn.cpu import BLOCK_ELEMENTS  # AdamW's per-thread scratch is at most one block
 from ..parallel.pipeline.transfers import RECV_WINDOW, SEND_BACKLOG
 from ..parallel.tp_split import TPSplit
@@ -54,7 +54,7 @@ DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 def _block_counts(d: int, heads: int, seq: int, tp: int, sp: bool, selective: bool = False):
     dims = GPTDims(n_layer=1, n_embd=d, n_head=heads, vocab_size=tp, block_size=seq)
-    return gpt_counts(dims, TPSplit.of("1d", tp, sequence_parallel=sp), seq, selective)[1]
+    return block_counts(dims, TPSplit.of("1d", tp, sequence_parallel=sp), seq, selective)
 
 
 def block_stored(d: int, heads: int, seq: int, tp: int = 1, sp: bool = False) -> float:

@@ -160,6 +160,13 @@ def gpt_counts(dims: spec.GPTDims, split: TPSplit = ONE_RANK, seq: int | None = 
     return out
 
 
+def block_counts(dims: spec.GPTDims, split: TPSplit = ONE_RANK, seq: int | None = None,
+                 selective: bool = False) -> UnitCounts:
+    """The counts of one block (every block of a GPT is alike)."""
+    unit = spec.gpt_block(0, dims.n_embd, dims.n_head)
+    return _block(unit, split, seq or dims.block_size, selective)
+
+
 def boundary_values(dims: spec.GPTDims, split: TPSplit = ONE_RANK) -> float:
     """Values per token of the activation between two units on one rank (the residual)."""
     return _v(split, "residual", dims.n_embd)

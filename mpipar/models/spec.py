@@ -158,12 +158,20 @@ def gpt_block(i: int, d: int, n_head: int) -> Unit:
     return Unit(p, "block", (attn, mlp))
 
 
+def gpt_embed(dims: GPTDims) -> Unit:
+    """The token table (vocabulary rows) and the learned positions."""
+    return Unit("embed", "embed", (TokenEmbedding("embed.tok", dims.vocab_size, dims.n_embd),
+                                   PositionEmbedding("embed.pos", dims.block_size, dims.n_embd)))
+
+
+def gpt_head(dims: GPTDims) -> Unit:
+    """The final LayerNorm and the logits (the token table itself when tied)."""
+    return Unit("head", "head", (Norm("ln_f", dims.n_embd),
+                                 Linear("head", dims.n_embd, dims.vocab_size, "column",
+                                        bias=False, tied=dims.tie_embeddings)))
+
+
 def gpt_units(dims: GPTDims) -> list[Unit]:
     """[embedding] + [block] * n_layer + [final LayerNorm and LM head]."""
-    d = dims.n_embd
-    embed = Unit("embed", "embed", (TokenEmbedding("embed.tok", dims.vocab_size, d),
-                                    PositionEmbedding("embed.pos", dims.block_size, d)))
-    head = Unit("head", "head", (Norm("ln_f", d),
-                                 Linear("head", d, dims.vocab_size, "column", bias=False,
-                                        tied=dims.tie_embeddings)))
-    return [embed, *(gpt_block(i, d, dims.n_head) for i in range(dims.n_layer)), head]
+    blocks = (gpt_block(i, dims.n_embd, dims.n_head) for i in range(dims.n_layer))
+    return [gpt_embed(dims), *blocks, gpt_head(dims)]
