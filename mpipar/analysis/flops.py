@@ -11,6 +11,9 @@ V = vocab_size::
                                             embedding do no matmul and are left out)
     FLOPs = 6 * N * T  +  12 * l * s * h * T
 
+both counted part by part from the model's description (``mpipar.models.counts``:
+``matmul_params``, ``forward_flops_per_token``), the one the trainer builds.
+
 i.e. forward 2 FLOPs per multiply-add, backward twice the forward (input and weight gradients),
 and the attention scores QK^T and the weighted sum AV (4*s*h per token and layer, forward) times
 3. This equals Megatron's ``72 B s l h^2 (1 + s/(6h) + V/(12 l h))``. It is *model* FLOPs: the
@@ -27,6 +30,9 @@ Configs may be flat (``batch_size`` at the top) or in sections as ``mpipar.confi
 
 from __future__ import annotations
 
+from ..models.counts import forward_flops_per_token, matmul_params
+from ..models.spec import GPTDims
+
 SECTIONS = ("train", "parallel", "model", "run", "data")
 
 
@@ -41,14 +47,14 @@ def setting(config: dict, key: str, default=None):
     return default
 
 
-def _model(config: dict) -> dict:
+def model_section(config: dict) -> dict:
     model = config.get("model", {})
     return model if isinstance(model, dict) else {}
 
 
 def model_kind(config: dict) -> str:
     """``"gpt"``, ``"mlp"`` or ``"unknown"``, from ``model.kind`` (type, name) or its fields."""
-    model = _model(config)
+    model = model_section(config)
     for key in ("kind", "type", "name", "arch"):
         v = str(model.get(key, "")).lower()
         if "gpt" in v:
@@ -85,7 +91,7 @@ def _mlp_sizes(model: dict) -> list[int] | None:
 
 def n_params(config: dict) -> int | None:
     """Parameters in the FLOP count (see module doc): matmul weights for GPT, all for an MLP."""
-    model = _model(config)
+    model = model_section(config)
     for src in (model, config):
         if src.get("n_params"):
             return int(src["n_params"])
@@ -93,8 +99,7 @@ def n_params(config: dict) -> int | None:
     if kind == "gpt":
         if not all(model.get(k) for k in ("n_layer", "n_embd", "vocab_size")):
             return None
-        l, h, v = int(model["n_layer"]), int(model["n_embd"]), int(model["vocab_size"])
-        return 12 * l * h * h + v * h
+        return matmul_params(GPTDims.of(model))
     if kind == "mlp":
         sizes = _mlp_sizes(model)
         if sizes:
@@ -119,7 +124,10 @@ def flops_per_step(config: dict) -> float | None:
     if n is None or t is None:
         return None
     flops = 6.0 * n * t
-    model = _model(config)
+    model = model_section(config)
     if model_kind(config) == "gpt" and model.get("n_layer") and model.get("n_embd"):
-        flops += 12.0 * int(model["n_layer"]) * seq_len(config) * int(model["n_embd"]) * t
+        # the attention's score and value products: forward FLOPs beyond the matmul weights'
+        dims = GPTDims.of({"vocab_size": 1, **model})
+        attention = forward_flops_per_token(dims, seq_len(config)) - 2 * matmul_params(dims)
+        flops += 3.0 * attention * t
     return flops

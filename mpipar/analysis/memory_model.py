@@ -38,62 +38,53 @@ only: it holds less than a training step).
 
 from __future__ import annotations
 
-from .flops import _model, model_kind
+from types import SimpleNamespace
+
+from ..models import GPTDims, gpt_counts, stage_bounds
+from ..models.counts import block_counts, boundary_values
+from ..nn.cpu import BLOCK_ELEMENTS  # AdamW's per-thread scratch is at most one block
+from ..parallel.pipeline.transfers import RECV_WINDOW, SEND_BACKLOG
+from ..parallel.tp_split import TPSplit
+from .flops import model_kind
+from .flops import model_section as _model
 from .flops import setting as get
 
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
-RECV_WINDOW, SEND_BACKLOG = 2, 4  # as parallel/pipeline/transfers.py
-BLOCK_ELEMENTS = 1 << 18  # nn/cpu.py: AdamW's per-thread scratch is at most one block
+
+
+def _block_counts(d: int, heads: int, seq: int, tp: int, sp: bool, selective: bool = False):
+    dims = GPTDims(n_layer=1, n_embd=d, n_head=heads, vocab_size=tp, block_size=seq)
+    return block_counts(dims, TPSplit.of("1d", tp, sequence_parallel=sp), seq, selective)
 
 
 def block_stored(d: int, heads: int, seq: int, tp: int = 1, sp: bool = False) -> float:
-    """Values per token one GPT block keeps in its saved contexts for one micro-batch.
-
-    LN1 and LN2: x-hat and the output (4 d; 2 d / tp + the two gathered outputs 2 d with
-    sequence parallelism: the column-parallel linears keep their gathered input); QKV 3 d, the
-    attention probabilities H S, the attention output d, the MLP's pre-activation, tanh and GELU
-    output 12 d (all / tp); 2 LayerNorm reciprocal deviations."""
-    ln = 2 * d / tp + 2 * d if sp else 4 * d
-    return ln + (16 * d + heads * seq) / tp + 2 / (tp if sp else 1)
+    """Values per token one GPT block keeps in its saved contexts for one micro-batch, 1d tp
+    (``models.counts``: x-hat and the output of each LayerNorm, q/k/v, the probabilities H S,
+    the attention output, the MLP's pre-activation, tanh and GELU output)."""
+    return _block_counts(d, heads, seq, tp, sp).stored
 
 
-def block_retained(d: int, tp: int = 1, sp: bool = False) -> float:
-    """Values per token of one block's output gradients held from its backward-input to its
-    weight pass, beyond buffers the backward frees for reuse: the fc, LN2, attention-projection
-    and QKV input gradients (4 d) and the fused dqkv (3 d / tp). With sequence parallelism the
-    four are sequence shards (4 d / tp) and the two row-parallel linears keep the all-gathered
-    output gradient (2 d: fresh arrays from the collective)."""
-    return (2 * d + 4 * d / tp if sp else 4 * d) + 3 * d / tp
+def split_of(config: dict, grid: dict) -> TPSplit:
+    """The tp cut of the run (``parallel.tp_mode``, ``tp_depth``, sequence parallelism)."""
+    return TPSplit.of(str(get(config, "tp_mode", "1d") or "1d"), int(grid.get("tp", 1)),
+                      int(get(config, "tp_depth", 1) or 1),
+                      bool(get(config, "sequence_parallel")))
 
 
-def block_work(d: int, heads: int, seq: int, tp: int = 1, selective: bool = False) -> float:
-    """Values per token of one block's transient buffers kept by the pool on top: the MLP
-    backward's input gradient and GELU gradient (8 d / tp) and 7 (T, d) arrays (residual outputs
-    and LayerNorm backward sums of the forward and backward); with selective recomputation the
-    probabilities and output rebuilt in the backward (H S / tp + d / tp)."""
-    return 8 * d / tp + 7 * d + ((heads * seq + d) / tp if selective else 0)
-
-
-def _units_gpt(m: dict, tp: int, sp: bool, b: int, seq: int, s: int, selective: bool):
-    """[(params, stored, retained, work, weight scratch)] per unit, and the boundary values."""
-    d, V, L = int(m["n_embd"]), int(m["vocab_size"]), int(m["n_layer"])
-    H, block = int(m.get("n_head", 1)), int(m.get("block_size", seq))
-    tied = bool(m.get("tie_embeddings", False))
+def _units_gpt(m: dict, split: TPSplit, b: int, seq: int, s: int, selective: bool):
+    """[(params, stored, retained, work, weight scratch, attention probabilities)] per unit
+    (``models.counts``, times the tokens of a micro-batch), and the boundary values."""
+    dims = GPTDims.of({"block_size": seq, **m})
     tok = b * seq
-    local = tok // tp if sp else tok
-    emb = (V * d // tp + block * d, tok * 8 / s, 0, local * 2 * d, 0)  # int64 ids; sum, grouped
-    blk = ((12 * d * d + 7 * d) // tp + 6 * d, tok * block_stored(d, H, seq, tp, sp),
-           tok * block_retained(d, tp, sp), tok * block_work(d, H, seq, tp, selective),
-           12 * d * d // tp)
-    head = ((0 if tied else V * d // tp) + 2 * d,
-            local * 2 * d + tok * (2 * V // tp), local * 2 * d, tok * V // tp, d * V // tp)
-    return [emb] + [blk] * L + [head], local * d
+    units = [(int(u.params), tok * (u.stored + u.id_bytes / s), tok * u.retained, tok * u.work,
+              u.scratch, tok * u.core) for u in gpt_counts(dims, split, seq, selective)]
+    return units, tok * boundary_values(dims, split)
 
 
 def _units_mlp(m: dict, b: int):
     """Per layer: the input and the pre-activation kept, the output gradient until W."""
     sizes = [int(x) for x in m.get("sizes", [])]
-    units = [(a * o + o, b * (a + o), b * o, 2 * b * o, a * o)
+    units = [(a * o + o, b * (a + o), b * o, 2 * b * o, a * o, 0)
              for a, o in zip(sizes[:-1], sizes[1:], strict=True)]
     return units, b * (max(sizes) if sizes else 0)
 
@@ -109,12 +100,12 @@ def _dims(config: dict, grid: dict):
 def _units(config: dict, grid: dict):
     kind = model_kind(config)
     m = _model(config)
-    tp, b, seq = _dims(config, grid)
+    _, b, seq = _dims(config, grid)
     s = DTYPE_BYTES.get(str(get(config, "dtype", "float32")), 4)
     try:
         if kind == "gpt":
-            sp = bool(get(config, "sequence_parallel")) and tp > 1
-            return _units_gpt(m, tp, sp, b, seq, s, _recompute(config) == "selective")
+            return _units_gpt(m, split_of(config, grid), b, seq, s,
+                              _recompute(config) == "selective")
         if kind == "mlp":
             return _units_mlp(m, b)
     except (KeyError, TypeError, ValueError):
@@ -123,20 +114,16 @@ def _units(config: dict, grid: dict):
 
 
 def chunk_bounds(config: dict, grid: dict, virtual_stages: int) -> dict | None:
-    """{chunk: (first unit, end unit)} as the trainer cuts the model (``partition``)."""
-    from mpipar.parallel.pipeline.partition import chunk_layers
-
-    found = _units(config, grid)
-    if found is None:
+    """{chunk: (first unit, end unit)} as the trainer cuts the model (``models.stage_bounds``:
+    ``parallel.layout``, else ``parallel.partition``); None when the model kind is unknown."""
+    kind = model_kind(config)
+    if kind not in ("gpt", "mlp"):
         return None
-    units = found[0]
-    method = str(get(config, "partition", "uniform"))
-    kw = {"method": method}
-    if method in ("params", "cost"):
-        kw["weights"] = [u[0] * int(grid.get("tp", 1)) + 1 for u in units]
-    if method == "explicit":
-        kw["boundaries"] = list(get(config, "boundaries", []))
-    return chunk_layers(len(units), int(grid["pp"]), virtual_stages, **kw)
+    mcfg = SimpleNamespace(**{"sizes": [], "n_layer": 0, **_model(config), "kind": kind})
+    pcfg = SimpleNamespace(layout=str(get(config, "layout", "") or ""),
+                           partition=str(get(config, "partition", "uniform")),
+                           boundaries=list(get(config, "boundaries", []) or []))
+    return stage_bounds(mcfg, pcfg, int(grid["pp"]), virtual_stages)
 
 
 def _recompute(config: dict) -> str:
@@ -144,9 +131,9 @@ def _recompute(config: dict) -> str:
     return {"true": "full", "false": "none"}.get(r, r)
 
 
-def _activations(recompute, core, live, chunks, bounds, units, boundary):
-    """Values held by live pairs plus the backward's retained gradients of the largest chunk.
-    ``core``: a block's attention probabilities (what selective recomputation drops)."""
+def _activations(recompute, live, chunks, bounds, units, boundary):
+    """Values held by live pairs plus the backward's retained gradients of the largest chunk
+    (selective recomputation drops each unit's attention probabilities)."""
     span = {c: range(*bounds[c]) for c in chunks}
     stored = [sum(units[i][1] for i in span[c]) for c in chunks]
     retained = max((sum(units[i][2] for i in span[c]) for c in chunks), default=0)
@@ -156,8 +143,7 @@ def _activations(recompute, core, live, chunks, bounds, units, boundary):
         inputs = [(units[0][1] if bounds[c][0] == 0 else boundary) for c in chunks]
         return live * sum(inputs) / len(inputs) + max(stored) + retained
     if recompute == "selective":
-        blocks = [sum(1 for i in span[c] if 0 < i < len(units) - 1) for c in chunks]
-        stored = [st - core * n for st, n in zip(stored, blocks)]
+        stored = [st - sum(units[i][5] for i in span[c]) for st, c in zip(stored, chunks)]
     return live * sum(stored) / len(stored) + retained
 
 
@@ -181,8 +167,7 @@ def rank_memory(config: dict, grid: dict, schedule, peak_activations, bounds) ->
         held = [units[i] for c in chunks for i in range(*bounds[c])]
         n = sum(u[0] for u in held)
         live = peak_activations[p] if p < len(peak_activations) else 0
-        act = _activations(recompute, _core(config, grid), live, chunks, bounds, units,
-                           boundary)
+        act = _activations(recompute, live, chunks, bounds, units, boundary)
         scratch = sum({u[4] for u in held}) + min(max((u[0] for u in held), default=0),
                                                   BLOCK_ELEMENTS)
         work = max((u[3] for u in held), default=0) + scratch
@@ -239,14 +224,6 @@ def _buffers(schedule, p: int) -> int:
     recv = sum(1 for op in ("RECV_F", "RECV_B") if op in ops) * (RECV_WINDOW + 1)
     sends = sum(1 for a in schedule.ranks[p] if a.op in ("SEND_F", "SEND_B"))
     return recv + min(sends, SEND_BACKLOG + 1)
-
-
-def _core(config, grid) -> float:
-    """A GPT block's attention probabilities per micro-batch, H S / tp per token (0: MLP)."""
-    if model_kind(config) != "gpt":
-        return 0.0
-    tp, b, seq = _dims(config, grid)
-    return b * seq * int(_model(config).get("n_head", 1)) * seq / tp
 
 
 def predict_run(config: dict, grid: dict) -> list[dict] | None:

@@ -43,25 +43,24 @@ def _config_of(run):
 
 def unit_costs(run) -> tuple[list[float], list[str]]:
     """(cost per pipeline unit, its layout symbol E / t / L) of the run's GPT."""
-    from ..backend import Backend
-    from ..models import build_model
-    from ..parallel.pipeline.build import run_schedule, stage_bounds, unit_weights
+    from ..models import stage_bounds, unit_count, unit_weights
+    from ..parallel.pipeline.build import run_schedule
 
     cfg = _config_of(run)
     if cfg.model.kind != "gpt":
         raise ValueError(f"{run.path}: layouts describe GPT stages; this run trained a "
                          f"{cfg.model.kind}")
-    model = build_model(cfg.model, Backend("cpu", "float32"), seed=0)
     p = cfg.parallel
+    n_units = unit_count(cfg.model)
     v = run_schedule(p, cfg.train.steps).virtual_stages
-    weights = unit_weights(model)  # each unit's parameters (+1): also the spread within a chunk
-    bounds = stage_bounds(p, cfg.model.n_layer, len(model.units), v, weights)
+    weights = unit_weights(cfg.model)  # each unit's parameters (+1): the spread within a chunk
+    bounds = stage_bounds(cfg.model, p, p.pp, v)
     times = chunk_times(run)
     missing = sorted(set(bounds) - set(times))
     if missing:
         raise ValueError(f"{run.path}: no compute events for chunk(s) {missing}; was the run "
                          f"traced (run.trace = true)?")
-    costs = [0.0] * len(model.units)
+    costs = [0.0] * n_units
     for c, (lo, hi) in bounds.items():
         total = sum(weights[lo:hi])
         for u in range(lo, hi):

@@ -24,9 +24,20 @@ from dataclasses import dataclass, field
 
 from ..backend import array_module
 from ..mpi.comm import LocalComm
-from ..nn.layers import Layer
+from ..nn.layers import (
+    Bias,
+    CausalSelfAttention,
+    Embedding,
+    Layer,
+    LayerNorm,
+    Linear,
+    PositionEmbedding,
+    Sequential,
+    TiedHead,
+)
 from ..nn.losses import CrossEntropyLoss
 from ..nn.params import ShardSpec
+from .tp_split import TPSplit
 
 SEQ_AXIS = 1  # activations are (batch, sequence, hidden)
 
@@ -40,6 +51,7 @@ class TPContext:
     size: int = 1
     rank: int = 0
     sequence_parallel: bool = False
+    mode = "1d"  # parallel.tp_mode this context runs (a class constant: not a field)
 
     @classmethod
     def from_comm(cls, comm, sequence_parallel=False):
@@ -64,11 +76,9 @@ class TPContext:
         """The operator after a row-parallel region: g, or reduce-scatter with SP."""
         return ReduceScatterSeq(self, name) if self.sequence_parallel else ReduceFromTP(self, name)
 
-    def divide(self, n: int, what: str) -> int:
-        if n % self.size:
-            raise ValueError(f"{what} = {n} is not divisible by tp = {self.size}: choose a tp "
-                             f"that divides it")
-        return n // self.size
+    @property
+    def split(self) -> TPSplit:
+        return TPSplit.of("1d", self.size, sequence_parallel=self.sequence_parallel)
 
 
 class _TPOp(Layer):
@@ -161,3 +171,59 @@ def sync_partial_grads(params, tp: TPContext) -> None:
     for p in partial:
         p.grad[...] = flat[off:off + p.size].reshape(p.grad.shape)
         off += p.size
+
+
+def _branch(name: str) -> str:
+    """The region a linear belongs to ("blocks.0.attn.qkv" -> "blocks.0.attn"): where the
+    block's f / g operators take their names."""
+    return name.rsplit(".", 1)[0]
+
+
+class Megatron1DLayers:
+    """The layers of Megatron's 1D cut for ``mpipar.models``' description: a column linear is
+    f then the linear (output columns split), a row linear is the linear (input rows split),
+    g, then its bias added once; LayerNorm and positions replicated (partial gradients under
+    sequence parallelism); the token table split by vocabulary rows."""
+
+    def __init__(self, tp: TPContext, pf):
+        self.tp, self.pf = tp, pf
+        self.split = tp.split
+
+    def norm(self, part) -> Layer:
+        return LayerNorm(self.pf, part.name, part.d, partial_grad=self.tp.sequence_parallel)
+
+    def linear(self, part) -> list[Layer]:
+        w, b = part.w_shape, part.b_shape
+        if part.cut == "column":
+            return [self.tp.enter(f"{_branch(part.name)}.f"),
+                    Linear(self.pf, part.name, part.d_in, part.d_out, bias=part.bias,
+                           w_shape=w, b_shape=b, w_spec=ShardSpec(axis=len(w) - 1),
+                           b_spec=ShardSpec(axis=len(b) - 1))]
+        out = [Linear(self.pf, part.name, part.d_in, part.d_out, bias=False, w_shape=w,
+                      w_spec=self.tp.row), self.tp.leave(f"{_branch(part.name)}.g")]
+        if part.bias:
+            out.append(Bias(self.pf, part.name, part.d_out,
+                            spec=ShardSpec(None, partial_grad=self.tp.sequence_parallel)))
+        return out
+
+    def tied_head(self, part, table) -> list[Layer]:
+        """The head reading the embedding's table (its row shard is the head's column shard)."""
+        return [self.tp.enter(f"{_branch(part.name)}.f"), TiedHead(table, name=part.name)]
+
+    def attention(self, part) -> Layer:
+        return CausalSelfAttention(part.n_head // self.split.heads, part.head_dim, name=part.name)
+
+    def embedding(self, tok, pos):
+        """(the embedding unit, its table): masked lookups summed over the vocabulary shards."""
+        sp = self.tp.sequence_parallel
+        layer = Embedding(self.pf, tok.name, tok.vocab, tok.d, spec=ShardSpec(axis=0))
+        unit = Sequential([
+            layer,
+            self.tp.leave("embed.g"),
+            PositionEmbedding(self.pf, pos.name, pos.max_len, pos.d,
+                              shard_index=self.tp.rank if sp else 0, partial_grad=sp),
+        ], name="embed")
+        return unit, layer.table
+
+    def loss(self):
+        return VocabParallelCrossEntropy(self.tp)

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..models.counts import block_counts, part_params
+from ..models.spec import gpt_embed
+from ..parallel.tp_split import TPSplit
 from .cluster import DTYPES, Cluster
 from .model import GPTShape, layer_gemm_flops, logits_flops
 
@@ -128,14 +131,14 @@ def activation_bytes(m: GPTShape, b: int, t: int, recompute: str, sp: bool, dtyp
 
 
 def layer_params(m: GPTShape, t: int) -> float:
-    """Weights of one layer on one TP rank: 12 h^2 / t split, 13 h biases/norms (mostly split)."""
-    h = m.hidden
-    return 12 * h * h / t + 13 * h
+    """Weights of one layer on one TP rank (``models.counts``, Megatron's 1D cut): 12 h^2 / t
+    and the column biases split, the row biases and LayerNorms (6 h) whole."""
+    return block_counts(m.dims(), TPSplit.of("1d", t), m.seq).params
 
 
 def embed_params(m: GPTShape, t: int) -> float:
     """Vocabulary-parallel word embedding on one TP rank (a tied copy sits on the last stage)."""
-    return m.vocab * m.hidden / t
+    return part_params(gpt_embed(m.dims()).parts[0], TPSplit.of("1d", t))
 
 
 # Bytes per parameter of Megatron-LM's mixed-precision Adam, as its distributed-optimizer docs

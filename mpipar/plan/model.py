@@ -22,6 +22,8 @@ from pathlib import Path
 
 import tomllib
 
+from ..models.counts import block_flops, param_count, part_flops
+from ..models.spec import GPTDims, gpt_head
 from .errors import PlanError
 
 
@@ -48,22 +50,30 @@ class GPTShape:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def dims(self) -> GPTDims:
+        """The model description's sizes: Megatron's GPT, the LM head tied to the embedding,
+        positions learned up to ``seq``."""
+        return GPTDims(n_layer=self.layers, n_embd=self.hidden, n_head=self.heads,
+                       vocab_size=self.vocab, block_size=self.seq, tie_embeddings=True)
+
 
 def layer_gemm_flops(m: GPTShape, b: int) -> dict[str, float]:
-    """Forward FLOPs of one layer's GEMMs for a micro-batch of b sequences, by GEMM."""
-    s, h = m.seq, m.hidden
+    """Forward FLOPs of one layer's GEMMs for a micro-batch of b sequences, by GEMM (the
+    block's parts in ``mpipar.models.spec``; the attention core is the scores and the values)."""
+    f, tokens = block_flops(m.dims(), m.seq), b * m.seq
     return {
-        "qkv": 6.0 * b * s * h * h,
-        "scores": 2.0 * b * s * s * h,
-        "values": 2.0 * b * s * s * h,
-        "proj": 2.0 * b * s * h * h,
-        "mlp": 16.0 * b * s * h * h,
+        "qkv": float(tokens * f["attn.qkv"]),
+        "scores": float(tokens * f["attn.core"] // 2),
+        "values": float(tokens * f["attn.core"] // 2),
+        "proj": float(tokens * f["attn.proj"]),
+        "mlp": float(tokens * (f["mlp.fc"] + f["mlp.proj"])),
     }
 
 
 def logits_flops(m: GPTShape, b: int) -> float:
     """Forward FLOPs of the logits GEMM (last stage) for b sequences."""
-    return 2.0 * b * m.seq * m.hidden * m.vocab
+    head = gpt_head(m.dims()).parts[-1]
+    return float(b * m.seq * part_flops(head, m.seq))
 
 
 def model_flops_per_step(m: GPTShape, batch: int) -> float:
@@ -80,9 +90,9 @@ def megatron_sc21_flops(m: GPTShape, batch: int) -> float:
 
 
 def n_params(m: GPTShape) -> float:
-    """Weights of the whole model: 12 l h^2 + 13 l h (biases, LayerNorms), embeddings V h + s h."""
-    h = m.hidden
-    return m.layers * (12 * h * h + 13 * h) + m.vocab * h + m.seq * h + 2 * h
+    """Weights of the whole model (``models.counts``): 12 l h^2 + 13 l h (biases, LayerNorms),
+    embeddings V h + s h, the final LayerNorm 2 h."""
+    return float(param_count(m.dims()))
 
 
 # Megatron-LM SC'21 (Narayanan et al. 2021, Table 1), seq 2048, vocab 51,200; plus GPT-3 175B.

@@ -10,22 +10,18 @@ from __future__ import annotations
 
 from ..config import Config, ConfigError, validate
 from ..models import check_gpt_shapes, check_mlp_shapes, unit_count
+from ..parallel.tp_split import TPSplit
 from ..trace import check_writable
 from .resolved import ResolvedRun, resolve
 
 
 def check_model(cfg: Config) -> None:
-    """The model's shapes against tp, sequence parallelism, seq_len and the pipeline cut."""
+    """The model's shapes against the tp cut, sequence parallelism, seq_len and the pipeline."""
     m, p, t = cfg.model, cfg.parallel, cfg.train
     try:
-        if m.kind == "gpt" and p.tp_mode != "1d" and p.tp > 1:  # 2D/2.5D/3D: by q, not tp
-            from ..layout import tp_grid_shape
-            from ..parallel.tensor_nd import check_gpt_shapes_nd
-
-            check_gpt_shapes_nd(m, p.tp_mode, tp_grid_shape(p.tp_mode, p.tp, p.tp_depth))
-            check_gpt_shapes(m, 1, False, t.seq_len)
-        elif m.kind == "gpt":
-            check_gpt_shapes(m, p.tp, p.sequence_parallel, t.seq_len)
+        if m.kind == "gpt":
+            split = TPSplit.of(p.tp_mode, p.tp, p.tp_depth, p.sequence_parallel)
+            check_gpt_shapes(m, seq_len=t.seq_len, split=split)
         else:
             check_mlp_shapes(m, p.tp)
     except ValueError as exc:

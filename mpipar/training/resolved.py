@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import Config
+from ..models import stage_bounds as models_stage_bounds
 from ..parallel.pipeline import build
 from ..parallel.pipeline.actions import Schedule
 
@@ -57,19 +58,8 @@ def training_mode(cfg: Config, schedule: Schedule) -> str:
 
 def stage_bounds(cfg: Config, virtual_stages: int) -> dict:
     """{chunk: (first unit, end unit)}: the cut ``parallel.layout`` / ``parallel.partition``
-    asks for. The params / cost partitions weigh each unit by its full parameter count, read
-    here off a one-rank float32 model."""
-    from ..models import unit_count
-
-    p, m = cfg.parallel, cfg.model
-    weights = None
-    if not p.layout and p.partition in ("params", "cost"):
-        from ..backend import Backend
-        from ..models import build_model
-
-        weights = build.unit_weights(build_model(m, Backend("cpu", "float32"), seed=0))
-    n_layer = m.n_layer if m.kind == "gpt" else 0
-    return build.stage_bounds(p, n_layer, unit_count(m), virtual_stages, weights)
+    asks for (``models.stage_bounds``, from the model description alone)."""
+    return models_stage_bounds(cfg.model, cfg.parallel, cfg.parallel.pp, virtual_stages)
 
 
 def resolve(cfg: Config) -> ResolvedRun:

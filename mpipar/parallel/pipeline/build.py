@@ -12,8 +12,6 @@ from .actions import Schedule, ScheduleError
 from .check import check_schedule
 from .generators import build_schedule, forward_only
 from .lowering import lower
-from .partition import chunk_layers
-from .stage_layout import layout_bounds
 
 
 def _checked(s: Schedule) -> Schedule:
@@ -67,32 +65,3 @@ def eval_schedule(s: Schedule) -> Schedule:
     ``check_schedule`` wants every backward, so it has none to pass; ``generators.forward_only``
     says why it cannot deadlock."""
     return lower(forward_only(s.pp, s.microbatches, s.virtual_stages, s.placement))
-
-
-def unit_weights(model) -> list[int]:
-    """Each unit's full (unsharded) parameter count plus one: the weights of the ``params``
-    and ``cost`` partitions."""
-    out = []
-    for u in model.units:
-        n = 0
-        for q in u.params():
-            k = 1
-            for d in q.full_shape:
-                k *= d
-            n += k
-        out.append(n + 1)
-    return out
-
-
-def stage_bounds(p, n_layer: int, n_units: int, virtual_stages: int,
-                 weights=None) -> dict[int, tuple[int, int]]:
-    """{chunk: (first unit, end unit)} of the cut ``p.layout`` or ``p.partition`` asks for, over
-    ``p.pp * virtual_stages`` chunks; ``weights``: ``unit_weights`` (params / cost only)."""
-    if p.layout:  # uneven stages as the user wrote them (checked in preflight)
-        return layout_bounds(p.layout, n_layer, p.pp * virtual_stages)
-    kw = {"method": p.partition}
-    if p.partition in ("params", "cost"):
-        kw["weights"] = weights
-    if p.partition == "explicit":
-        kw["boundaries"] = list(p.boundaries)
-    return chunk_layers(n_units, p.pp, virtual_stages, **kw)

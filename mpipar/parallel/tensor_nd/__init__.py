@@ -1,29 +1,26 @@
 """Tensor parallelism beyond Megatron's 1D: 2D (Optimus / SUMMA), 2.5D (Tesseract) and 3D.
 One file per concern: ``context`` (the 2D / 2.5D grid position and the mode factory),
 ``summa`` (the three block products), ``layers2d`` (linear, LayerNorm, embeddings, loss on q x q
-blocks, d layers deep for 2.5D), ``gpt2d``; ``context3d``, ``layers3d``, ``gpt3d`` for the
-q x q x q cube."""
+blocks, d layers deep for 2.5D), ``factory2d`` (those layers for the model description);
+``context3d``, ``layers3d``, ``factory3d`` for the q x q x q cube.
 
+``layer_factory`` hands ``mpipar.models`` the layers of a context's mode (1D's from
+``parallel.tensor``); the block itself is described once, in ``mpipar.models.spec``."""
+
+from ..tensor import Megatron1DLayers
 from .context import TP2DContext, tp_context
 from .context3d import TP3DContext
-from .gpt2d import build_gpt_2d, check_gpt_shapes_2d
-from .gpt3d import build_gpt_3d, check_gpt_shapes_3d
+from .factory2d import Optimus2DLayers
+from .factory3d import Cube3DLayers
+
+FACTORIES = {"1d": Megatron1DLayers, "2d": Optimus2DLayers, "2.5d": Optimus2DLayers,
+             "3d": Cube3DLayers}
 
 
-def build_gpt_nd(mcfg, backend, seed, tp):
-    """The GPT of the tp context's mode (2d, 2.5d or 3d)."""
-    if tp.mode == "3d":
-        return build_gpt_3d(mcfg, backend, seed, tp)
-    return build_gpt_2d(mcfg, backend, seed, tp)
+def layer_factory(tp, pf):
+    """The layers of ``tp.mode`` on this rank, making parameters with ``pf``."""
+    return FACTORIES[tp.mode](tp, pf)
 
 
-def check_gpt_shapes_nd(m, mode: str, shape: tuple) -> None:
-    """Raise ValueError naming the field when the model does not cut over the tp grid."""
-    if mode == "3d":
-        check_gpt_shapes_3d(m, shape[0])
-    else:
-        check_gpt_shapes_2d(m, shape[-1], mode)
-
-
-__all__ = ["TP2DContext", "TP3DContext", "tp_context", "build_gpt_nd", "check_gpt_shapes_nd",
-           "build_gpt_2d", "check_gpt_shapes_2d", "build_gpt_3d", "check_gpt_shapes_3d"]
+__all__ = ["FACTORIES", "Cube3DLayers", "Megatron1DLayers", "Optimus2DLayers", "TP2DContext",
+           "TP3DContext", "layer_factory", "tp_context"]

@@ -23,6 +23,8 @@ from ...layout import tp_grid_shape
 from ...mpi.comm import LocalComm
 from ...nn.params import ShardSpec
 from ..tensor import TPContext
+from ..tp_split import TPSplit
+from .context3d import TP3DContext
 
 # what the spec pairs name: the grid row index i and column index j (mapped to grid dims by mode)
 ROW, COL = "row", "col"
@@ -55,8 +57,13 @@ class TP2DContext:
         return self.dep.rank
 
     @property
+    def split(self) -> TPSplit:
+        shape = (self.q, self.q) if self.mode == "2d" else (self.d, self.q, self.q)
+        return TPSplit(self.mode, shape)
+
+    @property
     def batch_shards(self) -> int:
-        return self.d * self.q
+        return self.split.batch_shards
 
     @property
     def batch_block(self) -> int:
@@ -87,20 +94,14 @@ class TP2DContext:
         x = self.col.allreduce(x, op="sum", inplace=True)
         return self.dep.allreduce(x, op="sum", inplace=True) if self.d > 1 else x
 
-    def divide(self, n: int, what: str) -> int:
-        if n % self.q:
-            raise ValueError(f"{what} = {n} is not divisible by q = {self.q} (tp_mode "
-                             f"{self.mode}, tp = {self.size}): choose sizes divisible by q")
-        return n // self.q
-
 
 def tp_context(grid, parallel):
     """The tp context of ``parallel.tp_mode`` on this rank of ``grid`` (collective over tp for
     the 2D modes: they split the tp communicator into rows and columns)."""
-    mode = getattr(parallel, "tp_mode", "1d")
+    mode = parallel.tp_mode
     if mode == "1d" or grid.tp_size == 1:
         return TPContext.from_comm(grid.tp_comm, parallel.sequence_parallel)
-    shape = tp_grid_shape(mode, grid.tp_size, getattr(parallel, "tp_depth", 1))
+    shape = tp_grid_shape(mode, grid.tp_size, parallel.tp_depth)
     if mode == "2d":
         col, row = grid.tp_subcomms(shape, ("tp.col", "tp.row"))
         if (col.rank, row.rank) != divmod(grid.tp_rank, shape[1]):
@@ -113,8 +114,6 @@ def tp_context(grid, parallel):
         if ctx.rank != grid.tp_rank:
             raise RuntimeError(f"tp sub-communicators put tp rank {grid.tp_rank} at {ctx.rank}")
         return ctx
-    from .context3d import TP3DContext
-
     ci, cj, cl = grid.tp_subcomms(shape, ("tp.i", "tp.j", "tp.l"))
     ctx = TP3DContext(comm=grid.tp_comm, ci=ci, cj=cj, cl=cl, q=shape[0])
     if ctx.rank != grid.tp_rank:

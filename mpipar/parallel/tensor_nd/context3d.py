@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...nn.params import ShardSpec
+from ..tp_split import TPSplit
 
 DIMS = {"i": 0, "j": 1, "l": 2}
 # (hidden dim, token-piece dim) of each parity
@@ -46,8 +47,12 @@ class TP3DContext:
         return (self.ci.rank * self.q + self.cj.rank) * self.q + self.cl.rank
 
     @property
+    def split(self) -> TPSplit:
+        return TPSplit("3d", (self.q, self.q, self.q))
+
+    @property
     def batch_shards(self) -> int:
-        return self.q * self.q
+        return self.split.batch_shards
 
     def batch_block(self, parity: int) -> int:
         """Which of the q^2 blocks of a micro-batch's sequences this rank holds in a parity."""
@@ -57,12 +62,6 @@ class TP3DContext:
         """Pairs (tensor axis, "i" / "j" / "l"); pairs on one axis nest in the order given."""
         return ShardSpec(split=tuple((ax, DIMS[g]) for ax, g in pairs),
                          grid=(self.q, self.q, self.q))
-
-    def divide(self, n: int, what: str) -> int:
-        if n % self.q:
-            raise ValueError(f"{what} = {n} is not divisible by q = {self.q} (tp_mode 3d, tp = "
-                             f"{self.size} = q^3): choose sizes divisible by q")
-        return n // self.q
 
     def sum_over(self, x, *names):
         """x summed in place over the communicators along ``names``."""
