@@ -185,8 +185,7 @@ def test_cuda_awareness_detected_without_crashing():
 def test_commbench_cli(tmp_path, n):
     import h5py
 
-    from mpipar.mpi.collbench import COLL_DTYPE
-    from mpipar.mpi.commbench import RESULT_DTYPE, parse_sizes
+    from mpipar.mpi.bench import COLL_DTYPE, RESULT_DTYPE, parse_sizes
 
     assert parse_sizes("8,1K, 64M,2KiB") == [8, 1024, 64 << 20, 2048]
     with pytest.raises(ValueError, match="bad message size"):
