@@ -175,7 +175,7 @@ class Tracer:
 
     def sink(self):
         """The list's ``append`` taking ``record_now``'s tuples with times already relative to
-        ``t0``, for a per-message hot path (``mpi/fastp2p.py``); None when disabled. The list is
+        ``t0``, for a per-message hot path (``mpi/p2p.py``); None when disabled. The list is
         cleared in place, never replaced, so the ``append`` stays valid for the tracer's life."""
         return self._events.append if self.enabled else None
 

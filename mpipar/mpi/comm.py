@@ -7,11 +7,14 @@
 - checks that a received message has exactly the expected byte count, so a shape or dtype
   disagreement between sender and receiver is an error, not silent garbage.
 
-Point-to-point lives in ``p2p.py`` (with a fast path for host arrays), all-reduce,
-reduce-scatter and all-gather in ``collectives.py`` (the non-blocking ones in
-``nonblocking.py``): each runs the library's algorithm, a ring or
-Rabenseifner's (``algorithms.py``) or a shared window of one node's ranks (``shm.py``), as
-``MPIPAR_COLLECTIVES`` forces or ``tuning.py`` chooses.
+``Comm`` is this module's small operations (broadcast, barrier, bytes, a scalar all-reduce) and
+three mixins, each in its own module and each listing what it reads of ``Comm``: point-to-point
+(``p2p.py``, each call with a fast branch for host arrays), all-reduce, reduce-scatter and
+all-gather (``collectives.py``; the non-blocking ones in ``nonblocking.py``). A collective runs
+the library's algorithm, a ring or Rabenseifner's (``algorithms.py``) or a shared window of one
+node's ranks (``shm.py``), as ``MPIPAR_COLLECTIVES`` forces or ``tuning.py`` chooses; the
+duplicate communicator and the shared windows they use are one object, ``Comm.windows``
+(``windows.py``).
 
 Device arrays are handed to MPI directly or staged through host buffers (``staging.py``);
 ``staging=True`` forces staging for NumPy arrays too, which is how the staged code path is tested
@@ -57,6 +60,7 @@ from mpipar.mpi.staging import (
 )
 from mpipar.mpi.tuning import mode as collectives_mode
 from mpipar.mpi.tuning import table as collectives_table
+from mpipar.mpi.windows import Windows
 
 __all__ = [
     "Comm", "LocalComm", "Request", "MessageSizeError", "make_tag", "TAG_ACTIVATION",
@@ -64,6 +68,7 @@ __all__ = [
 ]
 
 MPI = None  # mpi4py.MPI, set when the first Comm is built
+_OPS: dict = {}  # op name -> MPI.Op, set with it
 
 
 class Comm(Collectives, NonBlocking, PointToPoint):
@@ -81,8 +86,9 @@ class Comm(Collectives, NonBlocking, PointToPoint):
                 f"{self.axis}: Comm needs a group of 2 or more ranks, got {self.size}; "
                 f"a one-rank group is a LocalComm"
             )
-        global MPI
+        global MPI, _OPS
         MPI = M = load_mpi()
+        _OPS = {"sum": M.SUM, "mean": M.SUM, "max": M.MAX}
         if world_ranks is None:
             world_ranks = M.Group.Translate_ranks(
                 mpi_comm.Get_group(), list(range(self.size)), M.COMM_WORLD.Get_group()
@@ -98,11 +104,13 @@ class Comm(Collectives, NonBlocking, PointToPoint):
             self.staging = True
         self.wait_kind = f"{self.axis}.wait"  # the event a Request records on completion
         self._kinds = {}
-        self._ops = {"sum": M.SUM, "mean": M.SUM, "max": M.MAX}
+        self._fast = self.staging is not True  # NumPy arrays may go to MPI as they are
+        self._algos_by_mode = {}  # see Collectives.coll_mode
+        self.windows = Windows(mpi_comm, self.axis)
         self.coll_mode = collectives_mode()  # MPIPAR_COLLECTIVES: forced algorithm or "auto"
         if self.coll_mode == "auto":
             collectives_table()  # a broken table file fails here, before any traffic
-        self._fast_init(M)
+        self._p2p_init(M)
         self._coll_init(M)
 
     # --- helpers ---------------------------------------------------------------------------
@@ -127,7 +135,7 @@ class Comm(Collectives, NonBlocking, PointToPoint):
 
     def _op(self, op):
         check_op(op)
-        return self._ops[op]
+        return _OPS[op]
 
     def _peer(self, r, what):
         return self.world_ranks[check_root(self.axis, self.size, r, what)]
@@ -136,7 +144,8 @@ class Comm(Collectives, NonBlocking, PointToPoint):
         return self.world_ranks[local_rank]
 
     def free(self) -> None:
-        self._coll_free()  # the collectives' shared window and duplicate communicator
+        self.windows.free()  # the collectives' shared windows and duplicate communicator
+        self._regs = ()
         if self.mpi not in (MPI.COMM_WORLD, MPI.COMM_SELF):
             self.mpi.Free()
 
