@@ -73,7 +73,7 @@ def test_auto_keeps_device_arrays_off_host_shared_memory():
     code = (
         "import numpy as np\n"
         "from mpipar.mpi import collectives, tuning\n"
-        "from mpipar.mpi.comm import Comm\n"
+        "from mpipar.mpi import Comm\n"
         "class Two:\n"
         "    def Get_size(self): return 2\n"
         "    def Get_rank(self): return 0\n"

@@ -20,8 +20,8 @@ Device arrays are handed to MPI directly or staged through host buffers (``stagi
 ``staging=True`` forces staging for NumPy arrays too, which is how the staged code path is tested
 without a GPU. A group of one rank is a ``LocalComm`` (``local.py``), never a ``Comm``.
 
-Import names from here: ``Comm``, ``LocalComm``, ``Request``, ``make_tag``, the tag constants and
-``MessageSizeError`` (they live in the modules beside this one).
+Both satisfy ``interface.Communicator``; import them, and the names beside them, from the package
+(``from mpipar.mpi import Comm, LocalComm, make_tag``).
 """
 
 from __future__ import annotations
@@ -31,23 +31,9 @@ import os
 import numpy as np
 
 from mpipar.mpi.collectives import Collectives
-from mpipar.mpi.common import (
-    MAX_CHUNKS,
-    MAX_MB,
-    OFF,
-    TAG_ACTIVATION,
-    TAG_GRADIENT,
-    TAG_LIMIT,
-    MessageSizeError,
-    check_contiguous,
-    check_op,
-    check_root,
-    make_tag,
-)
-from mpipar.mpi.local import LocalComm
+from mpipar.mpi.common import OFF, check_contiguous, check_op, check_root
 from mpipar.mpi.nonblocking import NonBlocking
 from mpipar.mpi.p2p import PointToPoint
-from mpipar.mpi.requests import Request
 from mpipar.mpi.staging import (
     POOL,
     cuda_aware,
@@ -61,11 +47,6 @@ from mpipar.mpi.staging import (
 from mpipar.mpi.tuning import mode as collectives_mode
 from mpipar.mpi.tuning import table as collectives_table
 from mpipar.mpi.windows import Windows
-
-__all__ = [
-    "Comm", "LocalComm", "Request", "MessageSizeError", "make_tag", "TAG_ACTIVATION",
-    "TAG_GRADIENT", "TAG_LIMIT", "MAX_CHUNKS", "MAX_MB",
-]
 
 MPI = None  # mpi4py.MPI, set when the first Comm is built
 _OPS: dict = {}  # op name -> MPI.Op, set with it

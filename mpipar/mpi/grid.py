@@ -27,7 +27,8 @@ from mpipar.layout import (  # noqa: F401  (GridError, check_grid: this module's
     check_grid,
     parse_order,
 )
-from mpipar.mpi.comm import Comm, LocalComm
+from mpipar.mpi.comm import Comm
+from mpipar.mpi.local import LocalComm
 
 
 def _strides(sizes: dict, order: str) -> dict:

@@ -9,9 +9,8 @@ import hashlib
 import numpy as np
 from mpi4py import MPI
 
+from mpipar.mpi import Comm, failfast, shm, tuning
 from mpipar.mpi import algorithms as alg
-from mpipar.mpi import failfast, shm, tuning
-from mpipar.mpi.comm import Comm
 
 failfast.install()
 N = MPI.COMM_WORLD.Get_size()

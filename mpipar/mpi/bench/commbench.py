@@ -36,8 +36,8 @@ from mpipar.mpi.algorithms import KINDS
 from mpipar.mpi.bench.collbench import VARIANTS, bench_kind, elements, reps_for, tune_results
 from mpipar.mpi.comm import Comm
 from mpipar.mpi.grid import bind_gpu
+from mpipar.mpi.job.world import library_version
 from mpipar.mpi.staging import cuda_aware
-from mpipar.mpi.world import library_version
 from mpipar.trace import Tracer
 
 RESULT_DTYPE = np.dtype(
