@@ -1,13 +1,13 @@
 """All-reduce, reduce-scatter and all-gather of a ``Comm``, each by the algorithm chosen for it.
 
 A mixin: ``Comm`` (``comm.py``) supplies ``mpi``, ``axis``, ``size``, ``rank``, ``windows``
-(``windows.py``: the duplicate communicator, the shared window, registered buffers), ``_op``,
-``_begin``, ``_stage`` and ``_rec``, and calls ``_coll_init``. The algorithm is the forced one
-(``MPIPAR_COLLECTIVES``) or the table's choice for the kind, size and group (``tuning.py``); the
-same on every rank, since all of them see the same arguments. ``library`` is MPI's own collective;
-``ring`` and ``rabenseifner`` are ``algorithms.py``'s, run on a duplicate communicator; ``shm``
-is ``shm.py``'s shared window, offered only where every rank shares one node (elsewhere the
-choice falls back as if it did not exist).
+(``windows.py``: the duplicate communicator, the shared window, registered buffers),
+``shm_offered``, ``_op``, ``_begin``, ``_stage`` and ``_rec``, and calls ``_coll_init``. The
+algorithm is the forced one (``MPIPAR_COLLECTIVES``) or the table's choice for the kind, size and
+group (``tuning.py``); the same on every rank, since all of them see the same arguments.
+``library`` is MPI's own collective; ``ring`` and ``rabenseifner`` are ``algorithms.py``'s, run
+on a duplicate communicator; ``shm`` is ``shm.py``'s shared window, offered only where every rank
+shares one node (elsewhere the choice falls back as if it did not exist).
 """
 
 from __future__ import annotations
@@ -63,24 +63,13 @@ class Collectives:
     """allreduce / reduce_scatter / allgather with a choice of algorithm."""
 
     _seq = 0  # collectives run so far: a fresh tag each, so overlapping ones never mix
-    _regs = ()  # the registered windows (``Windows.regs``), once there are any
+    _regs = ()  # the registered windows (``Windows.regs``; ``Comm.registered_zeros``)
 
     def _coll_init(self, MPI) -> None:
         """Hoist what the fast paths need (called by ``Comm.__init__``)."""
         global _IN_PLACE, _SUM
         _IN_PLACE, _SUM = MPI.IN_PLACE, MPI.SUM
         self._k_ar, self._k_rs, self._k_ag = (f"{self.axis}.{k}" for k in KINDS)
-
-    def shm_offered(self) -> bool:
-        """Whether the shared-memory algorithm can run here (``Windows.shm_offered``)."""
-        return self.windows.shm_offered()
-
-    def registered_zeros(self, sizes, dtype, xp=None) -> list:
-        """Zeroed 1-D arrays of ``sizes`` elements of ``dtype``, registered in a shared window
-        where the ranks share a node (``Windows.registered_zeros``). Collective."""
-        arrays = self.windows.registered_zeros(sizes, dtype, np if xp is None else xp)
-        self._regs = self.windows.regs  # the hot paths' "any registered buffer?" test
-        return arrays
 
     def _registered(self, x) -> bool:
         """x is (a contiguous view inside) one of this communicator's registered buffers."""

@@ -124,6 +124,17 @@ class Comm(Collectives, NonBlocking, PointToPoint):
     def world_rank_of(self, local_rank) -> int:
         return self.world_ranks[local_rank]
 
+    def shm_offered(self) -> bool:
+        """Whether the shared-memory algorithm can run here (``Windows.shm_offered``)."""
+        return self.windows.shm_offered()
+
+    def registered_zeros(self, sizes, dtype, xp=None) -> list:
+        """Zeroed 1-D arrays of ``sizes`` elements of ``dtype``, registered in a shared window
+        where the ranks share a node (``Windows.registered_zeros``). Collective."""
+        arrays = self.windows.registered_zeros(sizes, dtype, np if xp is None else xp)
+        self._regs = self.windows.regs  # the collectives' hot "any registered buffer?" test
+        return arrays
+
     def free(self) -> None:
         self.windows.free()  # the collectives' shared windows and duplicate communicator
         self._regs = ()
