@@ -205,7 +205,7 @@ def test_every_op_on_every_axis(n, grid, stage):
 
 @pytest.mark.mpi
 def test_cuda_awareness_detected_without_crashing():
-    code = "from mpipar.mpi.comm import cuda_aware; print('aware', cuda_aware())"
+    code = "from mpipar.mpi import cuda_aware; print('aware', cuda_aware())"
     p = run_mpi(1, [sys.executable, "-c", code], timeout=60, check=True)
     assert "aware " in p.stdout  # True or False, whichever this MPI library reports
 
