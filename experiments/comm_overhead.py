@@ -22,8 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mpipar.mpi.comm import Comm  # noqa: E402
-from mpipar.mpi.staging import load_mpi  # noqa: E402 (mpi4py only through mpipar/mpi)
+from mpipar.mpi import Comm, load_mpi  # noqa: E402 (mpi4py only through mpipar/mpi)
 from mpipar.trace import Tracer  # noqa: E402
 
 

@@ -54,8 +54,7 @@ def section(name):
 def environment():
     import cupy as cp
 
-    from mpipar.mpi.staging import cuda_aware
-    from mpipar.mpi.world import library_version
+    from mpipar.mpi import cuda_aware, library_version
 
     dev = cp.cuda.Device()
     props = cp.cuda.runtime.getDeviceProperties(dev.id)

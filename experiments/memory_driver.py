@@ -127,10 +127,7 @@ def main(argv=None) -> int:
 
     from mpipar.backend import Backend
     from mpipar.config import load_config
-    from mpipar.mpi import failfast
-    from mpipar.mpi.dump import dump_trace
-    from mpipar.mpi.grid import ProcessGrid
-    from mpipar.mpi.world import world_size_and_rank
+    from mpipar.mpi import ProcessGrid, dump_trace, failfast, world_size_and_rank
     from mpipar.trace import Tracer
     from mpipar.training import Trainer, preflight, prepare_data
 

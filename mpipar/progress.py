@@ -1,4 +1,4 @@
-"""What this rank is doing now, for the watchdog (``mpipar.mpi.watchdog``).
+"""What this rank is doing now, for the watchdog (``mpipar.mpi.job.watchdog``).
 
 A leaf module: the executor, the trainer and the loop call ``beat(what)`` before each piece of
 work that may block (a schedule action, a gradient all-reduce, a checkpoint write). A beat costs

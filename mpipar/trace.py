@@ -1,6 +1,6 @@
 """The event recorder and the HDF5 timing dump writer (docs/dump_schema.md is the source of truth).
 
-A leaf module: no MPI here (gathering to rank 0 lives in ``mpipar.mpi.dump``), and h5py is
+A leaf module: no MPI here (gathering to rank 0 lives in ``mpipar.mpi.job.dump``), and h5py is
 imported only inside ``write_dump`` so that tracing costs nothing to import.
 
 Each rank owns one ``Tracer``. Events are kept as plain tuples in a list (appending a tuple is the
@@ -175,7 +175,7 @@ class Tracer:
 
     def sink(self):
         """The list's ``append`` taking ``record_now``'s tuples with times already relative to
-        ``t0``, for a per-message hot path (``mpi/fastp2p.py``); None when disabled. The list is
+        ``t0``, for a per-message hot path (``mpi/p2p.py``); None when disabled. The list is
         cleared in place, never replaced, so the ``append`` stays valid for the tracer's life."""
         return self._events.append if self.enabled else None
 

@@ -53,7 +53,7 @@ def test_commbench_table_without_shm():
     """Across nodes commbench leaves shm unmeasured (NaN): its table and --tune skip it."""
     import numpy as np
 
-    from mpipar.mpi import collbench
+    from mpipar.mpi.bench import collbench, report
 
     samples = np.ones((len(collbench.VARIANTS), 1, 3))
     samples[collbench.VARIANTS.index("ring")] = 0.5
@@ -63,7 +63,7 @@ def test_commbench_table_without_shm():
     assert rows["ring_s"][0] == 0.5 and rows["best_busbw"][0] == (1 << 20) / 0.5 / 1e9
     tuned = tuning.tuned_table(collbench.tune_results({"allreduce": rows}, 2), "mpich")
     assert tuned["choices"]["allreduce"]["2"] == [[1 << 20, "ring"]]
-    assert "nan" in "\n".join(collbench.format_kind("allreduce", rows, 2))
+    assert "nan" in "\n".join(report.format_kind("allreduce", rows, 2))
 
 
 def test_auto_keeps_device_arrays_off_host_shared_memory():
@@ -73,7 +73,7 @@ def test_auto_keeps_device_arrays_off_host_shared_memory():
     code = (
         "import numpy as np\n"
         "from mpipar.mpi import collectives, tuning\n"
-        "from mpipar.mpi.comm import Comm\n"
+        "from mpipar.mpi import Comm\n"
         "class Two:\n"
         "    def Get_size(self): return 2\n"
         "    def Get_rank(self): return 0\n"

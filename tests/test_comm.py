@@ -7,15 +7,7 @@ import numpy as np
 import pytest
 from mpi_util import assert_snippet_ok, python_script, run_mpi
 
-from mpipar.mpi import staging
-from mpipar.mpi.comm import (
-    MAX_CHUNKS,
-    MAX_MB,
-    TAG_LIMIT,
-    Comm,
-    LocalComm,
-    make_tag,
-)
+from mpipar.mpi import MAX_CHUNKS, MAX_MB, TAG_LIMIT, Comm, LocalComm, make_tag, staging
 from mpipar.mpi.staging import HostBufferPool, cuda_aware
 
 
@@ -32,7 +24,7 @@ def test_tags_distinct_and_below_limit():
 def test_local_comm_needs_no_mpi():
     code = (
         "import sys, numpy as np\n"
-        "from mpipar.mpi.comm import LocalComm\n"
+        "from mpipar.mpi import LocalComm\n"
         "from mpipar.trace import Tracer\n"
         "t = Tracer(); c = LocalComm('tp', tracer=t)\n"
         "x = np.random.default_rng(0).standard_normal((4, 6))\n"
@@ -90,6 +82,44 @@ def test_local_comm_semantics():
         d.world_rank_of(1)
 
 
+def test_comm_and_local_comm_implement_the_interface():
+    """Every operation of ``Communicator`` with its exact parameters, on both classes; and
+    LocalComm, the smallest implementation, offers nothing the interface does not declare."""
+    from mpipar.mpi.interface import OPERATIONS, Communicator, mismatches
+
+    assert len(OPERATIONS) == 17
+    assert mismatches(Comm) == [] and mismatches(LocalComm) == []
+    public = {n for n, v in vars(LocalComm).items() if not n.startswith("_") and callable(v)}
+    assert public == set(OPERATIONS), public ^ set(OPERATIONS)
+    assert isinstance(LocalComm("tp"), Communicator)
+
+    class Drifted(LocalComm):  # the checker sees a keyword made positional and a lost argument
+        def send(self, x, dest, tag, mb=-1, chunk=-1):
+            pass
+
+        def recv(self, shape, dtype, source, tag, *, mb=-1, chunk=-1, xp=None):
+            pass
+
+    got = mismatches(Drifted)
+    assert len(got) == 2 and "Drifted.send(self, x, dest, tag, mb=-1, chunk=-1)" in got[0], got
+    assert "out=None" in got[1], got
+    assert any("missing" in m for m in mismatches(type("Half", (), {"send": Drifted.send})))
+
+
+def test_comm_instance_is_a_communicator():
+    """The attributes too (runtime_checkable looks for every member on an instance)."""
+    code = (
+        "from mpipar.mpi import Comm, Communicator\n"
+        "class Two:\n"
+        "    def Get_size(self): return 2\n"
+        "    def Get_rank(self): return 0\n"
+        "c = Comm(Two(), 'dp', world_ranks=[0, 1])\n"
+        "assert isinstance(c, Communicator)\n"
+        "print('ok')\n"
+    )
+    assert_snippet_ok(code)
+
+
 def test_comm_refuses_one_rank():
     class One:  # all Comm asks of a communicator before it refuses (so no MPI is needed)
         def Get_size(self):
@@ -107,7 +137,7 @@ def test_algorithm_choice_cached_per_mode():
     (commbench does, between calls) must switch the choice, and back, without stale entries."""
     code = (
         "import numpy as np\n"
-        "from mpipar.mpi.comm import Comm\n"
+        "from mpipar.mpi import Comm\n"
         "class Two:\n"
         "    def Get_size(self): return 2\n"
         "    def Get_rank(self): return 0\n"
@@ -175,7 +205,7 @@ def test_every_op_on_every_axis(n, grid, stage):
 
 @pytest.mark.mpi
 def test_cuda_awareness_detected_without_crashing():
-    code = "from mpipar.mpi.comm import cuda_aware; print('aware', cuda_aware())"
+    code = "from mpipar.mpi import cuda_aware; print('aware', cuda_aware())"
     p = run_mpi(1, [sys.executable, "-c", code], timeout=60, check=True)
     assert "aware " in p.stdout  # True or False, whichever this MPI library reports
 
@@ -185,8 +215,7 @@ def test_cuda_awareness_detected_without_crashing():
 def test_commbench_cli(tmp_path, n):
     import h5py
 
-    from mpipar.mpi.collbench import COLL_DTYPE
-    from mpipar.mpi.commbench import RESULT_DTYPE, parse_sizes
+    from mpipar.mpi.bench import COLL_DTYPE, RESULT_DTYPE, parse_sizes
 
     assert parse_sizes("8,1K, 64M,2KiB") == [8, 1024, 64 << 20, 2048]
     with pytest.raises(ValueError, match="bad message size"):

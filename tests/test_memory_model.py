@@ -94,7 +94,7 @@ def test_block_stored_is_what_a_block_keeps(tp, sp, selective):
 
 def _traced_peak(sets: dict) -> tuple[float, list[dict]]:
     """One rank, three steps: mem.static + NumPy-tracked peak above set-up; and the model's."""
-    from mpipar.mpi.grid import ProcessGrid
+    from mpipar.mpi import ProcessGrid
     from mpipar.trace import Tracer
     from mpipar.training import Trainer, preflight
     from mpipar.training.memory import state_arrays

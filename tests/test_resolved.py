@@ -91,7 +91,7 @@ def test_a_schedule_file_is_lowered_and_must_fit_the_run(tmp_path):
 def test_the_trainer_runs_the_step_class_of_the_mode_and_the_schedules_order(tmp_path):
     from mpipar.backend import Backend
     from mpipar.datasets import prepare_synthetic
-    from mpipar.mpi.grid import ProcessGrid
+    from mpipar.mpi import ProcessGrid
     from mpipar.trace import Tracer
     from mpipar.training import Trainer
     from mpipar.training.steps import STEP_CLASSES

@@ -388,7 +388,7 @@ def test_pipedream_2bw_applies_gradients_one_step_late(tmp_path):
     from mpipar.backend import Backend
     from mpipar.config import load_config
     from mpipar.datasets import prepare_synthetic
-    from mpipar.mpi.grid import ProcessGrid
+    from mpipar.mpi import ProcessGrid
     from mpipar.trace import Tracer
     from mpipar.training import Trainer, step_lr
 

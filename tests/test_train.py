@@ -248,7 +248,7 @@ def test_gradients_ready_launch_every_bucket_once():
     from mpipar.backend import Backend
     from mpipar.config import ModelConfig
     from mpipar.models import build_model
-    from mpipar.mpi.comm import LocalComm
+    from mpipar.mpi import LocalComm
     from mpipar.parallel.data import GradSync
     from mpipar.parallel.tensor import TPContext
 

@@ -191,7 +191,7 @@ def dp_scratch(chunk_params: list, dp: int, zero1: bool, s: int, bucket_mb: floa
     chunk's parameters cut into buckets of ``bucket_mb`` MiB, all in flight at once). Per bucket
     of n bytes: a ring all-reduce n / dp, Rabenseifner's n; ZeRO-1's reduce-scatter copies its
     input (n + n / dp) and works in n (Rabenseifner) or n / dp (ring); the all-gather works in
-    place. The buckets are registered buffers (``mpi/registered.py``: one shared window where
+    place. The buckets are registered buffers (``mpi/windows.py``: one shared window where
     the dp ranks share a node), so the shared-memory algorithm (``shm``, where the tuning has it)
     copies nothing: it reads and writes block r of every other rank's bucket there, and those
     pages stay mapped, resident in this rank too: (dp - 1) / dp of each bucket. The algorithm is

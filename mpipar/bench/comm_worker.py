@@ -1,4 +1,4 @@
-"""mpipar's Comm beside raw mpi4py (``mpipar.mpi.commbench``), run under ``mpiexec -n 2`` by
+"""mpipar's Comm beside raw mpi4py (``mpipar.mpi.bench``), run under ``mpiexec -n 2`` by
 ``mpipar bench``; rank 0 writes the two tables to --json."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--json", required=True)
     a = ap.parse_args(argv)
-    from mpipar.mpi.commbench import parse_sizes, run_benchmark
+    from mpipar.mpi.bench import parse_sizes, run_benchmark
 
     res = run_benchmark(parse_sizes(a.sizes), iters=a.iters, warmup=2)
     if res is not None:

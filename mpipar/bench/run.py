@@ -138,7 +138,7 @@ def format_tables(res) -> str:
                          f"{m['total'] / a['total']:8.2f} {_mb(r['ru_maxrss_bytes']):8.0f}")
     lines.append("(maxrss: the whole worker process, torch included)")
     if res.get("comm"):
-        from mpipar.mpi.commbench import format_size
+        from mpipar.mpi.bench import format_size
 
         lines += ["", "communication, 2 ranks: mpipar Comm beside raw mpi4py (medians, us)",
                   f"{'op':>9} {'bytes':>6} {'raw':>9} {'comm':>9} {'comm/raw':>8}"]

@@ -11,7 +11,7 @@ HELP = ("benchmark p2p and collectives (every algorithm) through mpipar's Comm b
 
 
 def add_arguments(parser) -> None:
-    from mpipar.mpi.commbench import DEFAULT_SIZES
+    from mpipar.mpi.bench import DEFAULT_SIZES
 
     parser.add_argument(
         "--sizes", default=DEFAULT_SIZES,
@@ -41,7 +41,7 @@ def run(args) -> int:
 
     from mpipar.mpi import failfast, tuning
     from mpipar.mpi.algorithms import KINDS
-    from mpipar.mpi.commbench import (
+    from mpipar.mpi.bench import (
         format_tables,
         parse_sizes,
         preflight,

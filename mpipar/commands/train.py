@@ -64,8 +64,7 @@ def run(args) -> int:
     """Exit codes: 0 done, 2 bad input (before training) or a handled error on a rank, 1 a bug,
     75 preempted (SIGTERM/SIGUSR1: checkpoint written, resume with --resume auto), 124 the
     watchdog (no progress for run.watchdog_s), n for sys.exit(n) on a rank (failfast.EXIT_*)."""
-    from mpipar.mpi import failfast
-    from mpipar.mpi.world import world_size_and_rank
+    from mpipar.mpi import failfast, world_size_and_rank
 
     brief = handled_errors()
     failfast.install(brief)

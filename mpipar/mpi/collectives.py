@@ -1,12 +1,13 @@
 """All-reduce, reduce-scatter and all-gather of a ``Comm``, each by the algorithm chosen for it.
 
-A mixin: ``Comm`` (``comm.py``) supplies ``mpi``, ``axis``, ``size``, ``rank``, ``_op``,
-``_begin``, ``_stage``, ``_rec`` and ``coll_mode``. The algorithm is the forced one
-(``MPIPAR_COLLECTIVES``) or the table's choice for the kind, size and group (``tuning.py``); the
-same on every rank, since all of them see the same arguments. ``library`` is MPI's own collective;
-``ring`` and ``rabenseifner`` are ``algorithms.py``'s, run on a duplicate communicator; ``shm``
-is ``shm.py``'s shared window, offered only where every rank shares one node (elsewhere the
-choice falls back as if it did not exist).
+A mixin: ``Comm`` (``comm.py``) supplies ``mpi``, ``axis``, ``size``, ``rank``, ``windows``
+(``windows.py``: the duplicate communicator, the shared window, registered buffers),
+``shm_offered``, ``_op``, ``_begin``, ``_stage`` and ``_rec``, and calls ``_coll_init``. The
+algorithm is the forced one (``MPIPAR_COLLECTIVES``) or the table's choice for the kind, size and
+group (``tuning.py``); the same on every rank, since all of them see the same arguments.
+``library`` is MPI's own collective; ``ring`` and ``rabenseifner`` are ``algorithms.py``'s, run
+on a duplicate communicator; ``shm`` is ``shm.py``'s shared window, offered only where every rank
+shares one node (elsewhere the choice falls back as if it did not exist).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from mpipar.mpi.common import (
     check_float,
     norm_axis,
 )
-from mpipar.mpi.registered import Registering
 from mpipar.mpi.staging import POOL, from_host, host_view, is_device, load_mpi, to_host, xp_of
 from mpipar.mpi.tuning import REGISTERED, TABLE_KINDS, choose
 
@@ -59,16 +59,21 @@ def copy_into(src, dst) -> None:
         dst[...] = src
 
 
-class Collectives(Registering):
-    """allreduce / iallreduce / reduce_scatter / allgather with a choice of algorithm."""
+class Collectives:
+    """allreduce / reduce_scatter / allgather with a choice of algorithm."""
 
     _seq = 0  # collectives run so far: a fresh tag each, so overlapping ones never mix
+    _regs = ()  # the registered windows (``Windows.regs``; ``Comm.registered_zeros``)
 
     def _coll_init(self, MPI) -> None:
-        """Hoist what the fast paths need (called by ``Comm.__init__`` after ``_fast_init``)."""
+        """Hoist what the fast paths need (called by ``Comm.__init__``)."""
         global _IN_PLACE, _SUM
         _IN_PLACE, _SUM = MPI.IN_PLACE, MPI.SUM
         self._k_ar, self._k_rs, self._k_ag = (f"{self.axis}.{k}" for k in KINDS)
+
+    def _registered(self, x) -> bool:
+        """x is (a contiguous view inside) one of this communicator's registered buffers."""
+        return bool(self._regs) and self.windows.shm.locate(x) is not None
 
     @property
     def coll_mode(self) -> str:
@@ -81,8 +86,7 @@ class Collectives(Registering):
         # per mode and kind: bytes -> algorithm. The hot paths read these dicts directly, so a
         # repeated size costs one lookup (a group sees few distinct sizes; cleared if it sees
         # many); kept per mode, so commbench switching modes between calls keeps them warm
-        by_mode = self.__dict__.setdefault("_algos_by_mode", {})
-        self._algos = by_mode.setdefault(value, {kind: {} for kind in TABLE_KINDS})
+        self._algos = self._algos_by_mode.setdefault(value, {kind: {} for kind in TABLE_KINDS})
         self._ar_algo, self._rs_algo, self._ag_algo = (self._algos[k] for k in KINDS)
 
     def algorithm(self, kind, nbytes) -> str:
@@ -111,12 +115,12 @@ class Collectives(Registering):
 
     def _ctx(self, op, like):
         self._seq = self._seq % (TAG_LIMIT - 1) + 1
-        return alg.Ctx(self._dup_comm(), self._seq, alg.reducer(op, is_device(like)))
+        return alg.Ctx(self.windows.dup(), self._seq, alg.reducer(op, is_device(like)))
 
     def _drive(self, algo, steps) -> None:
         """Run an algorithm's steps to the end (blocking)."""
         if algo == "shm":
-            self._shm.run(steps)
+            self.windows.shm.run(steps)
         else:
             alg.run(steps)
 
@@ -124,7 +128,7 @@ class Collectives(Registering):
         """An algorithm's steps in flight (non-blocking); ``need``: bytes per rank;
         ``registered``: shm's zero-copy path, queued behind the collectives in flight."""
         if algo == "shm":
-            return self._shm.start(steps, need, queued=registered)
+            return self.windows.shm.start(steps, need, queued=registered)
         return alg.Stepper(steps)
 
     def _work(self, n, dtype, like, host):
@@ -137,7 +141,7 @@ class Collectives(Registering):
     def _allreduce_steps(self, algo, flat, op):
         """The steps of an in-place all-reduce of ``flat`` by ``algo`` (not the library)."""
         if algo == "shm":
-            return self._shm.allreduce(flat, op, self._k_ar)
+            return self.windows.shm.allreduce(flat, op, self._k_ar)
         return self._p2p_allreduce_steps(algo, flat, op)
 
     def _p2p_allreduce_steps(self, algo, flat, op):
@@ -272,7 +276,7 @@ class Collectives(Registering):
         if algo == "shm":
             if xp_of(xm).may_share_memory(xm, out) and not self._registered(xm):
                 xm = xm.copy()  # out is written before the last chunk of xm is read
-            return self._shm.reduce_scatter(xm.reshape(-1), out.reshape(-1), op, self._k_rs)
+            return self.windows.shm.reduce_scatter(xm.reshape(-1), out.reshape(-1), op, self._k_rs)
         return self._p2p_reduce_scatter_steps(algo, xm, out, op)
 
     def _p2p_reduce_scatter_steps(self, algo, xm, out, op):
@@ -341,7 +345,8 @@ class Collectives(Registering):
 
     def _allgather_alg(self, algo, xm, out):
         if algo == "shm":
-            self._shm.run(self._shm.allgather(xm.reshape(-1), out.reshape(-1), self._k_ag))
+            shm = self.windows.shm
+            shm.run(shm.allgather(xm.reshape(-1), out.reshape(-1), self._k_ag))
             return
         stage = self._stage(xm)
         k, r = xm.size, self.rank

@@ -7,18 +7,21 @@
 - checks that a received message has exactly the expected byte count, so a shape or dtype
   disagreement between sender and receiver is an error, not silent garbage.
 
-Point-to-point lives in ``p2p.py`` (with a fast path for host arrays), all-reduce,
-reduce-scatter and all-gather in ``collectives.py`` (the non-blocking ones in
-``nonblocking.py``): each runs the library's algorithm, a ring or
-Rabenseifner's (``algorithms.py``) or a shared window of one node's ranks (``shm.py``), as
-``MPIPAR_COLLECTIVES`` forces or ``tuning.py`` chooses.
+``Comm`` is this module's small operations (broadcast, barrier, bytes, a scalar all-reduce) and
+three mixins, each in its own module and each listing what it reads of ``Comm``: point-to-point
+(``p2p.py``, each call with a fast branch for host arrays), all-reduce, reduce-scatter and
+all-gather (``collectives.py``; the non-blocking ones in ``nonblocking.py``). A collective runs
+the library's algorithm, a ring or Rabenseifner's (``algorithms.py``) or a shared window of one
+node's ranks (``shm.py``), as ``MPIPAR_COLLECTIVES`` forces or ``tuning.py`` chooses; the
+duplicate communicator and the shared windows they use are one object, ``Comm.windows``
+(``windows.py``).
 
 Device arrays are handed to MPI directly or staged through host buffers (``staging.py``);
 ``staging=True`` forces staging for NumPy arrays too, which is how the staged code path is tested
 without a GPU. A group of one rank is a ``LocalComm`` (``local.py``), never a ``Comm``.
 
-Import names from here: ``Comm``, ``LocalComm``, ``Request``, ``make_tag``, the tag constants and
-``MessageSizeError`` (they live in the modules beside this one).
+Both satisfy ``interface.Communicator``; import them, and the names beside them, from the package
+(``from mpipar.mpi import Comm, LocalComm, make_tag``).
 """
 
 from __future__ import annotations
@@ -28,23 +31,9 @@ import os
 import numpy as np
 
 from mpipar.mpi.collectives import Collectives
-from mpipar.mpi.common import (
-    MAX_CHUNKS,
-    MAX_MB,
-    OFF,
-    TAG_ACTIVATION,
-    TAG_GRADIENT,
-    TAG_LIMIT,
-    MessageSizeError,
-    check_contiguous,
-    check_op,
-    check_root,
-    make_tag,
-)
-from mpipar.mpi.local import LocalComm
+from mpipar.mpi.common import OFF, check_contiguous, check_op, check_root
 from mpipar.mpi.nonblocking import NonBlocking
 from mpipar.mpi.p2p import PointToPoint
-from mpipar.mpi.requests import Request
 from mpipar.mpi.staging import (
     POOL,
     cuda_aware,
@@ -57,13 +46,10 @@ from mpipar.mpi.staging import (
 )
 from mpipar.mpi.tuning import mode as collectives_mode
 from mpipar.mpi.tuning import table as collectives_table
-
-__all__ = [
-    "Comm", "LocalComm", "Request", "MessageSizeError", "make_tag", "TAG_ACTIVATION",
-    "TAG_GRADIENT", "TAG_LIMIT", "MAX_CHUNKS", "MAX_MB",
-]
+from mpipar.mpi.windows import Windows
 
 MPI = None  # mpi4py.MPI, set when the first Comm is built
+_OPS: dict = {}  # op name -> MPI.Op, set with it
 
 
 class Comm(Collectives, NonBlocking, PointToPoint):
@@ -81,8 +67,9 @@ class Comm(Collectives, NonBlocking, PointToPoint):
                 f"{self.axis}: Comm needs a group of 2 or more ranks, got {self.size}; "
                 f"a one-rank group is a LocalComm"
             )
-        global MPI
+        global MPI, _OPS
         MPI = M = load_mpi()
+        _OPS = {"sum": M.SUM, "mean": M.SUM, "max": M.MAX}
         if world_ranks is None:
             world_ranks = M.Group.Translate_ranks(
                 mpi_comm.Get_group(), list(range(self.size)), M.COMM_WORLD.Get_group()
@@ -98,11 +85,13 @@ class Comm(Collectives, NonBlocking, PointToPoint):
             self.staging = True
         self.wait_kind = f"{self.axis}.wait"  # the event a Request records on completion
         self._kinds = {}
-        self._ops = {"sum": M.SUM, "mean": M.SUM, "max": M.MAX}
+        self._fast = self.staging is not True  # NumPy arrays may go to MPI as they are
+        self._algos_by_mode = {}  # see Collectives.coll_mode
+        self.windows = Windows(mpi_comm, self.axis)
         self.coll_mode = collectives_mode()  # MPIPAR_COLLECTIVES: forced algorithm or "auto"
         if self.coll_mode == "auto":
             collectives_table()  # a broken table file fails here, before any traffic
-        self._fast_init(M)
+        self._p2p_init(M)
         self._coll_init(M)
 
     # --- helpers ---------------------------------------------------------------------------
@@ -127,7 +116,7 @@ class Comm(Collectives, NonBlocking, PointToPoint):
 
     def _op(self, op):
         check_op(op)
-        return self._ops[op]
+        return _OPS[op]
 
     def _peer(self, r, what):
         return self.world_ranks[check_root(self.axis, self.size, r, what)]
@@ -135,8 +124,20 @@ class Comm(Collectives, NonBlocking, PointToPoint):
     def world_rank_of(self, local_rank) -> int:
         return self.world_ranks[local_rank]
 
+    def shm_offered(self) -> bool:
+        """Whether the shared-memory algorithm can run here (``Windows.shm_offered``)."""
+        return self.windows.shm_offered()
+
+    def registered_zeros(self, sizes, dtype, xp=None) -> list:
+        """Zeroed 1-D arrays of ``sizes`` elements of ``dtype``, registered in a shared window
+        where the ranks share a node (``Windows.registered_zeros``). Collective."""
+        arrays = self.windows.registered_zeros(sizes, dtype, np if xp is None else xp)
+        self._regs = self.windows.regs  # the collectives' hot "any registered buffer?" test
+        return arrays
+
     def free(self) -> None:
-        self._coll_free()  # the collectives' shared window and duplicate communicator
+        self.windows.free()  # the collectives' shared windows and duplicate communicator
+        self._regs = ()
         if self.mpi not in (MPI.COMM_WORLD, MPI.COMM_SELF):
             self.mpi.Free()
 

@@ -27,7 +27,9 @@ from mpipar.layout import (  # noqa: F401  (GridError, check_grid: this module's
     check_grid,
     parse_order,
 )
-from mpipar.mpi.comm import Comm, LocalComm
+from mpipar.mpi.comm import Comm
+from mpipar.mpi.interface import Communicator
+from mpipar.mpi.local import LocalComm
 
 
 def _strides(sizes: dict, order: str) -> dict:
@@ -80,8 +82,9 @@ def axis_groups(dp, pp, tp, axis, order=DEFAULT_ORDER) -> list[list[int]]:
 class ProcessGrid:
     """This rank's place in the grid and its traced communicators, one per axis plus world_comm.
 
-    An axis of size 1 (and the world of a one-rank run) gets a ``LocalComm``: no MPI
-    communicator is made for it, and callers test ``comm.size > 1``, never ``None``.
+    Each is a ``Communicator`` (``interface.py``): a ``Comm``, or for an axis of size 1 (and the
+    world of a one-rank run) a ``LocalComm``: no MPI communicator is made for it, and callers
+    test ``comm.size > 1``, never ``None``.
 
     Collective: every rank of ``world`` must construct it with the same arguments.
     """
@@ -99,15 +102,16 @@ class ProcessGrid:
         self.dp_rank, self.pp_rank, self.tp_rank = layout[self.rank]
 
         # world_comm: a duplicate, so the library's messages never match a user's on COMM_WORLD
+        self.world_comm: Communicator
         if self.world_size == 1:
             self.world_comm = LocalComm("world", tracer, backend, world_rank=self.rank)
         else:
             ranks = list(range(self.world_size))
             self.world_comm = Comm(world.Dup(), "world", tracer, backend, world_ranks=ranks)
         self._tracer, self._backend = tracer, backend  # for the tp sub-communicators
-        self.dp_comm = self._split(world, "dp", tracer, backend)
-        self.pp_comm = self._split(world, "pp", tracer, backend)
-        self.tp_comm = self._split(world, "tp", tracer, backend)
+        self.dp_comm: Communicator = self._split(world, "dp", tracer, backend)
+        self.pp_comm: Communicator = self._split(world, "pp", tracer, backend)
+        self.tp_comm: Communicator = self._split(world, "tp", tracer, backend)
 
         # hostnames of every world rank, once, for describe() and the dump
         self.hostname = socket.gethostname()

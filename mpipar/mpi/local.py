@@ -7,7 +7,8 @@ callers never test for ``None``: code that must skip work when an axis is not sp
 ``iallreduce`` and ``broadcast`` return x itself, ``ireduce_scatter`` fills ``out``,
 ``gather_bytes`` / ``broadcast_bytes`` return this rank's bytes. Arguments are checked as
 ``Comm`` checks them; nothing is recorded, since nothing is communicated. Point-to-point
-raises: a one-rank group has no peer.
+raises: a one-rank group has no peer. Like ``Comm`` it implements ``interface.Communicator``,
+and nothing more.
 """
 
 from __future__ import annotations

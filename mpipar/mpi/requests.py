@@ -76,7 +76,7 @@ class Request:
 
 
 class P2PRequest(Request):
-    """A fast-path ``Isend`` / ``Irecv`` of a host array (``p2p.py``): no finish callback, the
+    """A fast-branch ``isend`` / ``irecv`` of a host array (``p2p.py``): no finish callback, the
     byte count of a receive checked inline, ``MPI`` looked up only when an error needs it.
 
     ``_result`` is the receive buffer (what ``wait`` returns), None for a send; ``_keep`` holds
@@ -126,7 +126,7 @@ class P2PRequest(Request):
     def _end(self, comm, tr, status, start) -> None:
         """Completion: the byte count checked, the buffer released, the wait event appended
         (``start``: a ``perf_counter`` reading; the trace list's ``append`` straight, as in
-        ``fastp2p``: this is the pipeline's per-message path)."""
+        ``p2p.py``: this is the pipeline's per-message path)."""
         self._done = True
         self._keep = None
         mb, chunk, nbytes, peer = self._info

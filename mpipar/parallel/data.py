@@ -105,7 +105,7 @@ class GradSync:
             groups_of[c] = out
         # every bucket's gradient in one collective allocation: registered buffers of one shared
         # window where the dp ranks share a node (host arrays), so the dp all-reduce and ZeRO-1's
-        # reduce-scatter reduce them where they are, with no copy in or out (mpi/registered.py)
+        # reduce-scatter reduce them where they are, with no copy in or out (mpi/windows.py)
         pad = self.dp if self.zero1 else 1
         flat = [g for c in groups_of for g in groups_of[c]]
         grads = iter(comm.registered_zeros([padded_size(g, pad) for g in flat], dtype, xp))

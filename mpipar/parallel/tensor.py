@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..backend import array_module
-from ..mpi.comm import LocalComm
+from ..mpi import LocalComm
 from ..nn.layers import (
     Bias,
     CausalSelfAttention,

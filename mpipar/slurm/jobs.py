@@ -168,7 +168,7 @@ def collect(run_root: str | Path, job_id: str) -> list[dict]:
     return rows
 
 
-# the codes of `mpipar train` (mpipar.mpi.failfast.EXIT_*) as a state a table can show
+# the codes of `mpipar train` (mpipar.mpi.job.failfast.EXIT_*) as a state a table can show
 EXIT_STATES = {0: "COMPLETED", 75: "PREEMPTED", 124: "STALLED"}
 
 

@@ -44,10 +44,7 @@ def run(cfg: Config, resolved=None) -> dict:
     """Train as the config says, on whatever MPI world this process belongs to.
     ``resolved``: the run ``preflight`` resolved (``mpipar train`` runs preflight before this)."""
     from ..checkpoint import maybe_resume, save_checkpoint
-    from ..mpi import failfast
-    from ..mpi.dump import dump_trace
-    from ..mpi.grid import ProcessGrid, bind_gpu
-    from ..mpi.world import world_size_and_rank
+    from ..mpi import ProcessGrid, bind_gpu, dump_trace, failfast, world_size_and_rank
 
     world_size, world_rank = world_size_and_rank()
     if resolved is None:  # every rank checks; all fail alike, before any MPI traffic
@@ -133,7 +130,7 @@ class History:
 def _steps(cfg: Config, trainer: Trainer, lead: bool, flush, checkpoint):
     """The training steps left, with evaluation, progress, checkpoints and dump flushes.
     Returns (History of the steps, last validation loss, the stop signal or 0)."""
-    from ..mpi.watchdog import Watchdog
+    from ..mpi import Watchdog
 
     history, val_loss = History(), float("nan")
     start = time.perf_counter()

@@ -40,6 +40,6 @@ class StopSignals:
 
     def agree(self) -> int:
         """The signal number every rank stops on (the largest any rank received), or 0."""
-        from ..mpi.failfast import world_max
+        from ..mpi import world_max
 
         return world_max(self.received)

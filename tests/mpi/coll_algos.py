@@ -10,9 +10,8 @@ import hashlib
 import numpy as np
 from mpi4py import MPI
 
+from mpipar.mpi import Comm, failfast
 from mpipar.mpi import algorithms as alg
-from mpipar.mpi import failfast
-from mpipar.mpi.comm import Comm
 
 failfast.install()
 world = Comm(MPI.COMM_WORLD.Dup(), "world", world_ranks=list(range(MPI.COMM_WORLD.Get_size())))

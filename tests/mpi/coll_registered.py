@@ -11,9 +11,8 @@ import hashlib
 import numpy as np
 from mpi4py import MPI
 
+from mpipar.mpi import Comm, failfast, shm
 from mpipar.mpi import algorithms as alg
-from mpipar.mpi import failfast, shm
-from mpipar.mpi.comm import Comm
 
 failfast.install()
 N = MPI.COMM_WORLD.Get_size()
@@ -81,7 +80,7 @@ def test_allreduce_bitwise():
                 assert np.array_equal(buf, expect), f"iallreduce {op} n={n}"
                 same_everywhere(c, buf, f"iallreduce {op} n={n}")
     # no copy in: the data window never grew, though a message above its size went through
-    assert c._shm.window.capacity == shm.MIN_BYTES
+    assert c.windows.shm.window.capacity == shm.MIN_BYTES
     c.free()
 
 
@@ -112,7 +111,7 @@ def test_reduce_scatter_bitwise():
             buf[...] = xs[r]
             c.allreduce(buf, inplace=True)
             assert np.array_equal(buf[r * k:(r + 1) * k], want)
-    assert c._shm.window.capacity == shm.MIN_BYTES
+    assert c.windows.shm.window.capacity == shm.MIN_BYTES
     c.free()
 
 
@@ -215,21 +214,21 @@ def test_buckets_posted_behind_a_late_rank_never_block():
 def test_plain_where_one_rank_sees_no_room():
     """A shared-memory file system too small on one rank: every rank gets plain arrays
     (agreed, so no rank waits in a window allocation the others skip), and they still reduce."""
-    from mpipar.mpi import registered
+    from mpipar.mpi import windows
 
-    real = registered.room_for
-    registered.room_for = lambda nbytes: MPI.COMM_WORLD.Get_rank() != 0
+    real = windows.room_for
+    windows.room_for = lambda nbytes: MPI.COMM_WORLD.Get_rank() != 0
     try:
-        plain_and_reduced(1000, lambda c: not c._shm.regs)
+        plain_and_reduced(1000, lambda c: not c.windows.shm.regs)
     finally:
-        registered.room_for = real
+        windows.room_for = real
 
 
 def test_plain_where_shm_is_not_offered():
     real = shm.on_one_node
     shm.on_one_node = lambda comm: False
     try:
-        plain_and_reduced(10, lambda c: not c._shm)
+        plain_and_reduced(10, lambda c: not c.windows.shm)
     finally:
         shm.on_one_node = real
 

@@ -9,9 +9,8 @@ import hashlib
 import numpy as np
 from mpi4py import MPI
 
+from mpipar.mpi import Comm, failfast, shm, tuning
 from mpipar.mpi import algorithms as alg
-from mpipar.mpi import failfast, shm, tuning
-from mpipar.mpi.comm import Comm
 
 failfast.install()
 N = MPI.COMM_WORLD.Get_size()
@@ -62,14 +61,14 @@ def check_all(c, n, seed, what):
 def test_growth_and_chunks():
     c = make()
     assert c.shm_offered() and c.algorithm("allreduce", 8) == "shm"
-    win = c._shm.window
+    win = c.windows.shm.window
     assert win.capacity == shm.MIN_BYTES
     for i, n in enumerate((1, N + 1, 1000 * N + 3)):
         check_all(c, n, i, "small")
-    assert c._shm.window is win  # fits: the same window
+    assert c.windows.shm.window is win  # fits: the same window
     n = (3 << 20) // 8 + 5  # 3 MiB and a bit of float64: the window grows (on every rank)
     check_all(c, n, 7, "grown")
-    assert c._shm.window.capacity == shm.size_class(n * 8) == 4 << 20
+    assert c.windows.shm.window.capacity == shm.size_class(n * 8) == 4 << 20
     check_all(c, 10, 8, "small after growth")
     c.free()
     # a cap below the message: it goes through the window in chunks (uneven last chunk)
@@ -77,7 +76,7 @@ def test_growth_and_chunks():
     try:
         c = make()
         check_all(c, (5 << 20) // 8 + 3, 9, "chunked")
-        assert c._shm.window.capacity == shm.MIN_BYTES
+        assert c.windows.shm.window.capacity == shm.MIN_BYTES
         x = data(10, c.rank, (3 << 20) // 8 + 1, np.float32)  # 1.5 MiB, non-blocking, chunked
         want = c.allreduce(x)
         req = c.iallreduce(x)
@@ -126,9 +125,9 @@ def test_nonblocking_in_flight_one_at_a_time():
     want = c.allreduce(x)
     c.free()
     c = make()
-    assert c.shm_offered() and c._shm.window.capacity == shm.MIN_BYTES
+    assert c.shm_offered() and c.windows.shm.window.capacity == shm.MIN_BYTES
     req = c.iallreduce(x)
-    assert c._shm.window.capacity == 4 << 20, "the window grows at the post"
+    assert c.windows.shm.window.capacity == 4 << 20, "the window grows at the post"
     assert np.array_equal(req.wait(), want), "iallreduce after growth at the post"
     xs = [data(20 + i, c.rank, 5000 * (i + 1)) for i in range(3)]
     want = [c.allreduce(x) for x in xs]

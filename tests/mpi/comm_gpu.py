@@ -9,10 +9,8 @@ import cupy as cp
 import numpy as np
 
 from mpipar.backend import Backend
-from mpipar.mpi import failfast
+from mpipar.mpi import ProcessGrid, bind_gpu, failfast, make_tag
 from mpipar.mpi import staging as staging_mod
-from mpipar.mpi.comm import make_tag
-from mpipar.mpi.grid import ProcessGrid, bind_gpu
 from mpipar.trace import Tracer
 
 failfast.install()

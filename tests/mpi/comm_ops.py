@@ -14,9 +14,7 @@ import numpy as np
 if len(sys.argv) > 4 and sys.argv[4] == "stage":
     os.environ["MPIPAR_FORCE_STAGING"] = "1"
 
-from mpipar.mpi import failfast  # noqa: E402
-from mpipar.mpi.comm import LocalComm, MessageSizeError, make_tag  # noqa: E402
-from mpipar.mpi.grid import ProcessGrid  # noqa: E402
+from mpipar.mpi import LocalComm, MessageSizeError, ProcessGrid, failfast, make_tag  # noqa: E402
 from mpipar.mpi.staging import POOL  # noqa: E402
 from mpipar.trace import Tracer  # noqa: E402
 

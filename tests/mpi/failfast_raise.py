@@ -14,8 +14,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from mpipar.mpi import failfast
-from mpipar.mpi.comm import Comm
+from mpipar.mpi import Comm, failfast
 
 mode = sys.argv[1]
 world = Comm(MPI.COMM_WORLD, "world")

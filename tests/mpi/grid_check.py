@@ -12,9 +12,7 @@ import itertools
 import numpy as np
 from mpi4py import MPI
 
-from mpipar.mpi import failfast
-from mpipar.mpi.comm import LocalComm
-from mpipar.mpi.grid import ProcessGrid, axis_groups, grid_layout
+from mpipar.mpi import LocalComm, ProcessGrid, axis_groups, failfast, grid_layout
 
 failfast.install()
 

@@ -23,7 +23,7 @@ from mpipar.backend import Backend
 from mpipar.checkpoint import gather_full
 from mpipar.config import load_config
 from mpipar.models import build_model
-from mpipar.mpi.grid import ProcessGrid
+from mpipar.mpi import ProcessGrid
 from mpipar.nn.optim import AdamW
 from mpipar.parallel.pipeline.generators import build_schedule, weight_versions
 from mpipar.trace import Tracer

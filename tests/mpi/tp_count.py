@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 from mpipar.backend import Backend
 from mpipar.config import load_config
-from mpipar.mpi.grid import ProcessGrid
+from mpipar.mpi import ProcessGrid
 from mpipar.trace import Tracer
 from mpipar.training import Trainer
 

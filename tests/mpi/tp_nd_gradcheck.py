@@ -20,7 +20,7 @@ from gradcheck import rel_err  # noqa: E402
 from mpipar.backend import Backend  # noqa: E402
 from mpipar.checkpoint import _gather_full  # noqa: E402
 from mpipar.config import load_config  # noqa: E402
-from mpipar.mpi.grid import ProcessGrid  # noqa: E402
+from mpipar.mpi import ProcessGrid  # noqa: E402
 from mpipar.nn.layers import ParamFactory  # noqa: E402
 from mpipar.nn.losses import CrossEntropyLoss  # noqa: E402
 from mpipar.parallel.tensor_nd import layers2d as L2  # noqa: E402

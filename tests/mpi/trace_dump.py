@@ -10,9 +10,7 @@ import sys
 import h5py
 import numpy as np
 
-from mpipar.mpi import failfast
-from mpipar.mpi.dump import dump_trace
-from mpipar.mpi.grid import ProcessGrid, grid_layout
+from mpipar.mpi import ProcessGrid, dump_trace, failfast, grid_layout
 from mpipar.trace import EVENT_DTYPE, METRICS_DTYPE, Tracer
 
 failfast.install()

@@ -9,9 +9,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from mpipar.mpi import failfast
-from mpipar.mpi.dump import dump_trace
-from mpipar.mpi.grid import ProcessGrid
+from mpipar.mpi import ProcessGrid, dump_trace, failfast
 from mpipar.trace import Tracer
 
 failfast.install()

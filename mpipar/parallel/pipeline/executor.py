@@ -25,8 +25,7 @@ from __future__ import annotations
 from collections import defaultdict
 from contextlib import nullcontext
 
-from ...mpi.algorithms import in_flight
-from ...mpi.common import MAX_MB
+from ...mpi import MAX_MB, in_flight
 from ...nn.layers import Sequential, set_selective_recompute
 from ...progress import beat
 from ...trace import Clock

@@ -7,8 +7,7 @@ from __future__ import annotations
 import sys
 import weakref
 
-from ...mpi.algorithms import progress
-from ...mpi.common import make_tag
+from ...mpi import make_tag, progress
 
 ACT, GRAD = 0, 1  # message kinds for tags
 RECV_WINDOW = 2  # receives posted ahead per direction

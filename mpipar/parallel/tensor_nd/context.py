@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...layout import tp_grid_shape
-from ...mpi.comm import LocalComm
+from ...mpi import LocalComm
 from ...nn.params import ShardSpec
 from ..tensor import TPContext
 from ..tp_split import TPSplit

@@ -12,8 +12,8 @@ from __future__ import annotations
 import threading
 import time
 
-from .. import progress
-from . import failfast
+from mpipar import progress
+from mpipar.mpi.job.failfast import EXIT_STALLED, SECONDARY_DELAY_S, fail
 
 FIRST_STEP_FACTOR = 3
 
@@ -43,7 +43,7 @@ class Watchdog:
         # stalled: it waits a little longer, so the culprit, idle longest, reports first.
         waiting = getattr(s.what, "is_comm", False) or "all-reduce" in str(s.what)
         return (self.limit_s * (FIRST_STEP_FACTOR if first else 1)
-                + (failfast.SECONDARY_DELAY_S if waiting else 0))
+                + (SECONDARY_DELAY_S if waiting else 0))
 
     def _run(self) -> None:
         poll = min(1.0, self.limit_s / 10)
@@ -51,9 +51,8 @@ class Watchdog:
             s = progress.state
             idle = time.monotonic() - s.last
             if idle > self.limit() and not self._stop.is_set():
-                failfast.fail(f"no progress for {idle:.0f} s (run.watchdog_s = {self.limit_s:g}):"
-                              f" blocked in {_name(s.what)} of step {s.step}",
-                              code=failfast.EXIT_STALLED)
+                fail(f"no progress for {idle:.0f} s (run.watchdog_s = {self.limit_s:g}):"
+                     f" blocked in {_name(s.what)} of step {s.step}", code=EXIT_STALLED)
 
 
 def _name(what) -> str:

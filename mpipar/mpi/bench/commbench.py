@@ -4,7 +4,8 @@ Point-to-point ping-pong between world ranks 0 and 1 (one-way time and bandwidth
 receives into a reused buffer, as the pipeline's receive pool does), and all-reduce,
 reduce-scatter and all-gather over all ranks with every algorithm (``collbench.py``: time,
 algorithm chosen, bus bandwidth), for message sizes from bytes to 64 MiB. ``--tune`` writes the
-fastest algorithm per kind and size to the table ``Comm`` chooses from (``tuning.py``).
+fastest algorithm per kind and size to the table ``Comm`` chooses from (``tuning.py``); the
+tables and files are ``report.py``'s.
 Each iteration runs the raw probe and the ``Comm`` paths back to back, in a random order (the
 same on every rank), each as ``reps_for(bytes)`` operations in a row (64 up to 4 KiB, one from
 256 KiB: a lone small operation is no longer than the clock calls and barrier skew around it),
@@ -22,26 +23,22 @@ nccl-tests: algbw * 2 (n-1) / n for all-reduce, (n-1) / n for reduce-scatter and
 from __future__ import annotations
 
 import datetime as _dt
-import json
-import re
+import os
 import socket
 import time
+from pathlib import Path
 
 import numpy as np
 
+from mpipar.files import check_writable
 from mpipar.mpi import tuning
 from mpipar.mpi.algorithms import KINDS
-from mpipar.mpi.collbench import (
-    VARIANTS,
-    bench_kind,
-    elements,
-    format_kind,
-    reps_for,
-    tune_results,
-)
-
-DEFAULT_SIZES = "8,64,512,4K,32K,256K,1M,4M,16M,64M"
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+from mpipar.mpi.bench.collbench import VARIANTS, bench_kind, elements, reps_for, tune_results
+from mpipar.mpi.comm import Comm
+from mpipar.mpi.grid import bind_gpu
+from mpipar.mpi.job.world import library_version
+from mpipar.mpi.staging import cuda_aware
+from mpipar.trace import Tracer
 
 RESULT_DTYPE = np.dtype(
     [
@@ -53,25 +50,6 @@ RESULT_DTYPE = np.dtype(
         ("comm_gbps", "f8"),
     ]
 )
-
-
-def parse_size(text: str) -> int:
-    """``"8"``, ``"4K"``, ``"64M"``, ``"1G"`` (binary units; optional trailing ``B``/``iB``)."""
-    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)(?:i?[bB])?\s*", text)
-    if not m or int(m.group(1)) < 1:
-        raise ValueError(f"bad message size {text!r}: use a positive number with K, M or G")
-    return int(m.group(1)) * _UNITS[m.group(2).upper()]
-
-
-def parse_sizes(text: str) -> list[int]:
-    return [parse_size(s) for s in text.split(",") if s.strip()]
-
-
-def format_size(n: int) -> str:
-    for unit in ("G", "M", "K"):
-        if n >= _UNITS[unit] and n % _UNITS[unit] == 0:
-            return f"{n // _UNITS[unit]}{unit}"
-    return str(n)
 
 
 def _pingpong(comms, mpi_comm, MPI, size, iters, warmup, xp, raw_xp):
@@ -135,9 +113,6 @@ def preflight(out=None, table=None) -> tuple[int, str]:
     """
     from mpi4py import MPI
 
-    from mpipar.mpi.comm import Comm
-    from mpipar.trace import check_writable
-
     n, rank = MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank()
     if n < 2:
         return rank, "needs at least 2 ranks: mpiexec -n 2 mpipar commbench"
@@ -159,9 +134,6 @@ def preflight(out=None, table=None) -> tuple[int, str]:
 
 def _check_table_path(path) -> str:
     """Why --tune cannot write its table at ``path`` ("" when it can)."""
-    import os
-    from pathlib import Path
-
     parent = Path(path).resolve().parent
     while not parent.exists():
         parent = parent.parent
@@ -183,11 +155,6 @@ def run_benchmark(sizes, iters=20, warmup=2, device="cpu", staging=None, tracer=
     """
     from mpi4py import MPI
 
-    from mpipar.mpi.comm import Comm
-    from mpipar.mpi.staging import cuda_aware
-    from mpipar.mpi.world import library_version
-    from mpipar.trace import Tracer
-
     if iters < 1 or warmup < 0:
         raise ValueError(f"--iters must be >= 1 and --warmup >= 0, got {iters} and {warmup}")
     mpi_comm = MPI.COMM_WORLD.Dup()
@@ -199,8 +166,6 @@ def run_benchmark(sizes, iters=20, warmup=2, device="cpu", staging=None, tracer=
     xp = np
     if device == "cuda":
         import cupy
-
-        from mpipar.mpi.grid import bind_gpu
 
         bind_gpu()
         xp = cupy
@@ -281,90 +246,8 @@ def _raw_vs_auto(rows):
 
 def _table_source() -> str:
     """Where ``auto``'s choices came from: the table file, or the built-in defaults."""
-    import os
-
     path = os.environ.get(tuning.ENV_TABLE, "").strip()
     if path:
         return path
     p = tuning.default_path()
     return str(p) if p.is_file() else "built-in defaults"
-
-
-def write_tuned(path, result) -> None:
-    """The tuned table (JSON), merged with the communicator sizes already in the file there."""
-    from pathlib import Path
-
-    from mpipar.files import write_text_atomic
-
-    tuned = result["tuned"]
-    try:
-        old = json.loads(open(path).read())
-        tuning.validate(old, str(path))
-    except (OSError, ValueError):
-        old = None
-    if old is not None:
-        for kind, by_p in tuned["choices"].items():
-            old["choices"].setdefault(kind, {}).update(by_p)
-        old["mpi_library"] = tuned["mpi_library"]
-        tuned = old
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(tuned, indent=1) + "\n")
-
-
-def format_tables(result) -> str:
-    a = result["attrs"]
-    lines = [
-        f"commbench: {a['world_size']} ranks on {','.join(sorted(set(a['hostnames'])))}, "
-        f"{a['mpi_library']}, device {a['device']}, staging {a['staging']}, "
-        f"median of {a['iters']} interleaved iterations",
-    ]
-    lines.append(f"collectives: MPIPAR_COLLECTIVES={a['collectives_mode']}, auto chooses from "
-                 f"{a['collectives_table']}")
-    for name, title, bw in (
-            ("p2p", "ping-pong world ranks 0 <-> 1: one-way time (Comm traced, as by default)",
-             "GB/s"),
-            ("p2p_untraced", "the same with Comm's tracer off (run.trace = false): the rest of "
-             "the difference is the trace event", "GB/s")):
-        if name not in result:
-            continue
-        lines += [
-            "",
-            title,
-            f"{'bytes':>7} {'raw us':>10} {'comm us':>10} {'comm/raw':>9} "
-            f"{'raw ' + bw:>12} {'comm ' + bw:>13}",
-        ]
-        for row in result[name]:
-            lines.append(
-                f"{format_size(int(row['bytes'])):>7} {row['raw_s'] * 1e6:>10.1f} "
-                f"{row['comm_s'] * 1e6:>10.1f} {row['ratio']:>9.2f} "
-                f"{row['raw_gbps']:>12.3f} {row['comm_gbps']:>13.3f}"
-            )
-    for kind, rows in result["collectives"].items():
-        lines += format_kind(kind, rows, a["world_size"])
-    return "\n".join(lines)
-
-
-def write_result(path, result) -> None:
-    """HDF5: /p2p, /p2p_untraced and /allreduce (RESULT_DTYPE tables: raw beside Comm traced,
-    untraced, and auto for all-reduce),
-    /p2p_raw_s and /p2p_comm_s (samples [size, iteration]), /collectives/<kind> (COLL_DTYPE) and
-    /collectives/<kind>_s (samples [variant, size, iteration], variants in the attribute
-    ``variants``), /tuned (the --tune table as JSON text); attributes describe the run. Written
-    atomically (temp file, rename)."""
-    from mpipar.trace import atomic_h5
-
-    with atomic_h5(path) as f:
-        f.attrs["kind"] = "commbench"
-        for key, value in result["attrs"].items():
-            f.attrs[key] = json.dumps(value) if isinstance(value, (list, dict)) else value
-        f.create_dataset("p2p", data=result["p2p"])
-        f.create_dataset("p2p_untraced", data=result["p2p_untraced"])
-        raw, comm = result["p2p_samples"]
-        f.create_dataset("p2p_raw_s", data=raw)
-        f.create_dataset("p2p_comm_s", data=comm)
-        if result["allreduce"] is not None:
-            f.create_dataset("allreduce", data=result["allreduce"])
-        for kind, rows in result["collectives"].items():
-            f.create_dataset(f"collectives/{kind}", data=rows)
-            f.create_dataset(f"collectives/{kind}_s", data=result["collective_samples"][kind])
-        f.attrs["tuned"] = json.dumps(result["tuned"])

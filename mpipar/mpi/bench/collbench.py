@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from mpipar.mpi.algorithms import ALGORITHMS, KINDS
+from mpipar.mpi.algorithms import ALGORITHMS
 from mpipar.mpi.tuning import REGISTERED, pick
 
 VARIANTS = ("raw",) + ALGORITHMS + ("auto",)
@@ -162,31 +162,3 @@ def tune_results(tables, n) -> dict:
         out[kind] = {n: [(int(r["bytes"]), {a: float(r[f"{a}_s"]) for a in ALGORITHMS})
                          for r in rows]}
     return out
-
-
-def format_kind(kind, rows, n) -> list[str]:
-    title = {"allreduce": "all-reduce", "reduce_scatter": "reduce-scatter",
-             "allgather": "all-gather",
-             "allreduce_registered": "all-reduce on a registered buffer (shm: zero-copy)",
-             "reduce_scatter_registered": "reduce-scatter on a registered buffer (shm: "
-                                          "zero-copy)"}[kind]
-    lines = ["", f"{title} over {n} ranks (float32; times in us; bus = nccl-tests bus GB/s)",
-             f"{'bytes':>7} {'raw':>9} {'library':>9} {'ring':>9} {'rabens.':>9} {'shm':>9} "
-             f"{'auto':>9} "
-             f"{'choice':>12} {'auto/raw':>8} {'raw bus':>8} {'auto bus':>8} {'best':>12}"]
-    from mpipar.mpi.commbench import format_size
-
-    for r in rows:
-        lines.append(
-            f"{format_size(int(r['bytes'])):>7} {r['raw_s'] * 1e6:>9.1f} "
-            f"{r['library_s'] * 1e6:>9.1f} {r['ring_s'] * 1e6:>9.1f} "
-            f"{r['rabenseifner_s'] * 1e6:>9.1f} {r['shm_s'] * 1e6:>9.1f} "
-            f"{r['auto_s'] * 1e6:>9.1f} "
-            f"{r['choice'].decode():>12} {r['ratio']:>8.2f} {r['raw_busbw']:>8.3f} "
-            f"{r['auto_busbw']:>8.3f} {r['best'].decode():>12}"
-        )
-    return lines
-
-
-__all__ = ["COLL_DTYPE", "KINDS", "VARIANTS", "bench_kind", "format_kind", "reps_for",
-           "tune_results"]

@@ -1,8 +1,7 @@
-"""The shared window of a ``Comm``'s collectives, and ``registered_zeros``: arrays that live in
-a shared window (``shm_registered.py``).
-
-A mixin of ``Collectives``: the duplicate communicator the algorithms talk on, the ``Shm`` of
-``shm.py`` (made when first asked for) and their freeing; and registered buffers.
+"""What a ``Comm``'s collectives own beside the communicator: the duplicate communicator the
+algorithms talk on, the shared window of ``shm.py`` (made when first asked for), and registered
+buffers, arrays that live in a shared window (``shm_registered.py``). One ``Windows`` per
+``Comm`` (``Comm.windows``), freed with it.
 
 Where the shared-memory algorithm is offered (every rank on one node) and the arrays are host
 memory, the arrays are registered: one shared window holds them at the same offsets in every
@@ -29,32 +28,38 @@ from mpipar.mpi.shm_registered import SHM_DIR, Registered, room_for, segment_byt
 from mpipar.mpi.staging import load_mpi
 
 
-class Registering:
-    """The shared window's life, registered_zeros, and whether an array is registered."""
+class Windows:
+    """The duplicate communicator, the shared window's life, registered buffers."""
 
-    _dup = None  # the communicator the algorithms talk on (a Dup, made on first use)
-    _shm = None  # shm.Shm once asked for; False where the ranks span nodes
-    _regs = ()  # the Shm's registered windows (its list, once one is made)
+    def __init__(self, mpi_comm, axis):
+        self.mpi = mpi_comm  # the Comm's communicator
+        self.axis = axis
+        self.rank = mpi_comm.Get_rank()
+        self._dup = None  # the communicator the algorithms talk on (a Dup, made on first use)
+        self.shm = None  # shm.Shm once asked for; False where the ranks span nodes
+        self.regs = ()  # the Shm's registered windows (its list, once one is made)
 
     def shm_offered(self) -> bool:
         """Whether the shared-memory algorithm can run: every rank on this node. Collective the
         first time (every rank asks at the same call: the first collective choosing it)."""
-        if self._shm is None:
-            self._shm = Shm.create(self._dup_comm()) or False
-        return self._shm is not False
+        if self.shm is None:
+            self.shm = Shm.create(self.dup()) or False
+        return self.shm is not False
 
-    def _dup_comm(self):
+    def dup(self):
+        """The duplicate communicator (collective the first time: every rank reaches it at the
+        same call)."""
         if self._dup is None:
-            self._dup = self.mpi.Dup()  # collective: every rank reaches it at the same call
+            self._dup = self.mpi.Dup()
         return self._dup
 
-    def _coll_free(self) -> None:
+    def free(self) -> None:
         """Free the shared windows (registered ones too) and the duplicate communicator
         (collective; ``Comm.free``)."""
-        if self._shm:
-            self._shm.free()
-        self._shm = None
-        self._regs = ()
+        if self.shm:
+            self.shm.free()
+        self.shm = None
+        self.regs = ()
         if self._dup is not None:
             self._dup.Free()
             self._dup = None
@@ -70,12 +75,12 @@ class Registering:
         if xp is not np or not self.shm_offered():
             return [xp.zeros(n, dtype=dtype) for n in sizes]
         self._agree_sizes(sizes, dtype)
-        shm = self._shm
+        shm = self.shm
         if not self._room(segment_bytes(sizes, dtype) * shm.size):
             return [xp.zeros(n, dtype=dtype) for n in sizes]
         reg = Registered(shm.comm, sizes, dtype, len(shm.regs))
         shm.regs.append(reg)
-        self._regs = shm.regs
+        self.regs = shm.regs
         return list(reg.arrays)
 
     def _room(self, nbytes) -> bool:
@@ -85,7 +90,7 @@ class Registering:
         reduction takes the other algorithms) instead of MPI failing to map the window."""
         MPI = load_mpi()
         ok = np.array([1 if room_for(nbytes + nbytes // 4) else 0], dtype=np.int64)
-        self._shm.comm.Allreduce(MPI.IN_PLACE, ok, MPI.MIN)
+        self.shm.comm.Allreduce(MPI.IN_PLACE, ok, MPI.MIN)
         if not ok[0] and self.rank == 0:
             print(f"[mpipar] {self.axis}: no room in {SHM_DIR} for {nbytes / 2**20:.1f} MiB of "
                   f"registered buffers: they stay private memory (the collectives copy); give "
@@ -99,7 +104,7 @@ class Registering:
         mine = np.array([len(sizes), sum(sizes), zlib.crc32(np.array(sizes, np.int64).tobytes()),
                          dtype.num, dtype.itemsize], dtype=np.int64)
         lo, hi = mine.copy(), mine.copy()
-        comm = self._shm.comm
+        comm = self.shm.comm
         comm.Allreduce(MPI.IN_PLACE, lo, MPI.MIN)
         comm.Allreduce(MPI.IN_PLACE, hi, MPI.MAX)
         if (lo != hi).any():
@@ -107,6 +112,6 @@ class Registering:
                              f"arrays (here {len(sizes)} of {dtype.name}, {sum(sizes)} elements "
                              f"in all); every rank must pass the same sizes and dtype")
 
-    def _registered(self, x) -> bool:
-        """x is (a contiguous view inside) one of this communicator's registered buffers."""
-        return bool(self._regs) and self._shm.locate(x) is not None
+    def registered(self, x) -> bool:
+        """x is (a contiguous view inside) one of the registered buffers."""
+        return bool(self.regs) and self.shm.locate(x) is not None

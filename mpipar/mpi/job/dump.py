@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 
-from mpipar.mpi.world import library_version
+from mpipar.mpi.job.world import library_version
 from mpipar.trace import EVENT_DTYPE, append_dump, write_dump
 
 
