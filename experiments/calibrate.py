@@ -132,7 +132,45 @@ def main(argv=None) -> int:
                                "contention_marks": {"slowdown": CONTENTION_SLOWDOWN,
                                                     "r2": CONTENTION_R2},
                                **common.machine_note()})
+    plot(rows, out / f"{NAME}.png")
+    print(f"wrote {out / (NAME + '.png')}")
     return 0
+
+
+def plot(rows, path):
+    """Predicted against measured, bubble and step, one point per row: the diagonal is a
+    perfect prediction, the band the target (1.5 points, 10 %); a missed row is red."""
+    plt = common.pyplot()
+    rows = [r for r in rows if r.get("bubble_pred") is not None and r.get("step_pred_ms")]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 5))
+    colors = ["tab:blue" if r.get("ok") else "tab:red" for r in rows]
+    bm = [100 * r["bubble_measured"] for r in rows]
+    ax1.scatter(bm, [100 * r["bubble_pred"] for r in rows], c=colors, s=18)
+    top = max(bm + [1.0]) * 1.05
+    ax1.plot([0, top], [0, top], "k-", lw=0.8)
+    ax1.fill_between([0, top], [-BUBBLE_PTS, top - BUBBLE_PTS], [BUBBLE_PTS, top + BUBBLE_PTS],
+                     color="grey", alpha=0.2, label=f"+-{BUBBLE_PTS} points")
+    ax1.set_xlabel("measured bubble (%)")
+    ax1.set_ylabel("predicted bubble (%)")
+    ax1.legend(loc="upper left")
+    sm = [r["step_ms"] for r in rows]
+    ax2.scatter(sm, [r["step_pred_ms"] for r in rows], c=colors, s=18)
+    lo, hi = min(sm) * 0.9, max(sm) * 1.1
+    ax2.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    ax2.fill_between([lo, hi], [lo * (1 - STEP_PCT / 100), hi * (1 - STEP_PCT / 100)],
+                     [lo * (1 + STEP_PCT / 100), hi * (1 + STEP_PCT / 100)],
+                     color="grey", alpha=0.2, label=f"+-{STEP_PCT:.0f} %")
+    ax2.set_xlabel("measured step (ms)")
+    ax2.set_ylabel("predicted step (ms)")
+    ax2.legend(loc="upper left")
+    ok = sum(1 for r in rows if r.get("ok"))
+    fig.suptitle(f"calibrated cost model: {ok} of {len(rows)} rows within both targets "
+                 "(red: missed)")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

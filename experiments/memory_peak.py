@@ -138,7 +138,41 @@ def main(argv=None) -> int:
     worst = max(abs(r["error_pct"]) for r in rows)
     print(f"largest error {worst:.1f} %; rows beyond 15 %: "
           f"{sum(abs(r['error_pct']) > 15 for r in rows)} of {len(rows)}")
+    plot(rows, out / f"{NAME}.png")
+    print(f"wrote {out / (NAME + '.png')}")
     return 0
+
+
+def plot(rows, path):
+    """One bar group per (configuration, pipeline rank): the predicted parts stacked (state,
+    activations, working set, buffers) beside the measured resident and NumPy-tracked peaks."""
+    import numpy as np
+
+    plt = common.pyplot()
+    labels = [f"{r['config']} [pp{r['pp_rank']}]" for r in rows]
+    x = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(max(8, 0.45 * len(rows) + 3), 6))
+    bottom = np.zeros(len(rows))
+    for key, name in (("state_MiB", "state"), ("activations_MiB", "activations"),
+                      ("work_MiB", "working set"), ("buffers_MiB", "buffers")):
+        h = np.array([r[key] for r in rows])
+        ax.bar(x - 0.2, h, 0.4, bottom=bottom, label=f"predicted: {name}")
+        bottom += h
+    ax.bar(x + 0.2, [r["measured_MiB"] for r in rows], 0.4, color="0.7",
+           label="measured (resident)")
+    ax.plot(x + 0.2, [r["traced_MiB"] for r in rows], "k_", markersize=12, mew=2, ls="",
+            label="measured (NumPy-tracked)")
+    ax.set_xticks(x)
+    ax.set_xticklabels(labels, rotation=70, ha="right", fontsize=7)
+    ax.set_ylabel("peak MiB per rank")
+    within = sum(abs(r["error_pct"]) <= 15 for r in rows)
+    ax.set_title(f"predicted (left, stacked) beside measured (right) peak memory: "
+                 f"{within} of {len(rows)} within 15 %")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

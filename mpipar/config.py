@@ -1,9 +1,9 @@
 """Validated run settings: TOML file, then command-line overrides, then checks.
 
 Every error names the field and says what to change, and is raised before any MPI or training
-work starts (contract 8 of DESIGN.md). Sections: ``model``, ``train``, ``parallel``, ``data``,
-``run``. ``--set section.key=value`` overrides any field; the short flags of ``mpipar train``
-(``--steps``, ``--dp``, ...) are shorthands for common ones.
+work starts (docs/architecture.md, "Bad input fails early"). Sections: ``model``, ``train``,
+``parallel``, ``data``, ``run``. ``--set section.key=value`` overrides any field; the short flags
+of ``mpipar train`` (``--steps``, ``--dp``, ...) are shorthands for common ones.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Contract 1 with every collective algorithm forced in turn (``MPIPAR_COLLECTIVES``).
+"""Same function, any grid (docs/architecture.md) with every collective algorithm forced in turn
+(``MPIPAR_COLLECTIVES``).
 
 A representative subset of tests/test_parallel_equivalence.py: data parallel with overlapped
 buckets (non-blocking all-reduce) and ZeRO-1 (reduce-scatter, all-gather), tensor parallel with

@@ -1,4 +1,5 @@
-"""Layering: mpi4py is imported only inside mpipar/mpi/ (DESIGN: one place talks MPI).
+"""Layering: mpi4py is imported only inside mpipar/mpi/ ("One place talks MPI" in
+docs/architecture.md).
 
 Scans every .py file under mpipar/, experiments/ and tests/ with the parser (a mention in a
 string or comment is not an import). tests/mpi/ is skipped: those files are the drivers mpiexec

@@ -1,4 +1,5 @@
-"""Contract 1: every grid computes the one-rank model's function (float64).
+"""Same function, any grid (docs/architecture.md): every grid computes the one-rank model's
+function (float64).
 
 Each case launches ``mpiexec -n dp*pp*tp`` once and runs several variants (schedule,
 micro-batches, ZeRO-1, sequence parallelism, recomputation, MLP, 2D tensor parallelism

@@ -8,7 +8,8 @@ File format (HDF5, ``format_version`` 1), see data/README.md:
   ``unigram_val_loss`` (nats/token: val under add-one smoothed train unigram counts)
 
 Batches are a pure function of (seed, split, step): every rank draws the same full batch and
-the data-parallel caller takes its rows, so any grid sees the same data (DESIGN.md contract 1).
+the data-parallel caller takes its rows, so any grid sees the same data (docs/architecture.md,
+"Same function, any grid").
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Instrumented communication: the one place that hands arrays to MPI (DESIGN contract 6).
+"""Instrumented communication: the one place that hands arrays to MPI (docs/architecture.md,
+"One place talks MPI").
 
 ``Comm`` wraps one mpi4py communicator (one grid axis) of two or more ranks. Every operation
 - uses the uppercase buffer methods (``Send``, ``Irecv``, ``Allreduce``...), never pickle;

@@ -34,7 +34,7 @@ MODES = ("auto",) + ALGORITHMS
 # (commbench, random order, raw and Comm on the same buffers; BENCHMARKS.md):
 # - all-reduce on 2 ranks from 2 MiB: exchange halves (Rabenseifner with one step). At 1 MiB it
 #   ties the library (141.7 / 142.7 us, 451 / 531 in a slower minute), from 4 MiB it wins, and
-#   at 64 MiB by 3x (DESIGN.md: MPICH maps its temporary afresh for every call).
+#   at 64 MiB by 3x (BENCHMARKS.md: MPICH maps its temporary afresh for every call).
 # - shared memory (shm.py; only where the ranks share one node, elsewhere its rows are skipped):
 #   all-reduce from 4 MiB on 3 ranks or more (one pass and three barriers where the others take
 #   2 log2 p or 2 (p - 1) message steps; on 2 ranks it copies each rank's own half once more

@@ -1,10 +1,11 @@
 """Layers: parameters plus the saved context of every micro-batch in flight.
 
-Contract 3 of DESIGN.md. A layer exposes ``forward(x, mb)``, ``backward_input(dy, mb)`` (returns
-dx) and ``backward_weight(mb)`` (accumulates into ``param.grad``); ``backward`` is both. ``mb`` keys
-the saved context, so a pipeline can hold many micro-batches at once and a zero-bubble schedule
-can run W long after B. Inputs are kept by reference, never copied: the caller must hand each
-micro-batch a buffer of its own (the pipeline executor receives into fresh arrays).
+"Split backward" (docs/architecture.md). A layer exposes ``forward(x, mb)``,
+``backward_input(dy, mb)`` (returns dx) and ``backward_weight(mb)`` (accumulates into
+``param.grad``); ``backward`` is both. ``mb`` keys the saved context, so a pipeline can hold many
+micro-batches at once and a zero-bubble schedule can run W long after B. Inputs are kept by
+reference, never copied: the caller must hand each micro-batch a buffer of its own (the pipeline
+executor receives into fresh arrays).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Parameters: full-shape masters from (seed, name), sharded by a spec, with their gradients.
 
-Contract 2 of DESIGN.md: every parameter is first made as the full tensor, from the seed and the
-parameter's name alone, and each rank keeps its shard. So every grid starts from the same
-weights, and init, checkpoints, clipping and the equivalence tests all use the one ``ShardSpec``.
+"Full-shape masters" (docs/architecture.md): every parameter is first made as the full tensor, from
+the seed and the parameter's name alone, and each rank keeps its shard. So every grid starts from
+the same weights, and init, checkpoints, clipping and the equivalence tests all use the one
+``ShardSpec``.
 """
 
 from __future__ import annotations

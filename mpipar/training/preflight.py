@@ -1,4 +1,5 @@
-"""Every check that needs no MPI work, on every rank, before anything starts (contract 8).
+"""Every check that needs no MPI work, on every rank, before anything starts (docs/architecture.md,
+"Bad input fails early").
 
 ``config.validate`` checks the settings alone; here they meet the world (its size), the model
 (the shapes tp and the pipeline cut) and the schedule; the run is resolved once

@@ -10,7 +10,7 @@ Each iteration runs the raw probe and the ``Comm`` paths back to back, in a rand
 same on every rank), each as ``reps_for(bytes)`` operations in a row (64 up to 4 KiB, one from
 256 KiB: a lone small operation is no longer than the clock calls and barrier skew around it),
 and the tables report medians of the per-operation time: shared-memory bandwidth on a small
-machine drifts for minutes at a time (DESIGN.md), so only a side-by-side ratio means anything.
+machine drifts for minutes at a time (BENCHMARKS.md), so only a side-by-side ratio means anything.
 
 An operation's time is the slowest rank's (collectives) or half the round trip seen by rank 0
 (ping-pong). Raw and ``Comm`` use the same buffers the same way (a send buffer and a separate,

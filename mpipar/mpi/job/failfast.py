@@ -1,5 +1,5 @@
 """Any failure on any rank ends the whole job within seconds, said once by the rank that failed
-(DESIGN contract 8). This is the one fault path of a run; docs/architecture.md lists the codes.
+(docs/architecture.md, "One fault path", which also lists the exit codes).
 
 Without it, a rank that raises exits (its atexit runs MPI_Finalize) while its peers stay blocked
 forever in a receive or a collective that will never complete; a rank that calls ``sys.exit``
