@@ -1,6 +1,7 @@
 import fnmatch
 import os
 import sys
+from pathlib import Path
 
 # One BLAS thread per process: tests launch several MPI ranks on 2 cores.
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -95,6 +96,7 @@ def _matches(item, patterns) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by these markers
 def pytest_collection_modifyitems(config, items):
     for item in items:
         slurm = item.path.name == "test_slurm.py" and "cluster" in item.fixturenames
@@ -104,7 +106,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.mpi)
         if slurm or (_matches(item, SLOW) and not _matches(item, FAST)):
             item.add_marker(pytest.mark.slow)
-    _check_tables(items)
+    if all(Path(arg).is_dir() for arg in config.args):  # whole files collected, not single tests
+        _check_tables(items)
 
 
 def _check_tables(items):
