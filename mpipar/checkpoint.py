@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from .backend import to_numpy
-from .files import write_text_atomic
+from .files import atomic_h5, write_text_atomic
 from .nn.params import assemble, take_shard
 
 FORMAT_VERSION = 2
@@ -138,8 +138,6 @@ def save_checkpoint(trainer, directory) -> Path | None:
 
 
 def _write(directory: Path, trainer, tensors: dict) -> Path:
-    from .files import atomic_h5
-
     cfg = trainer.cfg
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"step_{trainer.step:06d}.h5"

@@ -1,9 +1,10 @@
 """Validated run settings: TOML file, then command-line overrides, then checks.
 
 Every error names the field and says what to change, and is raised before any MPI or training
-work starts (docs/architecture.md, "Bad input fails early"). Sections: ``model``, ``train``,
-``parallel``, ``data``, ``run``. ``--set section.key=value`` overrides any field; the short flags
-of ``mpipar train`` (``--steps``, ``--dp``, ...) are shorthands for common ones.
+work starts (the contract "bad input fails early", docs/architecture.md). Sections: ``model``,
+``train``, ``parallel``, ``data``, ``run``; each field's rule is declared once, in
+``config_checks.RULES``. ``--set section.key=value`` overrides any field; the short flags of
+``mpipar train`` (``--steps``, ``--dp``, ...) are shorthands for common ones.
 """
 
 from __future__ import annotations
@@ -15,12 +16,10 @@ from pathlib import Path
 
 import tomllib
 
-from .fieldrules import Choice, Flag, Int, IntList, Real, Recompute, Text
+# what each field may hold and the checks of a Config as a whole live in config_checks.py;
+# callers import them here, with the types and load_config
+from .config_checks import RULES, ConfigError, check_fields, validate  # noqa: F401
 from .layout import DEFAULT_ORDER
-
-
-class ConfigError(ValueError):
-    """A setting is missing, unknown or inconsistent; the message says which and what to do."""
 
 
 @dataclass
@@ -134,44 +133,6 @@ class Config:
 
 
 SECTIONS = {f.name: f.type for f in dataclasses.fields(Config)}
-
-# What each field may hold: one declaration per field, checked by one generic validator
-# (``mpipar.fieldrules``). A new field needs its line here; tests/test_config.py fails otherwise
-# and tries bad values against every declaration. Cross-field rules are in ``_validate_*``.
-RULES = {
-    "model": {
-        "kind": Choice(("gpt", "mlp")), "vocab_size": Int(2), "block_size": Int(1),
-        "n_layer": Int(1), "n_embd": Int(1), "n_head": Int(1), "tie_embeddings": Flag(),
-        "init_std": Real(0, 10, lo_open=True), "sizes": IntList(1, min_len=2),
-        "activation": Choice(("relu", "gelu")), "task": Choice(("classification", "regression")),
-    },
-    "train": {
-        "steps": Int(1), "batch_size": Int(1), "seq_len": Int(1),
-        "optimizer": Choice(("adamw", "sgd")), "lr": Real(0, 10, lo_open=True),
-        "min_lr": Real(0, 10), "warmup_steps": Int(0), "weight_decay": Real(0, 10),
-        "beta1": Real(0, 1, hi_open=True), "beta2": Real(0, 1, hi_open=True),
-        "eps": Real(0, 1, lo_open=True), "momentum": Real(0, 1, hi_open=True),
-        "grad_clip": Real(0, lo_open=True, off=0), "eval_interval": Int(1, off=0),
-        "eval_batches": Int(1), "dtype": Choice(("float32", "float64")),
-        "device": Choice(("cpu", "cuda")), "seed": Int(0, 2**32 - 1),
-    },
-    "parallel": {
-        "dp": Int(1), "pp": Int(1), "tp": Int(1), "order": Text(nonempty=True),
-        "schedule": Text(nonempty=True), "microbatches": Int(1), "virtual_stages": Int(1),
-        "schedule_file": Text(), "partition": Choice(("uniform", "params", "cost", "explicit")),
-        "boundaries": IntList(0), "recompute": Recompute(), "sequence_parallel": Flag(),
-        "zero1": Flag(), "bucket_mb": Real(0, 2**20, lo_open=True), "overlap_grad_sync": Flag(),
-        "tp_mode": Choice(("1d", "2d", "2.5d", "3d")), "tp_depth": Int(1), "layout": Text(),
-        "continuous": Flag(), "vertical_sync": Flag(),
-    },
-    "data": {"path": Text(), "max_bytes": Int(1024)},
-    "run": {
-        "name": Text(nonempty=True), "out": Text(), "trace": Flag(), "log_interval": Int(1),
-        "progress": Flag(), "checkpoint_interval": Int(1, off=0), "checkpoint_final": Flag(),
-        "resume": Text(), "flush_interval": Int(1, off=0),
-        "watchdog_s": Real(0, 86400, lo_open=True, off=0),
-    },
-}
 
 
 def _section_classes():
@@ -306,6 +267,3 @@ def load_config(path=None, overrides: dict | None = None) -> Config:
 
 MODEL_KINDS = RULES["model"]["kind"].options
 
-
-# the cross-field checks live beside this file (config_checks.py); callers import them here
-from .config_checks import check_fields, validate  # noqa: E402, F401

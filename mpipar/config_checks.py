@@ -1,19 +1,73 @@
-"""The checks of a ``Config`` as a whole: every field against its rule (``config.RULES``), then
-the settings' consistency with each other (model, train, parallel). Pure, like ``config.py``
-(no model, no MPI, no NumPy): the model-shape and world checks are
-``mpipar.training.preflight``'s. Import ``validate`` and ``check_fields`` from ``mpipar.config``.
+"""What each field of a ``Config`` may hold (``RULES``) and the checks of a ``Config`` as a
+whole: every field against its rule, then the settings' consistency with each other (model,
+train, parallel). Pure, like ``config.py`` (no model, no MPI, no NumPy): the model-shape and world
+checks are ``mpipar.training.preflight``'s. ``config.py`` (the types and ``load_config``) imports
+this module and re-exports ``RULES``, ``ConfigError``, ``validate`` and ``check_fields``; this
+module never imports it back, so a section arrives here as the object it is (``cfg.model``,
+``cfg.train``, ``cfg.parallel``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .config import RULES, Config, ConfigError, ModelConfig, ParallelConfig, TrainConfig
-from .fieldrules import RuleError, check
-from .layout import GridError, check_axes, check_grid, parse_order, tp_batch_shards, tp_grid_shape
+from .fieldrules import Choice, Flag, Int, IntList, Real, Recompute, RuleError, Text, check
+from .layout import (
+    TP_MODES,
+    GridError,
+    check_axes,
+    check_grid,
+    parse_order,
+    tp_batch_shards,
+    tp_grid_shape,
+)
 
 
-def validate(cfg: Config, world_size: int | None = None) -> None:
+class ConfigError(ValueError):
+    """A setting is missing, unknown or inconsistent; the message says which and what to do."""
+
+
+# What each field may hold: one declaration per field, checked by one generic validator
+# (``mpipar.fieldrules``). A new field of ``config.py`` needs its line here; tests/test_config.py
+# fails otherwise and tries bad values against every declaration. Cross-field rules are in
+# ``_validate_*``.
+RULES = {
+    "model": {
+        "kind": Choice(("gpt", "mlp")), "vocab_size": Int(2), "block_size": Int(1),
+        "n_layer": Int(1), "n_embd": Int(1), "n_head": Int(1), "tie_embeddings": Flag(),
+        "init_std": Real(0, 10, lo_open=True), "sizes": IntList(1, min_len=2),
+        "activation": Choice(("relu", "gelu")), "task": Choice(("classification", "regression")),
+    },
+    "train": {
+        "steps": Int(1), "batch_size": Int(1), "seq_len": Int(1),
+        "optimizer": Choice(("adamw", "sgd")), "lr": Real(0, 10, lo_open=True),
+        "min_lr": Real(0, 10), "warmup_steps": Int(0), "weight_decay": Real(0, 10),
+        "beta1": Real(0, 1, hi_open=True), "beta2": Real(0, 1, hi_open=True),
+        "eps": Real(0, 1, lo_open=True), "momentum": Real(0, 1, hi_open=True),
+        "grad_clip": Real(0, lo_open=True, off=0), "eval_interval": Int(1, off=0),
+        "eval_batches": Int(1), "dtype": Choice(("float32", "float64")),
+        "device": Choice(("cpu", "cuda")), "seed": Int(0, 2**32 - 1),
+    },
+    "parallel": {
+        "dp": Int(1), "pp": Int(1), "tp": Int(1), "order": Text(nonempty=True),
+        "schedule": Text(nonempty=True), "microbatches": Int(1), "virtual_stages": Int(1),
+        "schedule_file": Text(), "partition": Choice(("uniform", "params", "cost", "explicit")),
+        "boundaries": IntList(0), "recompute": Recompute(), "sequence_parallel": Flag(),
+        "zero1": Flag(), "bucket_mb": Real(0, 2**20, lo_open=True), "overlap_grad_sync": Flag(),
+        "tp_mode": Choice(TP_MODES), "tp_depth": Int(1), "layout": Text(),
+        "continuous": Flag(), "vertical_sync": Flag(),
+    },
+    "data": {"path": Text(), "max_bytes": Int(1024)},
+    "run": {
+        "name": Text(nonempty=True), "out": Text(), "trace": Flag(), "log_interval": Int(1),
+        "progress": Flag(), "checkpoint_interval": Int(1, off=0), "checkpoint_final": Flag(),
+        "resume": Text(), "flush_interval": Int(1, off=0),
+        "watchdog_s": Real(0, 86400, lo_open=True, off=0),
+    },
+}
+
+
+def validate(cfg, world_size: int | None = None) -> None:
     """Every check of types, ranges and the settings' consistency with each other; no model and
     no MPI (the model-shape checks are ``mpipar.training.preflight``'s). ``world_size``: also
     check the grid fits it."""
@@ -25,7 +79,7 @@ def validate(cfg: Config, world_size: int | None = None) -> None:
     _validate_parallel(cfg.parallel, cfg.train, world_size)
 
 
-def check_fields(cfg: Config) -> None:
+def check_fields(cfg) -> None:
     """Each field against its declaration in ``RULES`` (type and range), in declaration order."""
     for section, rules in RULES.items():
         sec = getattr(cfg, section)
@@ -44,7 +98,7 @@ def _grid_rule(check, *args) -> None:
         raise ConfigError(str(exc)) from None
 
 
-def _validate_model(m: ModelConfig, p: ParallelConfig, t: TrainConfig) -> None:
+def _validate_model(m, p, t) -> None:
     if m.kind != "gpt":
         if p.tp_mode != "1d" and p.tp > 1:
             raise ConfigError(f"parallel.tp_mode = {p.tp_mode} builds the GPT only (model.kind "
@@ -64,14 +118,14 @@ def _validate_model(m: ModelConfig, p: ParallelConfig, t: TrainConfig) -> None:
                           "pipeline stage: set tie_embeddings = false or pp = 1")
 
 
-def _validate_train(t: TrainConfig) -> None:
+def _validate_train(t) -> None:
     if t.min_lr > t.lr:
         raise ConfigError(f"train.min_lr = {t.min_lr!r} is above train.lr = {t.lr!r}: the "
                           f"schedule decays from lr down to min_lr; use min_lr <= lr")
     # warmup_steps > steps is allowed: the trainer caps the warm-up at steps - 1 (short runs)
 
 
-def _validate_parallel(p: ParallelConfig, t: TrainConfig, world_size: int | None) -> None:
+def _validate_parallel(p, t, world_size: int | None) -> None:
     _grid_rule(parse_order, p.order)
     if t.batch_size % (p.dp * p.microbatches):
         raise ConfigError(
@@ -89,7 +143,7 @@ def _validate_parallel(p: ParallelConfig, t: TrainConfig, world_size: int | None
         _grid_rule(check_grid, p.dp, p.pp, p.tp, world_size)
 
 
-def _validate_continuous(p: ParallelConfig) -> None:
+def _validate_continuous(p) -> None:
     """``continuous`` and ``vertical_sync``: PipeDream's settings, generated schedules only."""
     for flag, kinds in (("continuous", ("pipedream", "pipedream-2bw")),
                         ("vertical_sync", ("pipedream",))):
@@ -99,7 +153,7 @@ def _validate_continuous(p: ParallelConfig) -> None:
                               f"{', with a schedule_file' if p.schedule_file else ''}): drop it")
 
 
-def _validate_tp_mode(p: ParallelConfig, t: TrainConfig) -> None:
+def _validate_tp_mode(p, t) -> None:
     """2d / 2.5d / 3d: the grid shape, the batch split over it, and what they do not support."""
     _grid_rule(tp_grid_shape, p.tp_mode, p.tp, p.tp_depth)
     shards = tp_batch_shards(p.tp_mode, tp_grid_shape(p.tp_mode, p.tp, p.tp_depth))
@@ -115,7 +169,7 @@ def _validate_tp_mode(p: ParallelConfig, t: TrainConfig) -> None:
                                   f"{p.tp_mode}): drop it")
 
 
-def _validate_boundaries(p: ParallelConfig) -> None:
+def _validate_boundaries(p) -> None:
     """``parallel.boundaries``: the first unit of each pipeline chunk, only with explicit."""
     b, n = list(p.boundaries), p.pp * p.virtual_stages
     if p.partition != "explicit":

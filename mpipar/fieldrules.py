@@ -1,8 +1,8 @@
 """Declarations of what a config field may hold, and the one generic check that applies them.
 
-Each config field declares its rule once (``mpipar.config.RULES``): a type and a range, or a set
-of choices. ``check(where, value)`` refuses anything else with one line naming the key, the value
-and what is valid. A leaf module (standard library only), like ``mpipar.config``.
+Each config field declares its rule once (``mpipar.config_checks.RULES``): a type and a range,
+or a set of choices. ``check(where, value)`` refuses anything else with one line naming the key,
+the value and what is valid. A leaf module (standard library only), like ``mpipar.config``.
 
 The rules are data, so tests can read them: ``bad_values()`` lists values each rule must refuse
 (zero, negative, NaN, inf, wrong type, fractional for an integer: only those outside the rule).
@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 
 class RuleError(ValueError):
-    """A value outside its field's declared rule (``mpipar.config`` turns it into ConfigError)."""
+    """A value outside its field's declared rule (``mpipar.config_checks`` turns it into
+    ConfigError)."""
 
 
 def _is_int(v) -> bool:

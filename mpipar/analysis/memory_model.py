@@ -43,7 +43,7 @@ from types import SimpleNamespace
 from ..models import GPTDims, gpt_counts, stage_bounds
 from ..models.counts import block_counts, boundary_values
 from ..nn.cpu import BLOCK_ELEMENTS  # AdamW's per-thread scratch is at most one block
-from ..parallel.pipeline.transfers import RECV_WINDOW, SEND_BACKLOG
+from ..parallel.pipeline.inflight import RECV_WINDOW, SEND_BACKLOG
 from ..parallel.tp_split import TPSplit
 from .flops import model_kind
 from .flops import model_section as _model

@@ -17,9 +17,9 @@ slice is a plain parameter for the optimizer and for the gradient-norm count.
 
 from __future__ import annotations
 
+from ..backend import array_module
 from ..nn.optim import counts_in_norm, decays
 from ..nn.params import REPLICATED, ShardSpec
-from .tensor import sync_partial_grads
 
 
 def padded_size(params, pad_to) -> int:
@@ -65,6 +65,31 @@ class FlatShard:
 
     def zero_grad(self):
         self.grad.fill(0)
+
+
+def sync_partial_grads(params, tp) -> None:
+    """All-reduce over tp the gradients that sequence parallelism leaves partial (LayerNorm,
+    row-parallel biases, positions): each tp rank saw only its slice of the sequence. ``tp``: the
+    tensor-parallel context (its ``size`` and ``comm``); which gradients are partial is the
+    parameters' own spec (``ShardSpec.partial_grad``). This step of the gradient
+    synchronisation lives here, beside the dp reduction it precedes, so that the data axis
+    does not import the tensor axis.
+
+    They are small and many (two LayerNorms and two biases per block), so they travel together
+    in one flat buffer: one collective per call instead of one per tensor.
+    """
+    if tp.size == 1:
+        return
+    partial = [p for p in params if p.spec.partial_grad]
+    if not partial:
+        return
+    xp = array_module(partial[0].grad)
+    flat = xp.concatenate([p.grad.reshape(-1) for p in partial])
+    tp.comm.allreduce(flat, op="sum", inplace=True)
+    off = 0
+    for p in partial:
+        p.grad[...] = flat[off:off + p.size].reshape(p.grad.shape)
+        off += p.size
 
 
 class GradSync:

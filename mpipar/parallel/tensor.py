@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..backend import array_module
 from ..mpi import LocalComm
 from ..nn.layers import (
     Bias,
@@ -150,27 +149,6 @@ class VocabParallelCrossEntropy(CrossEntropyLoss):
 
     def _reduce(self, x, op):
         return self.tp.comm.allreduce(x, op=op, inplace=True) if self.tp.size > 1 else x
-
-
-def sync_partial_grads(params, tp: TPContext) -> None:
-    """All-reduce over tp the gradients that sequence parallelism leaves partial (LayerNorm,
-    row-parallel biases, positions): each tp rank saw only its slice of the sequence.
-
-    They are small and many (two LayerNorms and two biases per block), so they travel together
-    in one flat buffer: one collective per call instead of one per tensor.
-    """
-    if tp.size == 1:
-        return
-    partial = [p for p in params if p.spec.partial_grad]
-    if not partial:
-        return
-    xp = array_module(partial[0].grad)
-    flat = xp.concatenate([p.grad.reshape(-1) for p in partial])
-    tp.comm.allreduce(flat, op="sum", inplace=True)
-    off = 0
-    for p in partial:
-        p.grad[...] = flat[off:off + p.size].reshape(p.grad.shape)
-        off += p.size
 
 
 def _branch(name: str) -> str:

@@ -8,10 +8,9 @@ import sys
 import weakref
 
 from ...mpi import make_tag, progress
+from .inflight import RECV_WINDOW, SEND_BACKLOG
 
 ACT, GRAD = 0, 1  # message kinds for tags
-RECV_WINDOW = 2  # receives posted ahead per direction
-SEND_BACKLOG = 4  # unfinished sends kept before testing which are done
 
 
 tag = make_tag  # (kind, mb, chunk) -> tag; mpi.common imports no MPI, so no lazy import here
