@@ -7,7 +7,9 @@ algorithm is the forced one (``MPIPAR_COLLECTIVES``) or the table's choice for t
 group (``tuning.py``); the same on every rank, since all of them see the same arguments.
 ``library`` is MPI's own collective; ``ring`` and ``rabenseifner`` are ``algorithms.py``'s, run
 on a duplicate communicator; ``shm`` is ``shm.py``'s shared window, offered only where every rank
-shares one node (elsewhere the choice falls back as if it did not exist).
+shares one node; ``hier`` is ``hierarchical.py``'s node-aware pair (a shared window per node, the
+node leaders across), offered only where the ranks span nodes with two or more on some node
+(elsewhere each choice falls back as if it did not exist).
 """
 
 from __future__ import annotations
@@ -100,6 +102,8 @@ class Collectives:
             algo = mode if mode != "auto" else choose(kind, nbytes, self.size)
             if algo == "shm" and not self.shm_offered():
                 algo = choose(kind, nbytes, self.size, shm=False)
+            if algo == "hier" and (kind == "allgather" or not self.windows.hier_offered()):
+                algo = choose(kind, nbytes, self.size, shm=False, hier=False)
             cache[nbytes] = algo
         return algo
 
@@ -109,26 +113,34 @@ class Collectives:
         better path): for them it chooses as where shm is not offered. Forced, shm still runs.
         ``registered``: x is a registered buffer, worked on in place (its own rows)."""
         algo = self.algorithm(REGISTERED[kind] if registered else kind, nbytes)
-        if algo == "shm" and self._coll_mode == "auto" and is_device(x):
-            return choose(kind, nbytes, self.size, shm=False)
+        if algo in ("shm", "hier") and self._coll_mode == "auto" and is_device(x):
+            return choose(kind, nbytes, self.size, shm=False, hier=False)
         return algo
 
     def _ctx(self, op, like):
         self._seq = self._seq % (TAG_LIMIT - 1) + 1
         return alg.Ctx(self.windows.dup(), self._seq, alg.reducer(op, is_device(like)))
 
+    def _node_shm(self, algo):
+        """The Shm that drives ``algo``'s steps (shm's own, or the node's for hier), or None."""
+        if algo == "shm":
+            return self.windows.shm
+        return self.windows.hier.shm if algo == "hier" else None
+
     def _drive(self, algo, steps) -> None:
         """Run an algorithm's steps to the end (blocking)."""
-        if algo == "shm":
-            self.windows.shm.run(steps)
+        shm = self._node_shm(algo)
+        if shm is not None:
+            shm.run(steps)
         else:
             alg.run(steps)
 
     def _post(self, algo, steps, need, registered=False):
         """An algorithm's steps in flight (non-blocking); ``need``: bytes per rank;
         ``registered``: shm's zero-copy path, queued behind the collectives in flight."""
-        if algo == "shm":
-            return self.windows.shm.start(steps, need, queued=registered)
+        shm = self._node_shm(algo)
+        if shm is not None:  # hier: one at a time per group, the window grown at the post
+            return shm.start(steps, need, queued=registered and algo == "shm")
         return alg.Stepper(steps)
 
     def _work(self, n, dtype, like, host):
@@ -142,6 +154,8 @@ class Collectives:
         """The steps of an in-place all-reduce of ``flat`` by ``algo`` (not the library)."""
         if algo == "shm":
             return self.windows.shm.allreduce(flat, op, self._k_ar)
+        if algo == "hier":
+            return self.windows.hier.allreduce(flat, self._op(op), op, self._k_ar)
         return self._p2p_allreduce_steps(algo, flat, op)
 
     def _p2p_allreduce_steps(self, algo, flat, op):
@@ -277,6 +291,9 @@ class Collectives:
             if xp_of(xm).may_share_memory(xm, out) and not self._registered(xm):
                 xm = xm.copy()  # out is written before the last chunk of xm is read
             return self.windows.shm.reduce_scatter(xm.reshape(-1), out.reshape(-1), op, self._k_rs)
+        if algo == "hier":
+            return self.windows.hier.reduce_scatter(xm.reshape(-1), out.reshape(-1),
+                                                    self._op(op), op, self._k_rs)
         return self._p2p_reduce_scatter_steps(algo, xm, out, op)
 
     def _p2p_reduce_scatter_steps(self, algo, xm, out, op):

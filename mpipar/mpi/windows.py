@@ -23,6 +23,7 @@ import zlib
 
 import numpy as np
 
+from mpipar.mpi.hierarchical import Hier
 from mpipar.mpi.shm import Shm
 from mpipar.mpi.shm_registered import SHM_DIR, Registered, room_for, segment_bytes
 from mpipar.mpi.staging import load_mpi
@@ -37,6 +38,7 @@ class Windows:
         self.rank = mpi_comm.Get_rank()
         self._dup = None  # the communicator the algorithms talk on (a Dup, made on first use)
         self.shm = None  # shm.Shm once asked for; False where the ranks span nodes
+        self.hier = None  # hierarchical.Hier once asked for; False where not offered
         self.regs = ()  # the Shm's registered windows (its list, once one is made)
 
     def shm_offered(self) -> bool:
@@ -45,6 +47,13 @@ class Windows:
         if self.shm is None:
             self.shm = Shm.create(self.dup()) or False
         return self.shm is not False
+
+    def hier_offered(self) -> bool:
+        """Whether the node-aware algorithm can run: the ranks span nodes, two or more on some
+        node (``hierarchical.Hier.create``). Collective the first time, as ``shm_offered``."""
+        if self.hier is None:
+            self.hier = Hier.create(self.dup()) or False
+        return self.hier is not False
 
     def dup(self):
         """The duplicate communicator (collective the first time: every rank reaches it at the
@@ -58,7 +67,9 @@ class Windows:
         (collective; ``Comm.free``)."""
         if self.shm:
             self.shm.free()
-        self.shm = None
+        if self.hier:
+            self.hier.free()
+        self.shm = self.hier = None
         self.regs = ()
         if self._dup is not None:
             self._dup.Free()

@@ -1,0 +1,135 @@
+"""The node-aware collectives (``hierarchical.py``) on ranks MPI sees on two or more nodes.
+
+Run on one machine made to look like two nodes:
+    mpiexec -n 4 -launcher fork -hosts nodeA:2,nodeB:2 python tests/mpi/coll_hier.py
+(``-hosts nodeA:1,nodeB:1``: ranks alternate between the nodes, so the node's blocks are not
+contiguous). Prints "coll_hier OK" per rank.
+"""
+
+import hashlib
+
+import numpy as np
+from mpi4py import MPI
+
+from mpipar.mpi import Comm, algorithms, failfast, hierarchical
+
+failfast.install()
+W = MPI.COMM_WORLD
+N, R = W.Get_size(), W.Get_rank()
+NODE_OF = hierarchical.node_index(W)
+assert max(NODE_OF) >= 1, f"rank {R}: MPI sees one node ({NODE_OF}): launch with -hosts a,b"
+
+
+def make(mode):
+    c = Comm(W.Dup(), "dp", world_ranks=list(range(N)))
+    c.coll_mode = mode
+    return c
+
+
+def data(seed, r, n, dtype):
+    return np.random.default_rng([seed, r, n]).uniform(-1.0, 1.0, n).astype(dtype)
+
+
+def same_everywhere(c, x, what):
+    got = c.gather_bytes(hashlib.sha256(np.ascontiguousarray(x).tobytes()).digest(), trace=False)
+    if c.rank == 0:
+        assert len(set(got)) == 1, f"{what}: ranks disagree bitwise"
+
+
+def flat_sum(seed, n, dtype):
+    """Every rank's input summed in float64 (the reference, within rounding)."""
+    return sum(data(seed, q, n, dtype).astype(np.float64) for q in range(N))
+
+
+def tol(dtype):
+    return 1e-12 if dtype == np.float64 else 1e-5
+
+
+c = make("hier")
+assert c.windows.hier_offered() and c.algorithm("allreduce", 8) == "hier"
+assert c.algorithm("allgather", 1 << 20) != "hier"  # only all-reduce and reduce-scatter
+hier = c.windows.hier
+assert hier.nodes == max(NODE_OF) + 1 and hier.node_of == NODE_OF
+
+# all-reduce: blocking, in place and not, several sizes (odd ones, fewer elements than ranks)
+for dtype in (np.float64, np.float32):
+    for n in (1, 3, 7, 1000, 4099, 300_001):
+        x = data(1, R, n, dtype)
+        got = c.allreduce(x)
+        same_everywhere(c, got, f"allreduce {n} {dtype.__name__}")
+        np.testing.assert_allclose(got, flat_sum(1, n, dtype), rtol=tol(dtype), atol=tol(dtype))
+        y = x.copy()
+        assert c.allreduce(y, inplace=True) is y and np.array_equal(y, got)
+        m = c.allreduce(x, op="max")
+        assert np.array_equal(m, np.max([data(1, q, n, dtype) for q in range(N)], axis=0))
+        assert np.allclose(c.allreduce(x, op="mean"), got / N)
+
+# reduce-scatter: rank r's block of the sum, sizes divisible by the ranks
+for dtype in (np.float64, np.float32):
+    for k in (1, 5, 1001, 70_001):
+        x = data(2, R, N * k, dtype)
+        out = c.reduce_scatter(x)
+        ref = flat_sum(2, N * k, dtype)[R * k:(R + 1) * k]
+        np.testing.assert_allclose(out, ref, rtol=tol(dtype), atol=tol(dtype))
+        whole = c.allgather(out)
+        same_everywhere(c, whole, f"reduce_scatter {k}")
+        x2 = x.reshape(N * k, 1).copy()
+        assert np.array_equal(c.reduce_scatter(x2).reshape(-1), out)
+        into = np.empty(k, dtype)
+        assert c.reduce_scatter(x, out=into) is into and np.array_equal(into, out)
+
+# non-blocking: several buckets in flight, advanced by progress(), waited out of order
+reqs, xs = [], []
+for i, n in enumerate((10, 5000, 123_457, 64)):
+    xs.append(data(3 + i, R, n, np.float64))
+    reqs.append(c.iallreduce(xs[-1]))
+    algorithms.progress()
+for i in (2, 0, 3, 1):
+    got = reqs[i].wait()
+    same_everywhere(c, got, f"iallreduce {i}")
+    np.testing.assert_allclose(got, flat_sum(3 + i, got.size, np.float64), rtol=1e-12)
+k = 999
+x = data(9, R, N * k, np.float64)
+out = np.empty(k)
+req = c.ireduce_scatter(x, out)
+ar = c.iallreduce(data(10, R, 77, np.float64))
+assert req.wait() is out
+np.testing.assert_allclose(out, flat_sum(9, N * k, np.float64)[R * k:(R + 1) * k], rtol=1e-12)
+same_everywhere(c, ar.wait(), "iallreduce after ireduce_scatter")
+
+# bigger than the node window's first size (1 MiB per rank): the window grows at the post
+big = data(11, R, 3 << 18, np.float64)  # 6 MiB
+got = c.iallreduce(big.copy()).wait()
+same_everywhere(c, got, "6 MiB iallreduce")
+np.testing.assert_allclose(got, flat_sum(11, big.size, np.float64), rtol=1e-12)
+
+# auto: the defaults pick hier for large messages here, the library for small ones
+a = make("auto")
+assert a.algorithm("allreduce", 64) == "library"
+assert a.algorithm("allreduce", 16 << 20) == "hier", a.algorithm("allreduce", 16 << 20)
+assert a.algorithm("reduce_scatter", 16 << 20) == "hier"
+assert a.algorithm("allgather", 16 << 20) == "library"
+assert not a.shm_offered()  # spans nodes: no whole-group window
+
+# a sub-communicator inside one node: shm, not hier; one rank per node: neither
+node_mates = W.Split(NODE_OF[R], R)
+if node_mates.Get_size() > 1:
+    s = Comm(node_mates, "tp", world_ranks=[q for q in range(N) if NODE_OF[q] == NODE_OF[R]])
+    s.coll_mode = "hier"
+    assert s.algorithm("allreduce", 16 << 20) != "hier" and s.shm_offered()
+    s.free()
+else:
+    node_mates.Free()
+lead = R == NODE_OF.index(NODE_OF[R])  # the node's lowest rank: one per node
+leaders = W.Split(0 if lead else 1, R)
+if lead:
+    f = Comm(leaders, "pp", world_ranks=[q for q in range(N) if q == NODE_OF.index(NODE_OF[q])])
+    f.coll_mode = "hier"
+    assert f.algorithm("allreduce", 16 << 20) != "hier"  # one rank per node: nothing inside
+    f.free()
+else:
+    leaders.Free()
+
+a.free()
+c.free()
+print(f"coll_hier OK rank {R}", flush=True)
