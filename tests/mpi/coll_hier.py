@@ -132,4 +132,25 @@ else:
 
 a.free()
 c.free()
+
+# the grid: MPI's nodes, the topology, the placement lines (grid and tp warning)
+from mpipar.mpi import ProcessGrid, tuning  # noqa: E402
+
+if N == 4:
+    for order in ("tp-dp-pp", "dp-tp-pp"):
+        g = ProcessGrid(2, 1, 2, order=order)
+        assert g.node_of == NODE_OF and g.topology["nodes"] == max(NODE_OF) + 1
+        assert tuning._TOPOLOGY[0] == g.topology
+        lines = g.placement()
+        spans = len({NODE_OF[q] for q in g.tp_comm.world_ranks}) > 1
+        assert lines[0].startswith("grid dp=2 pp=1 tp=2") and "node0 (" in lines[0], lines
+        assert (len(lines) == 2) == spans, lines
+        if spans:
+            assert "tp group of world ranks" in lines[1] and "parallel.order" in lines[1], lines
+        g.dp_comm.coll_mode = g.world_comm.coll_mode = "hier"
+        # a dp pair on two nodes has one rank per node: nothing to do inside a node
+        assert g.dp_comm.algorithm("allreduce", 1 << 20) != "hier"
+        assert g.world_comm.algorithm("allreduce", 1 << 20) == "hier"
+        g.free()
+
 print(f"coll_hier OK rank {R}", flush=True)
