@@ -52,20 +52,20 @@ def test_dp4_on_two_nodes_matches_one_rank(tokens):
 
 def test_choice_offers_hier_only_across_nodes():
     big = 16 << 20
-    assert tuning.choose("allreduce", big, 4, tuned={}) == "hier"  # the last row that fits
-    assert tuning.choose("allreduce", big, 4, tuned={}, hier=False) == "shm"
-    assert tuning.choose("allreduce", big, 4, tuned={}, shm=False) == "hier"
-    assert tuning.choose("allreduce", big, 4, tuned={}, shm=False, hier=False) == "library"
-    assert tuning.choose("allreduce", 4096, 4, tuned={}, shm=False) == "library"
-    assert tuning.choose("reduce_scatter", big, 4, tuned={}, shm=False) == "hier"
-    assert tuning.choose("allgather", big, 4, tuned={}, shm=False) == "library"
-    # two ranks: one per node at most across nodes, or one node
+    across = {"shm": False, "hier": True}  # what Comm.algorithm asks where the ranks span nodes
+    assert tuning.choose("allreduce", big, 4, tuned={}) == "shm"  # one node: the default view
+    assert tuning.choose("allreduce", big, 4, tuned={}, **across) == "hier"
+    assert tuning.choose("allreduce", big, 4, tuned={}, shm=False) == "library"
+    assert tuning.choose("allreduce", 4096, 4, tuned={}, **across) == "library"
+    assert tuning.choose("reduce_scatter", big, 4, tuned={}, **across) == "hier"
+    assert tuning.choose("allgather", big, 4, tuned={}, **across) == "library"
+    # two ranks across nodes: one per node, halves as before
     assert tuning.choose("allreduce", big, 2, tuned={}, shm=False) == "rabenseifner"
     # a tuned table that chose hier: where it cannot run, the defaults without it decide
     table = tuning.validate(tuning.tuned_table(
         {"allreduce": {4: [(big, {"library": 3.0, "ring": 2.0, "hier": 1.0})]}}, "mpich"))
-    assert tuning.choose("allreduce", big, 4, tuned=table, shm=False) == "hier"
-    assert tuning.choose("allreduce", big, 4, tuned=table, hier=False) == "shm"
+    assert tuning.choose("allreduce", big, 4, tuned=table, **across) == "hier"
+    assert tuning.choose("allreduce", big, 4, tuned=table) == "shm"
 
 
 def test_topology_of_a_job():

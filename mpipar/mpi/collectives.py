@@ -99,10 +99,12 @@ class Collectives:
             if len(cache) > 4096:
                 cache.clear()
             mode = self._coll_mode
-            algo = mode if mode != "auto" else choose(kind, nbytes, self.size)
-            if algo == "shm" and not self.shm_offered():
-                algo = choose(kind, nbytes, self.size, shm=False)
+            spans = self.windows.spans_nodes()
+            algo = mode if mode != "auto" else choose(kind, nbytes, self.size, shm=not spans,
+                                                      hier=spans)
             if algo == "hier" and (kind == "allgather" or not self.windows.hier_offered()):
+                algo = choose(kind, nbytes, self.size, shm=not spans, hier=False)
+            if algo == "shm" and not self.shm_offered():
                 algo = choose(kind, nbytes, self.size, shm=False, hier=False)
             cache[nbytes] = algo
         return algo

@@ -177,13 +177,13 @@ def table() -> dict:
     return _TABLE
 
 
-def choose(kind, nbytes, p, tuned=None, shm=True, hier=True) -> str:
+def choose(kind, nbytes, p, tuned=None, shm=True, hier=False) -> str:
     """The algorithm for a ``kind`` collective of ``nbytes`` over p ranks: nccl-tests' sizes, the
     per-rank buffer (all-reduce), the whole input (reduce-scatter) or output (all-gather).
     ``kind`` may name a registered buffer's rows (``REGISTERED``); a table without them (tuned
-    before they existed) leaves them to the defaults. ``shm=False``: the ranks span nodes;
-    ``hier=False``: the node-aware pair cannot run (one node, one rank per node, all-gather):
-    choose among the others (the defaults)."""
+    before they existed) leaves them to the defaults. ``shm``: the ranks share one node (the
+    default); ``hier``: they span nodes, two or more on some (``hierarchical.py``); neither:
+    choose among the others."""
     tuned = table() if tuned is None else tuned
     by_size = tuned.get(kind)
     if by_size:
