@@ -7,6 +7,7 @@ ranks by those names, which is all the node-aware paths ask of a node.
 """
 
 import json
+import os
 import subprocess
 import sys
 
@@ -128,3 +129,33 @@ def test_placement_warning_names_the_group_hosts_and_the_order():
 def test_node_labels_tell_nodes_apart_when_host_names_do_not():
     assert node_labels([0, 0, 1, 1], ["n0", "n0", "n1", "n1"]) == ["n0", "n1"]
     assert node_labels([0, 1, 0, 1], ["vm"] * 4) == ["node0 (vm)", "node1 (vm)"]
+
+
+@pytest.mark.mpi
+def test_train_across_nodes_warns_and_analyze_shows_links(tokens, tmp_path):
+    """`mpipar train` on 2 nodes prints the grid with its nodes and one warning for tp groups
+    across them; `mpipar analyze` then puts tp's bytes in the across-nodes column (the dump's
+    host names set to what two real nodes would write: here one machine has one name)."""
+    import h5py
+    from mpi_util import SMALL_GPT
+
+    out = tmp_path / "run"
+    train = [sys.executable, "-m", "mpipar.cli", "train", "--data", tokens, "--out", str(out),
+             *[a for a in SMALL_GPT if a != "--quiet"], "--steps", "2", "--dp", "2", "--tp", "2",
+             "--set", "parallel.order=dp-tp-pp", "--set", "run.progress=false"]
+    p = run_mpi(4, ["-launcher", "fork", "-hosts", "nodeA:2,nodeB:2", *train], timeout=240,
+                check=True)
+    warnings = [line for line in p.stdout.splitlines() if "warning: tp group" in line]
+    assert len(warnings) == 1 and 'parallel.order = "tp-dp-pp"' in warnings[0], p.stdout
+    assert "grid dp=2 pp=1 tp=2 order=dp-tp-pp" in p.stdout and "node1 (" in p.stdout
+    with h5py.File(out / "trace.h5", "r+") as f:
+        f.attrs["hostnames"] = json.dumps(["n0", "n0", "n1", "n1"])
+    res = subprocess.run([sys.executable, "-m", "mpipar.cli", "analyze", str(out)],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert res.returncode == 0, res.stderr
+    assert "bytes per link class on 2 hosts" in res.stdout, res.stdout
+    rows = {line.split()[0]: line.split()[1:] for line in res.stdout.splitlines()
+            if line.startswith("  ") and line.split()[:1] in (["tp"], ["dp"])}
+    assert float(rows["tp"][0]) == 0 and float(rows["tp"][1]) > 0, res.stdout  # across
+    assert float(rows["dp"][1]) == 0 and float(rows["dp"][0]) > 0, res.stdout  # within
