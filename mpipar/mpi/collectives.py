@@ -99,15 +99,24 @@ class Collectives:
             if len(cache) > 4096:
                 cache.clear()
             mode = self._coll_mode
-            spans = self.windows.spans_nodes()
-            algo = mode if mode != "auto" else choose(kind, nbytes, self.size, shm=not spans,
-                                                      hier=spans)
+            algo = self._auto(kind, nbytes) if mode == "auto" else mode
             if algo == "hier" and (kind == "allgather" or not self.windows.hier_offered()):
-                algo = choose(kind, nbytes, self.size, shm=not spans, hier=False)
+                algo = self._auto(kind, nbytes)  # forced where it cannot run: auto's choice
             if algo == "shm" and not self.shm_offered():
-                algo = choose(kind, nbytes, self.size, shm=False, hier=False)
+                algo = choose(kind, nbytes, self.size, shm=False)
             cache[nbytes] = algo
         return algo
+
+    def _auto(self, kind, nbytes) -> str:
+        """auto's choice: as on one node (shm's rows) or across nodes (hier's); where the two
+        agree, without asking where the ranks are (a collective call the first time)."""
+        one = choose(kind, nbytes, self.size)
+        across = choose(kind, nbytes, self.size, shm=False, hier=True)
+        if one == across or self.shm_offered():
+            return one
+        if across == "hier" and not (kind != "allgather" and self.windows.hier_offered()):
+            return choose(kind, nbytes, self.size, shm=False)
+        return across
 
     def algorithm_for(self, kind, nbytes, x, registered=False) -> str:
         """``algorithm`` for the array ``x``: auto does not send device arrays through host shared

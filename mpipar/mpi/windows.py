@@ -23,7 +23,7 @@ import zlib
 
 import numpy as np
 
-from mpipar.mpi.hierarchical import Hier, node_index
+from mpipar.mpi.hierarchical import Hier
 from mpipar.mpi.shm import Shm
 from mpipar.mpi.shm_registered import SHM_DIR, Registered, room_for, segment_bytes
 from mpipar.mpi.staging import load_mpi
@@ -39,7 +39,6 @@ class Windows:
         self._dup = None  # the communicator the algorithms talk on (a Dup, made on first use)
         self.shm = None  # shm.Shm once asked for; False where the ranks span nodes
         self.hier = None  # hierarchical.Hier once asked for; False where not offered
-        self._spans = None  # whether the ranks span nodes (MPI's), once asked
         self.regs = ()  # the Shm's registered windows (its list, once one is made)
 
     def shm_offered(self) -> bool:
@@ -49,18 +48,11 @@ class Windows:
             self.shm = Shm.create(self.dup()) or False
         return self.shm is not False
 
-    def spans_nodes(self) -> bool:
-        """Whether the ranks sit on more than one node, as MPI sees them (collective the first
-        time: every rank asks at the same call, the first collective choosing an algorithm)."""
-        if self._spans is None:
-            self._spans = max(node_index(self.dup())) > 0
-        return self._spans
-
     def hier_offered(self) -> bool:
         """Whether the node-aware algorithm can run: the ranks span nodes, two or more on some
         node (``hierarchical.Hier.create``). Collective the first time, as ``shm_offered``."""
         if self.hier is None:
-            self.hier = self.spans_nodes() and Hier.create(self.dup()) or False
+            self.hier = Hier.create(self.dup()) or False
         return self.hier is not False
 
     def dup(self):
