@@ -41,8 +41,9 @@ def test_hier_collectives_under_mpiexec(n, hosts):
 @pytest.mark.mpi
 def test_dp4_on_two_nodes_matches_one_rank(tokens):
     """dp = 4 on 2 nodes x 2 ranks, every gradient all-reduce (and ZeRO-1's reduce-scatter)
-    forced through the node-aware path: float64 gradients and weights equal one rank's."""
-    variants = ["1f1b:2", "gpipe:2:zero1"]
+    forced through the node-aware path, the buckets registered in each node's window:
+    float64 gradients and weights equal one rank's."""
+    variants = ["1f1b:2", "gpipe:2:zero1", "zb-h1:2"]
     res = on_nodes(4, "nodeA:2,nodeB:2", "equiv_train.py", tokens, 4, 1, 1, *variants,
                    timeout=300, env={"MPIPAR_COLLECTIVES": "hier",
                                      "MPIPAR_COLLECTIVES_TABLE": "/nonexistent"})

@@ -75,7 +75,7 @@ class Collectives:
 
     def _registered(self, x) -> bool:
         """x is (a contiguous view inside) one of this communicator's registered buffers."""
-        return bool(self._regs) and self.windows.shm.locate(x) is not None
+        return bool(self._regs) and self.windows.reg_shm.locate(x) is not None
 
     @property
     def coll_mode(self) -> str:
@@ -150,8 +150,8 @@ class Collectives:
         """An algorithm's steps in flight (non-blocking); ``need``: bytes per rank;
         ``registered``: shm's zero-copy path, queued behind the collectives in flight."""
         shm = self._node_shm(algo)
-        if shm is not None:  # hier: one at a time per group, the window grown at the post
-            return shm.start(steps, need, queued=registered and algo == "shm")
+        if shm is not None:  # one at a time per group; a copying one grows the window here
+            return shm.start(steps, need, queued=registered)
         return alg.Stepper(steps)
 
     def _work(self, n, dtype, like, host):

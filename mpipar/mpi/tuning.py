@@ -70,8 +70,8 @@ DEFAULT = {
     "reduce_scatter": [(0, "library"), (4 << 20, "shm"), (1 << 20, "hier", 3)],
     "allgather": [(0, "library")],
     "allreduce_registered": [(0, "library"), (2 << 20, "rabenseifner", 2, 2),
-                             (512 << 10, "shm")],
-    "reduce_scatter_registered": [(0, "library"), (1 << 20, "shm")],
+                             (512 << 10, "shm"), (1 << 20, "hier", 3)],
+    "reduce_scatter_registered": [(0, "library"), (1 << 20, "shm"), (1 << 20, "hier", 3)],
 }
 # the kinds whose arrays may be registered buffers, and their rows' names in DEFAULT and tables
 REGISTERED = {"allreduce": "allreduce_registered", "reduce_scatter": "reduce_scatter_registered"}

@@ -103,12 +103,34 @@ got = c.iallreduce(big.copy()).wait()
 same_everywhere(c, got, "6 MiB iallreduce")
 np.testing.assert_allclose(got, flat_sum(11, big.size, np.float64), rtol=1e-12)
 
+# registered buffers (the dp buckets): each node's ranks share a window, reduced there in place
+n0, k1 = 200_003, 1001
+regs = c.registered_zeros([n0, N * k1], np.float64)
+assert c.windows.reg_shm is hier.shm and all(c._registered(r) for r in regs)
+assert c.algorithm_for("allreduce", 8, regs[0], registered=True) == "hier"
+x0, x1 = data(20, R, n0, np.float64), data(21, R, N * k1, np.float64)
+want0, want1 = c.allreduce(x0), c.reduce_scatter(x1)  # the copying path
+regs[0][:] = x0
+assert c.allreduce(regs[0], inplace=True) is regs[0] and np.array_equal(regs[0], want0)
+regs[1][:] = x1
+assert np.array_equal(c.reduce_scatter(regs[1]), want1)
+for _ in range(2):  # posted back to back (the second queued behind the first), as buckets are
+    regs[0][:], regs[1][:] = x0, x1
+    out1 = np.empty(k1)
+    r0, r1 = c.iallreduce(regs[0]), c.ireduce_scatter(regs[1], out1)
+    r2 = c.iallreduce(regs[1][:5])  # a view inside a registered buffer, after the others
+    algorithms.progress()
+    assert r1.wait() is out1 and np.array_equal(out1, want1)
+    assert r0.wait() is regs[0] and np.array_equal(regs[0], want0)
+    same_everywhere(c, r2.wait(), "registered view")
+
 # auto: the defaults pick hier for large messages here, the library for small ones
 a = make("auto")
 assert a.algorithm("allreduce", 64) == "library"
 assert a.algorithm("allreduce", 16 << 20) == "hier", a.algorithm("allreduce", 16 << 20)
 assert a.algorithm("reduce_scatter", 16 << 20) == "hier"
 assert a.algorithm("allgather", 16 << 20) == "library"
+assert a.algorithm("allreduce_registered", 16 << 20) == "hier"
 assert not a.shm_offered()  # spans nodes: no whole-group window
 
 # a sub-communicator inside one node: shm, not hier; one rank per node: neither
