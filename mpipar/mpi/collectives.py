@@ -20,15 +20,18 @@ import numpy as np
 
 from mpipar.mpi import algorithms as alg
 from mpipar.mpi.algorithms import KINDS
-from mpipar.mpi.common import (
-    TAG_LIMIT,
-    check_contiguous,
-    check_divisible,
-    check_float,
-    norm_axis,
+from mpipar.mpi.common import TAG_LIMIT, check_contiguous, check_divisible, check_float, norm_axis
+from mpipar.mpi.staging import (
+    POOL,
+    copy_into,
+    from_host,
+    host_view,
+    is_device,
+    load_mpi,
+    to_host,
+    xp_of,
 )
-from mpipar.mpi.staging import POOL, from_host, host_view, is_device, load_mpi, to_host, xp_of
-from mpipar.mpi.tuning import REGISTERED, TABLE_KINDS, choose
+from mpipar.mpi.tuning import REGISTERED, TABLE_KINDS, choose, choose_placed
 
 _ndarray = np.ndarray
 _IN_PLACE = _SUM = None  # MPI.IN_PLACE and MPI.SUM, set by the first Comm
@@ -49,16 +52,6 @@ def _is_block(xm, out, r) -> bool:
         return False
     block = out[r * xm.shape[0]:(r + 1) * xm.shape[0]]
     return block.shape == xm.shape and block.ctypes.data == xm.ctypes.data
-
-
-def copy_into(src, dst) -> None:
-    """dst[...] = src between any mix of host and device arrays (finished on return)."""
-    if is_device(dst) and not is_device(src):
-        from_host(src, dst)
-    elif is_device(src) and not is_device(dst):
-        to_host(src, dst)
-    else:
-        dst[...] = src
 
 
 class Collectives:
@@ -99,24 +92,14 @@ class Collectives:
             if len(cache) > 4096:
                 cache.clear()
             mode = self._coll_mode
-            algo = self._auto(kind, nbytes) if mode == "auto" else mode
+            auto = (kind, nbytes, self.size, self.shm_offered, self.windows.hier_offered)
+            algo = choose_placed(*auto) if mode == "auto" else mode
             if algo == "hier" and (kind == "allgather" or not self.windows.hier_offered()):
-                algo = self._auto(kind, nbytes)  # forced where it cannot run: auto's choice
+                algo = choose_placed(*auto)  # forced where it cannot run: auto's choice
             if algo == "shm" and not self.shm_offered():
                 algo = choose(kind, nbytes, self.size, shm=False)
             cache[nbytes] = algo
         return algo
-
-    def _auto(self, kind, nbytes) -> str:
-        """auto's choice: as on one node (shm's rows) or across nodes (hier's); where the two
-        agree, without asking where the ranks are (a collective call the first time)."""
-        one = choose(kind, nbytes, self.size)
-        across = choose(kind, nbytes, self.size, shm=False, hier=True)
-        if one == across or self.shm_offered():
-            return one
-        if across == "hier" and not (kind != "allgather" and self.windows.hier_offered()):
-            return choose(kind, nbytes, self.size, shm=False)
-        return across
 
     def algorithm_for(self, kind, nbytes, x, registered=False) -> str:
         """``algorithm`` for the array ``x``: auto does not send device arrays through host shared
@@ -133,10 +116,9 @@ class Collectives:
         return alg.Ctx(self.windows.dup(), self._seq, alg.reducer(op, is_device(like)))
 
     def _node_shm(self, algo):
-        """The Shm that drives ``algo``'s steps (shm's own, or the node's for hier), or None."""
-        if algo == "shm":
-            return self.windows.shm
-        return self.windows.hier.shm if algo == "hier" else None
+        """The Shm that drives ``algo``'s steps (shm's own, the node's for hier), or None."""
+        w = self.windows
+        return w.shm if algo == "shm" else w.hier.shm if algo == "hier" else None
 
     def _drive(self, algo, steps) -> None:
         """Run an algorithm's steps to the end (blocking)."""

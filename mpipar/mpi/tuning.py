@@ -202,6 +202,20 @@ def choose(kind, nbytes, p, tuned=None, shm=True, hier=False) -> str:
     return algo
 
 
+def choose_placed(kind, nbytes, p, shm_offered, hier_offered) -> str:
+    """auto's choice for a group, asking where its ranks are only where that matters: the
+    choice on one node (shm's rows) where it agrees with the one across nodes (hier's) or
+    ``shm_offered()`` (collective the first time); else across nodes, hier only where
+    ``hier_offered()`` (and never for all-gather)."""
+    one = choose(kind, nbytes, p)
+    across = choose(kind, nbytes, p, shm=False, hier=True)
+    if one == across or shm_offered():
+        return one
+    if across == "hier" and not (kind != "allgather" and hier_offered()):
+        return choose(kind, nbytes, p, shm=False)
+    return across
+
+
 # An algorithm of ours replaces the library's in the tuned table only where it was at least
 # this much faster: where they are within the noise of one run (1 MiB on 2 ranks), a choice made
 # by chance could lose to the library in the next run, and auto must never be slower than it.
