@@ -11,7 +11,8 @@ Writes OUT/commbench.h5 (commbench's HDF5: every variant's samples, the topology
 OUT/results.csv|json|md (library, hier and auto per size, hier's speed-up over the library,
 auto against the library). About 2-4 minutes at 1 Gbit/s; seconds with --quick.
 
-Run: ``python experiments/hier_allreduce.py --mpiexec "mpipar cluster mpiexec --ppn 2 --"``
+Run: ``python experiments/hier_allreduce.py --mpiexec "mpipar cluster mpiexec --ppn 2 --" --link
+1gbit`` (a cluster brought up with ``--nodes 2 --link 1gbit``).
 """
 
 from __future__ import annotations
@@ -67,7 +68,12 @@ def main(argv=None) -> int:
                         f"else {ONE_MACHINE!r})")
     p.add_argument("--sizes", default=SIZES, help=f"all-reduce sizes (default {SIZES})")
     p.add_argument("--iters", type=int, default=5, help="timed iterations per size")
+    p.add_argument("--link", default=None,
+                   help="the link rate to record with the topology (sets MPIPAR_LINK_RATE for "
+                        "the ranks, where the launcher does not)")
     args = p.parse_args(argv)
+    if args.link:
+        os.environ["MPIPAR_LINK_RATE"] = args.link
     out = out_dir(args, "hier_allreduce")
     sizes, iters = ("1K,64K,2M", 2) if args.quick else (args.sizes, args.iters)
     h5 = out / "commbench.h5"

@@ -58,6 +58,7 @@ SLOW = (
     "test_collectives_hier.py::test_hier_collectives_under_mpiexec[[]*",
     "test_collectives_hier.py::test_dp4_on_two_nodes_matches_one_rank",
     "test_collectives_hier.py::test_train_across_nodes_warns_and_analyze_shows_links",
+    "test_collectives_hier.py::test_hier_allreduce_experiment_quick",
     "test_grid.py::test_real_communicators[[]*",
     "test_memory_model.py::test_predicted_peak_meets_the_trainers_record_on_two_ranks",
     "test_memory_model.py::test_planner_counts_each_ranks_own_live_micro_batches",

@@ -160,3 +160,20 @@ def test_train_across_nodes_warns_and_analyze_shows_links(tokens, tmp_path):
             if line.startswith("  ") and line.split()[:1] in (["tp"], ["dp"])}
     assert float(rows["tp"][0]) == 0 and float(rows["tp"][1]) > 0, res.stdout  # across
     assert float(rows["dp"][1]) == 0 and float(rows["dp"][0]) > 0, res.stdout  # within
+
+
+@pytest.mark.mpi
+def test_hier_allreduce_experiment_quick(tmp_path):
+    """experiments/hier_allreduce.py --quick on one machine taken for 2 nodes x 2 ranks: every
+    size has library, hier and auto times, and the topology it ran on is recorded."""
+    res = subprocess.run([sys.executable, str(REPO / "experiments" / "hier_allreduce.py"),
+                          "--quick", "--link", "test", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "MPIPAR_COLLECTIVES_TABLE": "/nonexistent"})
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["meta"]["topology"] == {"nodes": 2, "ranks_per_node": [2, 2], "link": "test"}
+    assert [r["bytes"] for r in doc["rows"]] == [1024, 65536, 2 << 20]
+    for r in doc["rows"]:
+        assert r["library_us"] > 0 and r["hier_us"] > 0 and r["auto_us"] > 0, r
+    assert doc["rows"][-1]["choice"] == "hier" and doc["rows"][0]["choice"] == "library"
