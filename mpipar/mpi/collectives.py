@@ -133,7 +133,8 @@ class Collectives:
         ``registered``: shm's zero-copy path, queued behind the collectives in flight."""
         shm = self._node_shm(algo)
         if shm is not None:  # one at a time per group; a copying one grows the window here
-            return shm.start(steps, need, queued=registered)
+            alone = algo == "hier" and self.windows.hier.alone  # first step: the leaders'
+            return shm.start(steps, 0 if alone else need, queued=registered)
         return alg.Stepper(steps)
 
     def _work(self, n, dtype, like, host):
