@@ -156,8 +156,7 @@ class Hier:
             else:
                 packed = np.concatenate([work[q * k:(q + 1) * k] for q in order])
             counts = [len(m) * k for m in self.members]
-            yield [self.leaders.Ireduce_scatter(packed, seg,
-                                                counts, mpi_op)]
+            yield [self.leaders.Ireduce_scatter(packed, seg, counts, mpi_op)]
         if self.alone:
             host[...] = seg
         else:
