@@ -55,6 +55,10 @@ SLOW = (
     "test_comm.py::test_every_op_on_every_axis[[]8-*",
     "test_collectives_registered.py::test_registered_collectives_under_mpiexec[[]*",
     "test_collectives_shm.py::test_shm_collectives_under_mpiexec[[]*",
+    "test_collectives_hier.py::test_hier_collectives_under_mpiexec[[]*",
+    "test_collectives_hier.py::test_dp4_on_two_nodes_matches_one_rank",
+    "test_collectives_hier.py::test_train_across_nodes_warns_and_analyze_shows_links",
+    "test_collectives_hier.py::test_hier_allreduce_experiment_quick",
     "test_grid.py::test_real_communicators[[]*",
     "test_memory_model.py::test_predicted_peak_meets_the_trainers_record_on_two_ranks",
     "test_memory_model.py::test_planner_counts_each_ranks_own_live_micro_batches",
@@ -86,6 +90,7 @@ FAST = (
     "test_comm.py::test_collective_algorithms_bitwise_equal_on_every_rank[[]2]",
     "test_collectives_registered.py::test_registered_collectives_under_mpiexec[[]2]",
     "test_collectives_shm.py::test_shm_collectives_under_mpiexec[[]2]",
+    "test_collectives_hier.py::test_hier_collectives_under_mpiexec[[]2x2]",
     "test_grid.py::test_real_communicators[[]2]",
 )
 

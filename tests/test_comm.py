@@ -240,7 +240,7 @@ def test_commbench_cli(tmp_path, n):
             for col in ("raw_s", "library_s", "ring_s", "rabenseifner_s", "shm_s", "auto_s"):
                 assert np.all(rows[col] > 0), (kind, col)
             assert set(rows["best"]) <= {b"library", b"ring", b"rabenseifner", b"shm"}
-            assert f[f"collectives/{kind}_s"].shape == (6, 2, 3)
+            assert f[f"collectives/{kind}_s"].shape == (7, 2, 3)  # raw, 5 algorithms, auto
             factor = 2 * (n - 1) / n if kind == "allreduce" else (n - 1) / n
             want = rows["bytes"] * factor / rows["raw_s"] / 1e9
             assert np.allclose(rows["raw_busbw"], want)  # nccl-tests' bus bandwidth

@@ -24,7 +24,8 @@ import numpy as np
 
 from mpipar.mpi.staging import load_mpi, sync_device
 
-ALGORITHMS = ("library", "ring", "rabenseifner", "shm")  # shm: shm.py, ranks of one node
+# shm: shm.py, ranks of one node; hier: hierarchical.py, ranks on several nodes
+ALGORITHMS = ("library", "ring", "rabenseifner", "shm", "hier")
 KINDS = ("allreduce", "reduce_scatter", "allgather")
 
 

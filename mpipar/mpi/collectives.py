@@ -7,7 +7,9 @@ algorithm is the forced one (``MPIPAR_COLLECTIVES``) or the table's choice for t
 group (``tuning.py``); the same on every rank, since all of them see the same arguments.
 ``library`` is MPI's own collective; ``ring`` and ``rabenseifner`` are ``algorithms.py``'s, run
 on a duplicate communicator; ``shm`` is ``shm.py``'s shared window, offered only where every rank
-shares one node (elsewhere the choice falls back as if it did not exist).
+shares one node; ``hier`` is ``hierarchical.py``'s node-aware pair (a shared window per node, the
+node leaders across), offered only where the ranks span nodes with two or more on some node
+(elsewhere each choice falls back as if it did not exist).
 """
 
 from __future__ import annotations
@@ -18,15 +20,18 @@ import numpy as np
 
 from mpipar.mpi import algorithms as alg
 from mpipar.mpi.algorithms import KINDS
-from mpipar.mpi.common import (
-    TAG_LIMIT,
-    check_contiguous,
-    check_divisible,
-    check_float,
-    norm_axis,
+from mpipar.mpi.common import TAG_LIMIT, check_contiguous, check_divisible, check_float, norm_axis
+from mpipar.mpi.staging import (
+    POOL,
+    copy_into,
+    from_host,
+    host_view,
+    is_device,
+    load_mpi,
+    to_host,
+    xp_of,
 )
-from mpipar.mpi.staging import POOL, from_host, host_view, is_device, load_mpi, to_host, xp_of
-from mpipar.mpi.tuning import REGISTERED, TABLE_KINDS, choose
+from mpipar.mpi.tuning import REGISTERED, TABLE_KINDS, choose, choose_placed
 
 _ndarray = np.ndarray
 _IN_PLACE = _SUM = None  # MPI.IN_PLACE and MPI.SUM, set by the first Comm
@@ -49,16 +54,6 @@ def _is_block(xm, out, r) -> bool:
     return block.shape == xm.shape and block.ctypes.data == xm.ctypes.data
 
 
-def copy_into(src, dst) -> None:
-    """dst[...] = src between any mix of host and device arrays (finished on return)."""
-    if is_device(dst) and not is_device(src):
-        from_host(src, dst)
-    elif is_device(src) and not is_device(dst):
-        to_host(src, dst)
-    else:
-        dst[...] = src
-
-
 class Collectives:
     """allreduce / reduce_scatter / allgather with a choice of algorithm."""
 
@@ -73,7 +68,7 @@ class Collectives:
 
     def _registered(self, x) -> bool:
         """x is (a contiguous view inside) one of this communicator's registered buffers."""
-        return bool(self._regs) and self.windows.shm.locate(x) is not None
+        return bool(self._regs) and self.windows.reg_shm.locate(x) is not None
 
     @property
     def coll_mode(self) -> str:
@@ -97,7 +92,10 @@ class Collectives:
             if len(cache) > 4096:
                 cache.clear()
             mode = self._coll_mode
-            algo = mode if mode != "auto" else choose(kind, nbytes, self.size)
+            auto = (kind, nbytes, self.size, self.shm_offered, self.windows.hier_offered)
+            algo = choose_placed(*auto) if mode == "auto" else mode
+            if algo == "hier" and (kind == "allgather" or not self.windows.hier_offered()):
+                algo = choose_placed(*auto)  # forced where it cannot run: auto's choice
             if algo == "shm" and not self.shm_offered():
                 algo = choose(kind, nbytes, self.size, shm=False)
             cache[nbytes] = algo
@@ -109,26 +107,34 @@ class Collectives:
         better path): for them it chooses as where shm is not offered. Forced, shm still runs.
         ``registered``: x is a registered buffer, worked on in place (its own rows)."""
         algo = self.algorithm(REGISTERED[kind] if registered else kind, nbytes)
-        if algo == "shm" and self._coll_mode == "auto" and is_device(x):
-            return choose(kind, nbytes, self.size, shm=False)
+        if algo in ("shm", "hier") and self._coll_mode == "auto" and is_device(x):
+            return choose(kind, nbytes, self.size, shm=False, hier=False)
         return algo
 
     def _ctx(self, op, like):
         self._seq = self._seq % (TAG_LIMIT - 1) + 1
         return alg.Ctx(self.windows.dup(), self._seq, alg.reducer(op, is_device(like)))
 
+    def _node_shm(self, algo):
+        """The Shm that drives ``algo``'s steps (shm's own, the node's for hier), or None."""
+        w = self.windows
+        return w.shm if algo == "shm" else w.hier.shm if algo == "hier" else None
+
     def _drive(self, algo, steps) -> None:
         """Run an algorithm's steps to the end (blocking)."""
-        if algo == "shm":
-            self.windows.shm.run(steps)
+        shm = self._node_shm(algo)
+        if shm is not None:
+            shm.run(steps)
         else:
             alg.run(steps)
 
     def _post(self, algo, steps, need, registered=False):
         """An algorithm's steps in flight (non-blocking); ``need``: bytes per rank;
         ``registered``: shm's zero-copy path, queued behind the collectives in flight."""
-        if algo == "shm":
-            return self.windows.shm.start(steps, need, queued=registered)
+        shm = self._node_shm(algo)
+        if shm is not None:  # one at a time per group; a copying one grows the window here
+            alone = algo == "hier" and self.windows.hier.alone  # first step: the leaders'
+            return shm.start(steps, 0 if alone else need, queued=registered)
         return alg.Stepper(steps)
 
     def _work(self, n, dtype, like, host):
@@ -142,6 +148,8 @@ class Collectives:
         """The steps of an in-place all-reduce of ``flat`` by ``algo`` (not the library)."""
         if algo == "shm":
             return self.windows.shm.allreduce(flat, op, self._k_ar)
+        if algo == "hier":
+            return self.windows.hier.allreduce(flat, self._op(op), op, self._k_ar)
         return self._p2p_allreduce_steps(algo, flat, op)
 
     def _p2p_allreduce_steps(self, algo, flat, op):
@@ -277,6 +285,9 @@ class Collectives:
             if xp_of(xm).may_share_memory(xm, out) and not self._registered(xm):
                 xm = xm.copy()  # out is written before the last chunk of xm is read
             return self.windows.shm.reduce_scatter(xm.reshape(-1), out.reshape(-1), op, self._k_rs)
+        if algo == "hier":
+            return self.windows.hier.reduce_scatter(xm.reshape(-1), out.reshape(-1),
+                                                    self._op(op), op, self._k_rs)
         return self._p2p_reduce_scatter_steps(algo, xm, out, op)
 
     def _p2p_reduce_scatter_steps(self, algo, xm, out, op):

@@ -27,7 +27,9 @@ from mpipar.layout import (  # noqa: F401  (GridError, check_grid: this module's
     check_grid,
     parse_order,
 )
+from mpipar.mpi import tuning
 from mpipar.mpi.comm import Comm
+from mpipar.mpi.hierarchical import node_index, topology
 from mpipar.mpi.interface import Communicator
 from mpipar.mpi.local import LocalComm
 
@@ -79,6 +81,51 @@ def axis_groups(dp, pp, tp, axis, order=DEFAULT_ORDER) -> list[list[int]]:
     return sorted(([r for _, r in sorted(g)] for g in groups.values()), key=lambda g: g[0])
 
 
+def orders():
+    """Every rank order, the default first."""
+    import itertools
+
+    rest = ["-".join(o) for o in itertools.permutations(AXES)]
+    return [DEFAULT_ORDER] + [o for o in rest if o != DEFAULT_ORDER]
+
+
+def groups_across_nodes(dp, pp, tp, axis, order, node_of) -> list[list[int]]:
+    """The ``axis`` groups whose ranks sit on more than one node (``node_of[r]``: rank r's)."""
+    return [g for g in axis_groups(dp, pp, tp, axis, order) if len({node_of[r] for r in g}) > 1]
+
+
+def node_labels(node_of, hostnames) -> list[str]:
+    """A name per node: its host name, or "node<k> (<host>)" where host names do not tell the
+    nodes apart (one machine that MPI was told is several: ``mpiexec -hosts a,b -launcher
+    fork``)."""
+    k = max(node_of) + 1 if node_of else 0
+    names = [sorted({hostnames[r] for r in range(len(node_of)) if node_of[r] == j})
+             for j in range(k)]
+    if all(len(n) == 1 for n in names) and len({n[0] for n in names}) == k:
+        return [n[0] for n in names]
+    return [f"node{j} ({','.join(n)})" for j, n in enumerate(names)]
+
+
+def placement_warning(dp, pp, tp, order, node_of, hostnames, axis="tp") -> str | None:
+    """One line when an ``axis`` group (tp: it talks inside every layer) spans nodes: the
+    first such group, its hosts, and the ``parallel.order`` that would keep every group of the
+    axis inside a node (or that none can). None when every group sits on one node."""
+    spans = groups_across_nodes(dp, pp, tp, axis, order, node_of)
+    if not spans:
+        return None
+    labels = node_labels(node_of, hostnames)
+    g = spans[0]
+    hosts = ", ".join(dict.fromkeys(labels[node_of[r]] for r in g))
+    keep = next((o for o in orders()
+                 if not groups_across_nodes(dp, pp, tp, axis, o, node_of)), None)
+    fix = (f"parallel.order = \"{keep}\" keeps every {axis} group inside a node" if keep
+           else f"no parallel.order keeps {axis} = {(dp, pp, tp)[AXES.index(axis)]} inside a "
+                f"node (too few ranks per node): lower {axis}")
+    more = f" ({len(spans)} of {len(axis_groups(dp, pp, tp, axis, order))} groups)"
+    return (f"[mpipar] warning: {axis} group of world ranks {','.join(map(str, g))} spans "
+            f"hosts {hosts}{more}: it talks across the slower link in every layer; {fix}")
+
+
 class ProcessGrid:
     """This rank's place in the grid and its traced communicators, one per axis plus world_comm.
 
@@ -94,6 +141,11 @@ class ProcessGrid:
 
         world = MPI.COMM_WORLD if world is None else world
         check_grid(dp, pp, tp, world.Get_size())
+        # the node of every world rank, as MPI sees them; a collectives table tuned on another
+        # topology is then ignored by the communicators made below
+        self.node_of = node_index(world)
+        self.topology = topology(self.node_of)
+        tuning.use_topology(self.topology, world.Get_rank())
         self.order = "-".join(parse_order(order))
         self.dp_size, self.pp_size, self.tp_size = dp, pp, tp
         self.world_size = world.Get_size()
@@ -193,9 +245,21 @@ class ProcessGrid:
             f"grid dp={self.dp_size} pp={self.pp_size} tp={self.tp_size} order={self.order}",
             f"{'rank':>5} {'dp':>3} {'pp':>3} {'tp':>3}  host",
         ]
+        hosts = (node_labels(self.node_of, self.hostnames) if self.topology["nodes"] > 1
+                 else None)
         for r, (d, p, t) in enumerate(layout):
-            lines.append(f"{r:>5} {d:>3} {p:>3} {t:>3}  {self.hostnames[r]}")
+            host = hosts[self.node_of[r]] if hosts else self.hostnames[r]
+            lines.append(f"{r:>5} {d:>3} {p:>3} {t:>3}  {host}")
         return "\n".join(lines)
+
+    def placement(self) -> list[str]:
+        """What a run prints about where its ranks are: nothing on one node; else the grid with
+        hosts, and a warning when a tensor-parallel group spans nodes."""
+        if self.topology["nodes"] < 2:
+            return []
+        warn = placement_warning(self.dp_size, self.pp_size, self.tp_size, self.order,
+                                 self.node_of, self.hostnames)
+        return [self.describe()] + ([warn] if warn else [])
 
     def free(self) -> None:
         """Release the communicators (optional; MPI_Finalize frees them too)."""

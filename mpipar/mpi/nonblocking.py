@@ -84,8 +84,10 @@ class NonBlocking:
         stage = self._stage(x) and algo == "library"  # the others stage (or need not) inside
         bufs = [POOL.acquire(x.nbytes), POOL.acquire(out.nbytes)] if stage else []
         if algo != "library":
+            # hier's reduce-scatter copies even a registered x (its node sum is a new array)
+            zero_copy = registered and algo == "shm"
             req = self._post(algo, self._reduce_scatter_steps(algo, x, out, op),
-                             0 if registered else x.nbytes, registered)
+                             0 if zero_copy else x.nbytes, zero_copy)
         elif stage:
             hin, hout = host_view(bufs[0], x.shape, x.dtype), host_view(bufs[1], want, x.dtype)
             to_host(x, hin)

@@ -167,3 +167,13 @@ def from_host(host: np.ndarray, out) -> None:
         sync_device()  # the copy may be asynchronous from pinned memory: finish before reuse
     else:
         np.copyto(out, host)
+
+
+def copy_into(src, dst) -> None:
+    """dst[...] = src between any mix of host and device arrays (finished on return)."""
+    if is_device(dst) and not is_device(src):
+        from_host(src, dst)
+    elif is_device(src) and not is_device(dst):
+        to_host(src, dst)
+    else:
+        dst[...] = src

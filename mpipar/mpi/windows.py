@@ -7,9 +7,11 @@ Where the shared-memory algorithm is offered (every rank on one node) and the ar
 memory, the arrays are registered: one shared window holds them at the same offsets in every
 rank's segment, and an all-reduce (in place) or reduce-scatter (axis 0) of one of them, or of a
 contiguous view inside one, chooses from its own rows (``tuning.REGISTERED``) and, where that is
-shm, reduces without copying it in or out. Everywhere else (ranks on several nodes, no shared
-windows, device arrays, or a node's /dev/shm without room for the window: ``_room``) the
-arrays are plain zeros and everything works as for any array:
+shm, reduces without copying it in or out. Where the ranks span nodes and ``hierarchical.py``
+is offered, each node's ranks share a window of their own the same way, and its all-reduce
+reduces them there with no copy before the node's leader talks across. Everywhere else (one
+rank per node, no shared windows, device arrays, or a node's /dev/shm without room for the
+window: ``_room``) the arrays are plain zeros and everything works as for any array:
 callers never need to know. They are registered whatever ``MPIPAR_COLLECTIVES`` forces (any
 algorithm runs on them; commbench switches the mode between calls on the same buffers). They
 replace the caller's own allocation: no extra memory.
@@ -23,6 +25,7 @@ import zlib
 
 import numpy as np
 
+from mpipar.mpi.hierarchical import Hier
 from mpipar.mpi.shm import Shm
 from mpipar.mpi.shm_registered import SHM_DIR, Registered, room_for, segment_bytes
 from mpipar.mpi.staging import load_mpi
@@ -37,7 +40,9 @@ class Windows:
         self.rank = mpi_comm.Get_rank()
         self._dup = None  # the communicator the algorithms talk on (a Dup, made on first use)
         self.shm = None  # shm.Shm once asked for; False where the ranks span nodes
+        self.hier = None  # hierarchical.Hier once asked for; False where not offered
         self.regs = ()  # the Shm's registered windows (its list, once one is made)
+        self.reg_shm = None  # the Shm holding them: the group's, or across nodes each node's
 
     def shm_offered(self) -> bool:
         """Whether the shared-memory algorithm can run: every rank on this node. Collective the
@@ -45,6 +50,13 @@ class Windows:
         if self.shm is None:
             self.shm = Shm.create(self.dup()) or False
         return self.shm is not False
+
+    def hier_offered(self) -> bool:
+        """Whether the node-aware algorithm can run: the ranks span nodes, two or more on some
+        node (``hierarchical.Hier.create``). Collective the first time, as ``shm_offered``."""
+        if self.hier is None:
+            self.hier = Hier.create(self.dup()) or False
+        return self.hier is not False
 
     def dup(self):
         """The duplicate communicator (collective the first time: every rank reaches it at the
@@ -58,7 +70,9 @@ class Windows:
         (collective; ``Comm.free``)."""
         if self.shm:
             self.shm.free()
-        self.shm = None
+        if self.hier:
+            self.hier.free()
+        self.shm = self.hier = self.reg_shm = None
         self.regs = ()
         if self._dup is not None:
             self._dup.Free()
@@ -72,15 +86,20 @@ class Windows:
         dtype = np.dtype(dtype)
         if any(n < 0 for n in sizes):
             raise ValueError(f"{self.axis}.registered_zeros: negative size in {sizes}")
-        if xp is not np or not self.shm_offered():
+        if xp is not np:
+            return [xp.zeros(n, dtype=dtype) for n in sizes]
+        if self.shm_offered():
+            shm = self.shm
+        elif self.hier_offered():
+            shm = self.hier.shm  # each node's ranks share a window; hierarchical.py reads it
+        else:
             return [xp.zeros(n, dtype=dtype) for n in sizes]
         self._agree_sizes(sizes, dtype)
-        shm = self.shm
         if not self._room(segment_bytes(sizes, dtype) * shm.size):
             return [xp.zeros(n, dtype=dtype) for n in sizes]
         reg = Registered(shm.comm, sizes, dtype, len(shm.regs))
         shm.regs.append(reg)
-        self.regs = shm.regs
+        self.regs, self.reg_shm = shm.regs, shm
         return list(reg.arrays)
 
     def _room(self, nbytes) -> bool:
@@ -90,7 +109,7 @@ class Windows:
         reduction takes the other algorithms) instead of MPI failing to map the window."""
         MPI = load_mpi()
         ok = np.array([1 if room_for(nbytes + nbytes // 4) else 0], dtype=np.int64)
-        self.shm.comm.Allreduce(MPI.IN_PLACE, ok, MPI.MIN)
+        self.dup().Allreduce(MPI.IN_PLACE, ok, MPI.MIN)  # every rank of the group
         if not ok[0] and self.rank == 0:
             print(f"[mpipar] {self.axis}: no room in {SHM_DIR} for {nbytes / 2**20:.1f} MiB of "
                   f"registered buffers: they stay private memory (the collectives copy); give "
@@ -104,7 +123,7 @@ class Windows:
         mine = np.array([len(sizes), sum(sizes), zlib.crc32(np.array(sizes, np.int64).tobytes()),
                          dtype.num, dtype.itemsize], dtype=np.int64)
         lo, hi = mine.copy(), mine.copy()
-        comm = self.shm.comm
+        comm = self.dup()  # every rank of the group
         comm.Allreduce(MPI.IN_PLACE, lo, MPI.MIN)
         comm.Allreduce(MPI.IN_PLACE, hi, MPI.MAX)
         if (lo != hi).any():
@@ -114,4 +133,4 @@ class Windows:
 
     def registered(self, x) -> bool:
         """x is (a contiguous view inside) one of the registered buffers."""
-        return bool(self.regs) and self.shm.locate(x) is not None
+        return bool(self.regs) and self.reg_shm.locate(x) is not None

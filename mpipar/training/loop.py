@@ -75,6 +75,8 @@ def run(cfg: Config, resolved=None) -> dict:
               f"dp={p.dp} pp={p.pp} tp={p.tp} ({p.schedule}, {resolved.microbatches} "
               f"micro-batches), "
               f"{cfg.train.dtype} on {cfg.train.device}; run dir {out}", flush=True)
+        for line in grid.placement():  # several nodes: the grid with hosts, a tp warning
+            print(line, flush=True)
     file_attrs = {"config": cfg.to_dict(),
                   "peak_flops": _device_peak(grid, backend) if cfg.run.trace else float("nan")}
 

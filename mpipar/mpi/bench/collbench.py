@@ -1,13 +1,14 @@
 """Collectives for ``mpipar commbench``: raw mpi4py beside ``Comm`` with each algorithm forced.
 
 For all-reduce, reduce-scatter and all-gather, every iteration runs the raw library call and
-``Comm`` with ``library``, ``ring``, ``rabenseifner``, ``shm`` (NaN where the ranks span nodes)
-and ``auto`` (the choice in effect), in a random order drawn per iteration (the same on every
-rank: a fixed seed). Not a rotation of one order: that keeps each variant behind the same
-neighbour, and what the neighbour leaves in the caches moved one variant's median by up to 2x
-(shm behind shm against shm behind rabenseifner, 16 MiB reduce-scatter); a barrier starts
-each, and an iteration lasts as long as its slowest rank; below 256 KiB a timed sample is
-``reps_for`` calls in a row (the time reported is per call). Sizes follow nccl-tests: the
+``Comm`` with ``library``, ``ring``, ``rabenseifner``, ``shm`` (NaN where the ranks span nodes),
+``hier`` (NaN unless they span nodes with two or more on some node) and ``auto`` (the choice in
+effect), in a random order drawn per iteration (the same on every rank: a fixed seed). Not a
+rotation of one order: that keeps each variant behind the same neighbour, and what the neighbour
+leaves in the caches moved one variant's median by up to 2x (shm behind shm against shm behind
+rabenseifner, 16 MiB reduce-scatter); a barrier starts each, and an iteration lasts as long as its
+slowest rank; below 256 KiB a timed sample is ``reps_for`` calls in a row (the time reported is
+per call). Sizes follow nccl-tests: the
 per-rank buffer for all-reduce, the whole input for reduce-scatter, the whole output for
 all-gather; bus bandwidth = algbw * 2 (n-1)/n for all-reduce and algbw * (n-1)/n for the other
 two (algbw = bytes / time).
@@ -38,6 +39,7 @@ COLL_DTYPE = np.dtype(
         ("ring_s", "f8"),
         ("rabenseifner_s", "f8"),
         ("shm_s", "f8"),  # NaN: not offered (the ranks span nodes)
+        ("hier_s", "f8"),  # NaN: not offered (one node, or one rank per node)
         ("auto_s", "f8"),  # Comm with the choice in effect (table or default)
         ("choice", "S12"),  # the algorithm auto ran
         ("best", "S12"),  # what --tune writes: the fastest, unless the library is within MARGIN
@@ -108,7 +110,9 @@ def bench_kind(kind, world, mpi_comm, MPI, sizes, iters, warmup, xp, raw_xp, reg
     name = kind if reg is None else REGISTERED[kind]  # the table's rows auto chooses from
     n = mpi_comm.Get_size()
     mode = world.coll_mode
-    skip = () if world.shm_offered() else ("shm",)  # forced, it would time a fallback
+    # forced where they cannot run, they would time a fallback
+    skip = tuple(a for a, offered in (("shm", world.shm_offered()),
+                                       ("hier", world.windows.hier_offered())) if not offered)
     samples = np.zeros((len(VARIANTS), len(sizes), iters))
     choices = []
     for j, size in enumerate(sizes):

@@ -36,6 +36,7 @@ from mpipar.mpi.algorithms import KINDS
 from mpipar.mpi.bench.collbench import VARIANTS, bench_kind, elements, reps_for, tune_results
 from mpipar.mpi.comm import Comm
 from mpipar.mpi.grid import bind_gpu
+from mpipar.mpi.hierarchical import node_index, topology
 from mpipar.mpi.job.world import library_version
 from mpipar.mpi.staging import cuda_aware
 from mpipar.trace import Tracer
@@ -161,6 +162,9 @@ def run_benchmark(sizes, iters=20, warmup=2, device="cpu", staging=None, tracer=
     n = mpi_comm.Get_size()
     if n < 2:
         raise ValueError("commbench needs at least 2 ranks: run mpiexec -n 2 mpipar commbench")
+    # the job's topology, recorded with the table; a table tuned on another is not applied
+    topo = topology(node_index(mpi_comm))
+    tuning.use_topology(topo, mpi_comm.Get_rank())
     tracer = tracer if tracer is not None else Tracer(enabled=True)
     world = Comm(mpi_comm, "world", tracer, world_ranks=list(range(n)), staging=staging)
     xp = np
@@ -218,10 +222,11 @@ def run_benchmark(sizes, iters=20, warmup=2, device="cpu", staging=None, tracer=
         "collectives": colls,
         "collective_samples": coll_samples,
         "allreduce": _raw_vs_auto(colls["allreduce"]) if "allreduce" in colls else None,
-        "tuned": tuning.tuned_table(tune_results(colls, n), library_version()),
+        "tuned": tuning.tuned_table(tune_results(colls, n), library_version(), topo),
         "attrs": {
             "world_size": n,
             "hostnames": hosts,
+            "topology": topo,
             "iters": iters,
             "warmup": warmup,
             "device": device,

@@ -22,10 +22,15 @@ def write_tuned(path, result) -> None:
         tuning.validate(old, str(path))
     except (OSError, ValueError):
         old = None
+    if old is not None and not tuning.same_topology(old.get("topology") or tuning.ONE_NODE,
+                                                     tuned.get("topology") or tuning.ONE_NODE):
+        old = None  # tuned on another topology: replaced, never mixed
     if old is not None:
         for kind, by_p in tuned["choices"].items():
             old["choices"].setdefault(kind, {}).update(by_p)
         old["mpi_library"] = tuned["mpi_library"]
+        if "topology" in tuned:
+            old["topology"] = tuned["topology"]
         tuned = old
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(tuned, indent=1) + "\n")
@@ -40,6 +45,9 @@ def format_tables(result) -> str:
     ]
     lines.append(f"collectives: MPIPAR_COLLECTIVES={a['collectives_mode']}, auto chooses from "
                  f"{a['collectives_table']}")
+    if "topology" in a:
+        lines.append(f"topology: {tuning.describe_topology(a['topology'])} (recorded with the "
+                     f"tuned table; MPIPAR_LINK_RATE names the link)")
     for name, title, bw in (
             ("p2p", "ping-pong world ranks 0 <-> 1: one-way time (Comm traced, as by default)",
              "GB/s"),
@@ -96,14 +104,14 @@ def format_kind(kind, rows, n) -> list[str]:
                                           "zero-copy)"}[kind]
     lines = ["", f"{title} over {n} ranks (float32; times in us; bus = nccl-tests bus GB/s)",
              f"{'bytes':>7} {'raw':>9} {'library':>9} {'ring':>9} {'rabens.':>9} {'shm':>9} "
-             f"{'auto':>9} "
+             f"{'hier':>9} {'auto':>9} "
              f"{'choice':>12} {'auto/raw':>8} {'raw bus':>8} {'auto bus':>8} {'best':>12}"]
     for r in rows:
         lines.append(
             f"{format_size(int(r['bytes'])):>7} {r['raw_s'] * 1e6:>9.1f} "
             f"{r['library_s'] * 1e6:>9.1f} {r['ring_s'] * 1e6:>9.1f} "
             f"{r['rabenseifner_s'] * 1e6:>9.1f} {r['shm_s'] * 1e6:>9.1f} "
-            f"{r['auto_s'] * 1e6:>9.1f} "
+            f"{r['hier_s'] * 1e6:>9.1f} {r['auto_s'] * 1e6:>9.1f} "
             f"{r['choice'].decode():>12} {r['ratio']:>8.2f} {r['raw_busbw']:>8.3f} "
             f"{r['auto_busbw']:>8.3f} {r['best'].decode():>12}"
         )
