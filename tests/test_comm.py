@@ -222,7 +222,7 @@ def test_commbench_cli(tmp_path, n):
         parse_sizes("8,1X")
     out = tmp_path / "cb.h5"
     cmd = [sys.executable, "-m", "mpipar.cli", "commbench", "--sizes", "8,4K", "--iters", "3"]
-    p = run_mpi(n, [*cmd, "--out", out], timeout=90, check=True)
+    p = run_mpi(n, [*cmd, "--out", out], timeout=300, check=True)
     assert "ping-pong" in p.stdout and f"all-reduce over {n} ranks" in p.stdout, p.stdout
     assert "tracer off" in p.stdout, p.stdout
     assert "reduce-scatter over" in p.stdout and "all-gather over" in p.stdout, p.stdout
