@@ -2,7 +2,6 @@
 against, computes what mpipar computes: float64, the same weights and batches, every layout."""
 
 import pytest
-
 from mpi_util import python_script
 
 LAYOUTS = [("single", 1), ("dp", 2), ("naive", 2), ("gpipe", 2), ("1f1b", 2)]

@@ -32,6 +32,10 @@ def _rows(a):
     return a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
 
 
+# the linears answer ``array_module`` inline for NumPy: a small model calls them several times
+# per layer and micro-batch, and a Python call is much of their cost there
+_ndarray = np.ndarray
+
 # ----- linear ---------------------------------------------------------------------------------
 
 def linear_forward(x, w, b=None):
@@ -40,25 +44,25 @@ def linear_forward(x, w, b=None):
     Leading axes are flattened so that BLAS sees one (tokens, in) @ (in, out) product (on the
     CPU one per kernel thread, see ``cpu.matmul``).
     """
-    xp = array_module(x)
-    x2 = _rows(x)
+    xp = np if type(x) is _ndarray else array_module(x)
+    x2 = x if x.ndim == 2 else _rows(x)
     y = cpu.matmul(xp, x2, w, cpu.empty(xp, (x2.shape[0], w.shape[-1]), x2.dtype), bias=b)
-    return y.reshape(*x.shape[:-1], w.shape[-1])
+    return y if x.ndim == 2 else y.reshape(*x.shape[:-1], w.shape[-1])
 
 
 def linear_backward_input(dy, w):
     """dx = dy @ w.T"""
-    xp = array_module(dy)
-    dy2 = _rows(dy)
+    xp = np if type(dy) is _ndarray else array_module(dy)
+    dy2 = dy if dy.ndim == 2 else _rows(dy)
     dx = cpu.matmul(xp, dy2, w.T, cpu.empty(xp, (dy2.shape[0], w.shape[0]), dy2.dtype))
-    return dx.reshape(*dy.shape[:-1], w.shape[0])
+    return dx if dy.ndim == 2 else dx.reshape(*dy.shape[:-1], w.shape[0])
 
 
 def linear_backward_weight(x, dy, dw, db=None):
     """dw += x.T @ dy, db += sum(dy) over all leading axes (accumulating, for micro-batches)."""
-    xp = array_module(dw)
-    x2 = x.reshape(-1, x.shape[-1])
-    dy2 = dy.reshape(-1, dy.shape[-1])
+    xp = np if type(dw) is _ndarray else array_module(dw)
+    x2 = x if x.ndim == 2 else x.reshape(-1, x.shape[-1])
+    dy2 = dy if dy.ndim == 2 else dy.reshape(-1, dy.shape[-1])
     cpu.matmul(xp, x2.T, dy2, dw, accumulate=True)
     if db is not None:
         column_sums(dy2, db)
@@ -71,10 +75,23 @@ def column_sums(a, out, b=None, out_ab=None):
     One thread: a vector-matrix product (ones @ a, 2-4x faster than ``sum(axis=0)``) and an
     ``einsum`` that never forms a * b. These are a fraction of a millisecond, less than what
     handing them to the kernel threads costs (BENCHMARKS.md)."""
-    xp = array_module(a)
-    out += xp.ones(a.shape[0], dtype=a.dtype) @ a
+    xp = np if type(a) is _ndarray else array_module(a)
+    out += _ones(xp, a.shape[0], a.dtype) @ a
     if b is not None:
         out_ab += xp.einsum("ij,ij->j", a, b)
+
+
+_ONES: dict = {}  # (array module, length, dtype) -> a read-only vector of ones
+
+
+def _ones(xp, n, dtype):
+    """A vector of ``n`` ones, made once per (module, length, dtype) and never written: a
+    column sum per linear and micro-batch need not allocate one each time."""
+    key = (xp, n, dtype)
+    v = _ONES.get(key)
+    if v is None:
+        v = _ONES[key] = xp.ones(n, dtype=dtype)
+    return v
 
 
 def add(a, b, out):
@@ -143,7 +160,7 @@ def gelu_backward(dy, x, t):
 
 
 def relu_forward(x):
-    xp = array_module(x)
+    xp = np if type(x) is _ndarray else array_module(x)
     return xp.maximum(x, 0.0)
 
 

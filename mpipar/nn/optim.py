@@ -18,6 +18,8 @@ import math
 import threading
 from collections import Counter
 
+import numpy as np
+
 from mpipar.backend import array_module
 from mpipar.nn import cpu
 
@@ -37,15 +39,23 @@ class _Scratch:
 
     def __init__(self):
         self._bufs = {}
+        self._views = {}  # (array type, shape, dtype, slot) -> the view handed out for it
 
     def like(self, a, slot: int = 0):
+        # one dict look-up per parameter and step once its view is made (a view of an earlier,
+        # smaller buffer stays valid: each is written before it is read, within one update)
+        vkey = (type(a), a.shape, a.dtype, slot)
+        view = self._views.get(vkey)
+        if view is not None:
+            return view
         xp = array_module(a)
         key = (xp.__name__, a.dtype.str, slot)
         buf = self._bufs.get(key)
         if buf is None or buf.size < a.size:
             buf = xp.empty(a.size, dtype=a.dtype)
             self._bufs[key] = buf
-        return buf[: a.size].reshape(a.shape)
+        view = self._views[vkey] = buf[: a.size].reshape(a.shape)
+        return view
 
 
 class Optimizer:
@@ -161,7 +171,7 @@ class SGD(Optimizer):
         super().__init__(params, lr)
 
     def _update(self, p, state, lr: float) -> None:
-        xp = array_module(p.data)
+        xp = np if type(p.data) is np.ndarray else array_module(p.data)
         g = p.grad
         if self.weight_decay and decays(p):
             g = self._scratch.like(p.data, 0)

@@ -285,6 +285,7 @@ def parse_args(argv=None):
     p.add_argument("--flat", action="store_true", help="dp: one flat all-reduce")
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--profile", default="", help="cProfile the timed steps into PREFIX.rankR.prof")
     return p.parse_args(argv)
 
 
@@ -303,12 +304,23 @@ def main(argv=None):
     loss = 0.0
     for s in range(args.warmup):
         lean.step(*data[s % 4], args.lr)
+    prof = None
+    if args.profile:
+        import cProfile
+
+        prof = cProfile.Profile()
     comm.Barrier()
     t0 = time.perf_counter()
+    if prof:
+        prof.enable()
     for s in range(args.steps):
         loss = lean.step(*data[s % 4], args.lr)
+    if prof:
+        prof.disable()
     comm.Barrier()
     elapsed = time.perf_counter() - t0
+    if prof:
+        prof.dump_stats(f"{args.profile}.rank{comm.Get_rank()}.prof")
     if comm.Get_rank() == 0:
         print(json.dumps({"impl": "lean", "layout": args.layout, "steps": args.steps,
                           "seconds": elapsed, "samples_per_s": args.batch * args.steps / elapsed,
