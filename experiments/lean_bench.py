@@ -101,7 +101,8 @@ def worker(args):
     grid.world_comm.barrier()
     elapsed = time.perf_counter() - t0
     if prof:
-        write_counts(prof, Path(f"{args.profile}.rank{grid.rank}.txt"), args.steps)
+        write_counts(prof, Path(f"{args.profile}.rank{grid.rank}.txt"), args.steps,
+                     actions=len(tr.executor.actions))
         prof.dump_stats(f"{args.profile}.rank{grid.rank}.prof")  # for pstats / snakeviz
     if grid.rank == 0:
         print(json.dumps({"impl": "mpipar", "case": args.case, "steps": args.steps,
@@ -110,7 +111,7 @@ def worker(args):
                           "loss": out["loss"]}), flush=True)
 
 
-def write_counts(prof, path, steps):
+def write_counts(prof, path, steps, actions=0):
     """Calls per step of every function, most called first; the total on the first line.
     ``prof``: a ``cProfile.Profile`` or the path of its dump."""
     import pstats
@@ -121,7 +122,8 @@ def write_counts(prof, path, steps):
     total = sum(n for n, _ in rows)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as fh:
-        fh.write(f"{total:.0f} calls per step ({steps} steps profiled)\n")
+        per_action = f", {actions} actions: {total / actions:.0f} per action" if actions else ""
+        fh.write(f"{total:.0f} calls per step ({steps} steps profiled{per_action})\n")
         for n, name in rows:
             fh.write(f"{n:10.2f}  {name}\n")
 
@@ -218,8 +220,9 @@ def write_h5(path, results, args, impls):
 def profile(args):
     """Call counts per step (cProfile) of mpipar, and of the lean loop where the case has one."""
     out = Path(args.out) / "profile"
-    cases = args.cases.split(",") if args.cases else ["mlp-dp2", "mlp-pp2-gpipe", "gpt-pp2",
-                                                      "gpt-dp2"]
+    cases = args.cases.split(",") if args.cases else [
+        "mlp-1rank", "mlp-dp2", "mlp-pp2-naive", "mlp-pp2-gpipe", "mlp-pp2-1f1b", "gpt-pp2",
+        "gpt-dp2"]
     for case in cases:
         ranks, layout, model, *_ = CASES[case]
         if layout:

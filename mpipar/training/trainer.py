@@ -150,12 +150,13 @@ class Trainer:
         if not self._mem_base:  # after all set-up (resume, rank 0's GEMM peak): the base
             record_setup(tr, self, self.backend)
             self._mem_base = True
-        t0 = tr.now()
         start = time.perf_counter()
+        t0 = start - tr.t0  # tr.now() at the same instant
         loss, norm, lr = self.mode.conclude(self.forward_backward(until))
         self.backend.synchronize()
-        tr.record("STEP", t0, tr.now())
-        tr.record("mem.peak", tr.now(), tr.now(), nbytes=step_peak(self.backend))
+        if tr.enabled:  # untraced, no /proc read for a peak that nothing would record
+            tr.record("STEP", t0, tr.now())
+            tr.record("mem.peak", tr.now(), tr.now(), nbytes=step_peak(self.backend))
         elapsed = time.perf_counter() - start
         tokens = cfg.train.batch_size * (cfg.train.seq_len if cfg.model.kind == "gpt" else 1)
         self.step += 1

@@ -99,6 +99,8 @@ class PipelineExecutor:
             if a.chunk not in chunks:
                 raise ScheduleError(f"rank {pp_rank}: action {a} names chunk {a.chunk}, which "
                                     f"this rank does not hold (it holds {sorted(chunks)})")
+        # each chunk's neighbours' ranks, looked up once rather than per message
+        self._rank_of = {c: schedule.rank_of(c) for c in range(self.n_chunks)}
         self._handlers = {
             "F": self._forward, "B": self._backward, "BW": self._backward, "W": self._weight,
             "SEND_F": self._send_forward, "SEND_B": self._send_backward,
@@ -258,17 +260,17 @@ class PipelineExecutor:
     def _send_forward(self, a, st):
         mb, c = a.mb, a.chunk
         y = st.acts_out.pop((mb, c))
-        st.sends.add(self.comm.isend(y, self.schedule.rank_of(c + 1), tag(ACT, mb % MAX_MB, c + 1),
+        st.sends.add(self.comm.isend(y, self._rank_of[c + 1], tag(ACT, mb % MAX_MB, c + 1),
                                      mb=mb, chunk=c))
 
     def _send_backward(self, a, st):
         mb, c = a.mb, a.chunk
         dx = st.grads_out.pop((mb, c))
-        st.sends.add(self.comm.isend(dx, self.schedule.rank_of(c - 1),
+        st.sends.add(self.comm.isend(dx, self._rank_of[c - 1],
                                      tag(GRAD, mb % MAX_MB, c - 1), mb=mb, chunk=c))
 
     def _receive(self, a, st):
-        arr = st.receives.take(_wire(a))
+        arr = st.receives.take(a if a.mb < MAX_MB else _wire(a))
         (st.acts_in if a.op == "RECV_F" else st.grads_in)[(a.mb, a.chunk)] = arr
 
     def _update(self, a, st):
