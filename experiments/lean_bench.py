@@ -111,33 +111,70 @@ def worker(args):
                           "loss": out["loss"]}), flush=True)
 
 
+# where a call is counted: the first pattern found in its file's path (a built-in or NumPy
+# call counts where its caller is)
+AREAS = (("math", ("/nn/", "numpy", "lean.py", "backend.py")),
+         ("pipeline", ("/pipeline/", "/p2p.py", "/requests.py", "progress.py")),
+         ("grad sync", ("/parallel/data.py", "/shm", "/algorithms.py", "/nonblocking.py",
+                        "/collectives.py", "/windows.py", "/staging.py")),
+         ("step", ("/training/", "/trace.py")))
+
+
+def _area(filename: str) -> str:
+    return next((name for name, keys in AREAS if any(k in filename for k in keys)), "other")
+
+
+def _areas(stats) -> dict:
+    """Calls per area: a function's own calls go to its file's area; a built-in's to its
+    callers' areas, in proportion to their calls."""
+    out = {}
+    for (f, _, _), (_, nc, _, _, callers) in stats.items():
+        if f != "~":
+            out[_area(f)] = out.get(_area(f), 0) + nc
+            continue
+        for (cf, _, _), (_, cnc, *_r) in callers.items():
+            out[_area(cf)] = out.get(_area(cf), 0) + cnc
+    return out
+
+
 def write_counts(prof, path, steps, actions=0):
-    """Calls per step of every function, most called first; the total on the first line.
-    ``prof``: a ``cProfile.Profile`` or the path of its dump."""
+    """Calls per step of every function, most called first; the total and the calls per area
+    (``AREAS``) first. ``prof``: a ``cProfile.Profile`` or the path of its dump."""
     import pstats
 
     stats = pstats.Stats(str(prof) if isinstance(prof, Path) else prof).stats
     rows = sorted(((nc / steps, f"{Path(f).name}:{line} {fn}")
                    for (f, line, fn), (_, nc, *_rest) in stats.items()), reverse=True)
     total = sum(n for n, _ in rows)
+    areas = ", ".join(f"{k} {v / steps:.0f}" for k, v in sorted(_areas(stats).items()))
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as fh:
         per_action = f", {actions} actions: {total / actions:.0f} per action" if actions else ""
         fh.write(f"{total:.0f} calls per step ({steps} steps profiled{per_action})\n")
+        fh.write(f"by area: {areas}\n")
         for n, name in rows:
             fh.write(f"{n:10.2f}  {name}\n")
 
 
 # -- the driver
+def steps_of(case, args) -> int:
+    """Timed steps of one run: ``--steps`` for the small MLP, a fifth of it for the wide one
+    (each step is ~40x the work), ``--gpt-steps`` for the GPT."""
+    model = CASES[case][2]
+    if model == "gpt":
+        return args.gpt_steps
+    return max(1, args.steps // 5) if model == WIDE else args.steps
+
+
 def run_once(impl, case, args, path):
     ranks, layout, model, *_ = CASES[case]
     if impl == "lean":
         cmd = [sys.executable, str(LEAN), "--layout", layout, "--sizes",
-               ",".join(map(str, model)), "--steps", str(args.steps), "--warmup", "5",
+               ",".join(map(str, model)), "--steps", str(steps_of(case, args)), "--warmup", "5",
                "--microbatches", str(CASES[case][4]), "--split", lean_split(case)]
     else:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--case", case,
-               "--steps", str(args.gpt_steps if model == "gpt" else args.steps), "--warmup", "5"]
+               "--steps", str(steps_of(case, args)), "--warmup", "5"]
     env = {**__import__("os").environ, **THREADS, "PYTHONPATH": str(path)}
     res = subprocess.run(["mpiexec", "-n", str(ranks), *cmd], capture_output=True, text=True,
                          env=env, timeout=args.timeout)
