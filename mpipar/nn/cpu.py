@@ -268,12 +268,8 @@ def empty(xp, shape, dtype):
     key = (tuple(shape), dtype.str)
     with _pool_lock:
         bufs = _pool.setdefault(key, [])
-        # least recently handed out first: buffers come back about in the order they went out
-        # (micro-batches retire in order), so the scan usually stops at the first one
-        for i in range(len(bufs)):
-            if sys.getrefcount(bufs[i]) == 2:  # bufs and getrefcount's argument: free
-                buf = bufs.pop(i)
-                bufs.append(buf)
+        for buf in bufs:
+            if sys.getrefcount(buf) == 3:  # bufs, the loop variable, getrefcount's argument
                 return buf
         buf = np.empty(shape, dtype=dtype)
         if len(bufs) < POOL_PER_SHAPE:

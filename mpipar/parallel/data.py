@@ -150,7 +150,7 @@ class GradSync:
             for b in bs:
                 for i in {id(p) for p in b.params}:
                     self._buckets_of.setdefault(i, []).append(b)
-        self._unit_params = {}  # id(unit) -> (unit, its parameters)
+        self._unit_params = {}  # id(unit) -> (unit, its parameters, their ids)
         self._outside = {}  # id(params list) -> (list, its parameters outside every bucket)
 
     # -- ZeRO-1 state
@@ -209,15 +209,15 @@ class GradSync:
             return
         entry = self._unit_params.get(id(unit))
         if entry is None or entry[0] is not unit:
-            entry = self._unit_params[id(unit)] = (unit, unit.params())
-        params = entry[1]
-        sync_partial_grads(params, self.tp)
+            ps = unit.params()
+            entry = self._unit_params[id(unit)] = (unit, ps, [id(p) for p in ps])
+        sync_partial_grads(entry[1], self.tp)
         final = self._final
-        for p in params:
-            if id(p) in final:
+        for i in entry[2]:
+            if i in final:
                 continue
-            final.add(id(p))
-            for b in self._buckets_of.get(id(p), ()):
+            final.add(i)
+            for b in self._buckets_of.get(i, ()):
                 b.waiting -= 1
                 if b.waiting == 0 and self.overlap and not b.launched:
                     self._launch_bucket(b)
@@ -229,8 +229,9 @@ class GradSync:
         if c in self._done:
             return
         self._done.add(c)
-        sync_partial_grads([p for p in self.chunk_params[c] if id(p) not in self._final],
-                           self.tp)
+        if self.tp.size > 1:  # else nothing is partial (sync_partial_grads: no work)
+            sync_partial_grads([p for p in self.chunk_params[c] if id(p) not in self._final],
+                               self.tp)
         if self.overlap:
             self._launch(c)
 
