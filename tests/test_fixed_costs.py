@@ -52,7 +52,7 @@ def test_a_bucket_starts_when_its_last_parameter_is_final():
     # buckets of two parameters (one linear: weight 9 + bias 3 elements, 12 * 8 bytes)
     sync = GradSync({0: params}, comm, backend, TPContext(), bucket_mb=96 / 2**20)
     assert [len(b.params) for b in sync.buckets[0]] == [2, 2, 2]
-    for step in range(2):  # the count-down starts afresh each step
+    for _step in range(2):  # the count-down starts afresh each step
         for p in params:
             p.grad[...] = 1.0
         sync.zero_grads(params)
