@@ -50,6 +50,9 @@ PARALLEL_MIN_ELEMENTS = 1 << 20  # below this an element-wise chain runs on the 
 # slower with two kernel threads than with one (README) while all its products were split
 PARALLEL_MIN_MNK = 1 << 23
 POOL_PER_SHAPE = 64  # at most this many idle-or-busy buffers kept per (shape, dtype)
+# below this many bytes ``empty`` skips the pool: malloc serves such arrays from its heap (no
+# fresh pages to fault in), faster than the pool's look-up, lock and reference counts
+POOL_MIN_BYTES = 1 << 16
 
 _pool: dict = {}
 _pool_lock = threading.Lock()
@@ -225,7 +228,7 @@ def matmul(xp, a, b, out, bias=None, accumulate=False):
     Each output element is the same dot product whatever the split, so the bits do not depend
     on the threads. ``a`` and ``out`` may be strided views (``x.T`` for a weight gradient)."""
     m = a.shape[0]
-    t = kernel_threads() if xp is np else 1
+    t = (_threads or kernel_threads()) if xp is np else 1
     if t <= 1 or m < 2 * t or m * a.shape[1] * b.shape[1] < PARALLEL_MIN_MNK:
         # one product on the calling thread, without the closures (tiny models call this a lot)
         if accumulate:
@@ -259,7 +262,10 @@ def empty(xp, shape, dtype):
     same buffer. CuPy has its own pool."""
     if xp is not np:
         return xp.empty(shape, dtype=dtype)
-    key = (tuple(shape), np.dtype(dtype).str)
+    dtype = np.dtype(dtype)
+    if math.prod(shape) * dtype.itemsize < POOL_MIN_BYTES:
+        return np.empty(shape, dtype=dtype)
+    key = (tuple(shape), dtype.str)
     with _pool_lock:
         bufs = _pool.setdefault(key, [])
         for buf in bufs:

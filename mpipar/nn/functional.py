@@ -32,6 +32,10 @@ def _rows(a):
     return a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
 
 
+# every kernel here answers ``array_module`` inline for NumPy: a small model calls them several
+# times per layer and micro-batch, and a Python call is much of their cost there
+_ndarray = np.ndarray
+
 # ----- linear ---------------------------------------------------------------------------------
 
 def linear_forward(x, w, b=None):
@@ -40,25 +44,25 @@ def linear_forward(x, w, b=None):
     Leading axes are flattened so that BLAS sees one (tokens, in) @ (in, out) product (on the
     CPU one per kernel thread, see ``cpu.matmul``).
     """
-    xp = array_module(x)
-    x2 = _rows(x)
+    xp = np if type(x) is _ndarray else array_module(x)
+    x2 = x if x.ndim == 2 else _rows(x)
     y = cpu.matmul(xp, x2, w, cpu.empty(xp, (x2.shape[0], w.shape[-1]), x2.dtype), bias=b)
-    return y.reshape(*x.shape[:-1], w.shape[-1])
+    return y if x.ndim == 2 else y.reshape(*x.shape[:-1], w.shape[-1])
 
 
 def linear_backward_input(dy, w):
     """dx = dy @ w.T"""
-    xp = array_module(dy)
-    dy2 = _rows(dy)
+    xp = np if type(dy) is _ndarray else array_module(dy)
+    dy2 = dy if dy.ndim == 2 else _rows(dy)
     dx = cpu.matmul(xp, dy2, w.T, cpu.empty(xp, (dy2.shape[0], w.shape[0]), dy2.dtype))
-    return dx.reshape(*dy.shape[:-1], w.shape[0])
+    return dx if dy.ndim == 2 else dx.reshape(*dy.shape[:-1], w.shape[0])
 
 
 def linear_backward_weight(x, dy, dw, db=None):
     """dw += x.T @ dy, db += sum(dy) over all leading axes (accumulating, for micro-batches)."""
-    xp = array_module(dw)
-    x2 = x.reshape(-1, x.shape[-1])
-    dy2 = dy.reshape(-1, dy.shape[-1])
+    xp = np if type(dw) is _ndarray else array_module(dw)
+    x2 = x if x.ndim == 2 else x.reshape(-1, x.shape[-1])
+    dy2 = dy if dy.ndim == 2 else dy.reshape(-1, dy.shape[-1])
     cpu.matmul(xp, x2.T, dy2, dw, accumulate=True)
     if db is not None:
         column_sums(dy2, db)
@@ -71,16 +75,29 @@ def column_sums(a, out, b=None, out_ab=None):
     One thread: a vector-matrix product (ones @ a, 2-4x faster than ``sum(axis=0)``) and an
     ``einsum`` that never forms a * b. These are a fraction of a millisecond, less than what
     handing them to the kernel threads costs (BENCHMARKS.md)."""
-    xp = array_module(a)
-    out += xp.ones(a.shape[0], dtype=a.dtype) @ a
+    xp = np if type(a) is _ndarray else array_module(a)
+    out += _ones(xp, a.shape[0], a.dtype) @ a
     if b is not None:
         out_ab += xp.einsum("ij,ij->j", a, b)
+
+
+_ONES: dict = {}  # (array module, length, dtype) -> a read-only vector of ones
+
+
+def _ones(xp, n, dtype):
+    """A vector of ``n`` ones, made once per (module, length, dtype) and never written: a
+    column sum per linear and micro-batch need not allocate one each time."""
+    key = (xp, n, dtype)
+    v = _ONES.get(key)
+    if v is None:
+        v = _ONES[key] = xp.ones(n, dtype=dtype)
+    return v
 
 
 def add(a, b, out):
     """out = a + b (``b`` may broadcast over the rows of ``a``, or be ``out`` itself for a
     residual's in-place sum), the rows shared among the kernel threads."""
-    xp = array_module(a)
+    xp = np if type(a) is _ndarray else array_module(a)
     if xp is not np or a.size < cpu.PARALLEL_MIN_ELEMENTS:
         return xp.add(a, b, out=out)
     a2, b2, o2 = _rows(a), (_rows(b) if b.shape == a.shape else b), _rows(out)
@@ -94,7 +111,7 @@ def add(a, b, out):
 
 def gelu_forward(x):
     """GELU, tanh approximation. Returns (y, t) where t = tanh(...) is kept for the backward."""
-    xp = array_module(x)
+    xp = np if type(x) is _ndarray else array_module(x)
     x2 = _rows(x)
     y, t = cpu.empty(xp, x2.shape, x2.dtype), cpu.empty(xp, x2.shape, x2.dtype)
 
@@ -120,7 +137,7 @@ def gelu_backward(dy, x, t):
 
     Per block: s = 0.5 c x (1 + 3 a x^2) (t^2 - 1), then g = (0.5 t + 0.5 - s) * dy.
     """
-    xp = array_module(x)
+    xp = np if type(x) is _ndarray else array_module(x)
     x2, t2, dy2 = _rows(x), _rows(t), _rows(dy)
     g = cpu.empty(xp, x2.shape, x2.dtype)
 
@@ -143,7 +160,7 @@ def gelu_backward(dy, x, t):
 
 
 def relu_forward(x):
-    xp = array_module(x)
+    xp = np if type(x) is _ndarray else array_module(x)
     return xp.maximum(x, 0.0)
 
 
@@ -159,7 +176,7 @@ def row_dot(a, b):
     of a few hundred (which pays a loop call per row) and, unlike a BLAS matrix-vector product,
     gives each row the same bits whatever rows it comes with (so blocks and threads change
     nothing)."""
-    xp = array_module(a)
+    xp = np if type(a) is _ndarray else array_module(a)
     if xp is np and hasattr(np, "vecdot"):
         return np.vecdot(a, b)
     return (a * b).sum(axis=-1)
@@ -167,12 +184,12 @@ def row_dot(a, b):
 
 def layernorm_forward(x, gamma, beta, eps=1e-5):
     """Normalise over the last axis. Returns (y, xhat, rstd)."""
-    xp = array_module(x)
+    xp = np if type(x) is _ndarray else array_module(x)
     x2 = _rows(x)
     d = x2.shape[-1]
     y, xhat = cpu.empty(xp, x2.shape, x2.dtype), cpu.empty(xp, x2.shape, x2.dtype)
     rstd = xp.empty((x2.shape[0], 1), dtype=x2.dtype)
-    ones = xp.ones(d, dtype=x2.dtype)
+    ones = _ones(xp, d, x2.dtype)
 
     def block(r):
         xb, hb, yb, rb = x2[r], xhat[r], y[r], rstd[r]
@@ -194,11 +211,11 @@ def layernorm_forward(x, gamma, beta, eps=1e-5):
 
 def layernorm_backward_input(dy, xhat, rstd, gamma):
     """dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma."""
-    xp = array_module(dy)
+    xp = np if type(dy) is _ndarray else array_module(dy)
     dy2, h2, r2 = _rows(dy), _rows(xhat), rstd.reshape(-1, 1)
     d = dy2.shape[-1]
     g = cpu.empty(xp, dy2.shape, dy2.dtype)
-    ones = xp.ones(d, dtype=dy2.dtype)
+    ones = _ones(xp, d, dy2.dtype)
 
     def block(r):
         gb, hb = g[r], h2[r]
@@ -236,7 +253,7 @@ def embedding_backward_weight(ids, dy, dtable):
     so the sums do not depend on the threads) and each id's run summed with ``add.reduceat``,
     columns shared among the kernel threads: 4x faster than ``add.at``, which takes one
     row at a time on one thread."""
-    xp = array_module(dtable)
+    xp = np if type(dtable) is _ndarray else array_module(dtable)
     ids, dy2 = ids.reshape(-1), dy.reshape(-1, dy.shape[-1])
     if xp is not np or ids.size == 0:
         xp.add.at(dtable, ids, dy2)
@@ -258,10 +275,10 @@ def embedding_backward_weight(ids, dy, dtable):
 
 def softmax_lastaxis_(s):
     """Numerically stable softmax over the last axis, in place."""
-    xp = array_module(s)
+    xp = np if type(s) is _ndarray else array_module(s)
     s -= s.max(axis=-1, keepdims=True)
     xp.exp(s, out=s)
-    r = row_dot(s, xp.ones(s.shape[-1], dtype=s.dtype))
+    r = row_dot(s, _ones(xp, s.shape[-1], s.dtype))
     xp.reciprocal(r, out=r)  # one division per row, then a multiply per element
     s *= r[..., None]
     return s
@@ -311,7 +328,7 @@ def attention_forward(q, k, v, mask, out=None):
     the CPU computes only the query tiles' visible keys (``_causal_tiles``); probs is complete
     all the same (zeros above the diagonal).
     """
-    xp = array_module(q)
+    xp = np if type(q) is _ndarray else array_module(q)
     scale = 1.0 / math.sqrt(q.shape[-1])
     s_q, s_k = q.shape[-2], k.shape[-2]
     p = cpu.empty(xp, (*q.shape[:-1], s_k), q.dtype)
@@ -345,7 +362,7 @@ def attention_backward(dout, q, k, v, p, out=None, dq=None, dk=None, dv=None, ma
     ``mask``, if given, is the forward's mask: with the standard causal one the CPU skips the
     upper triangle as the forward does (probs are exactly 0 there, so the result is the same).
     """
-    xp = array_module(dout)
+    xp = np if type(dout) is _ndarray else array_module(dout)
     scale = 1.0 / math.sqrt(q.shape[-1])
     s_q, s_k = p.shape[-2], p.shape[-1]
     dq = xp.empty(q.shape, dtype=q.dtype) if dq is None else dq

@@ -142,22 +142,28 @@ class Linear(Layer):
                   if bias else None)
         self.own_params = [self.w] + ([self.b] if bias else [])
 
-    def _w(self, a):
-        return a.reshape(a.shape[0], -1)  # a view: parameters are contiguous
+    @staticmethod
+    def _w(a):
+        """``a`` as a (d_in, d_out) matrix: itself when it is one (every plain linear, on each
+        call of a small model's hot path), else a view (parameters are contiguous)."""
+        return a if a.ndim == 2 else a.reshape(a.shape[0], -1)
 
     def forward(self, x, mb=0):
         self._ctx[mb] = [x, None]
-        b = None if self.b is None else self.b.data.reshape(-1)
-        return F.linear_forward(x, self._w(self.w.data), b)
+        w = self.w.data
+        return F.linear_forward(x, w if w.ndim == 2 else self._w(w),
+                                None if self.b is None else self.b.data.reshape(-1))
 
     def backward_input(self, dy, mb=0):
         self._ctx[mb][1] = dy
-        return F.linear_backward_input(dy, self._w(self.w.data))
+        w = self.w.data
+        return F.linear_backward_input(dy, w if w.ndim == 2 else self._w(w))
 
     def backward_weight(self, mb=0):
         x, dy = self._ctx.pop(mb)
-        db = None if self.b is None else self.b.grad.reshape(-1)
-        F.linear_backward_weight(x, dy, self._w(self.w.grad), db)
+        g = self.w.grad
+        F.linear_backward_weight(x, dy, g if g.ndim == 2 else self._w(g),
+                                 None if self.b is None else self.b.grad.reshape(-1))
 
 
 class TiedHead(Layer):

@@ -43,6 +43,8 @@ class Bucket:
             off += p.size
         self.request = None
         self.launched = False
+        self.distinct = len({id(p) for p in self.params})
+        self.waiting = self.distinct  # parameters not yet final this step (unit_ready)
 
 
 class FlatShard:
@@ -140,6 +142,16 @@ class GradSync:
         # parameters already final (tp partial sums done) before their chunk is
         self._done = set()
         self._final = set()
+        # id(parameter) -> the buckets holding it, and each unit's parameters, made once:
+        # unit_ready runs per unit and step, and counting down a bucket's waiting parameters
+        # spares it a scan of every bucket's parameters per unit
+        self._buckets_of = {}
+        for bs in self.buckets.values():
+            for b in bs:
+                for i in {id(p) for p in b.params}:
+                    self._buckets_of.setdefault(i, []).append(b)
+        self._unit_params = {}  # id(unit) -> (unit, its parameters, their ids)
+        self._outside = {}  # id(params list) -> (list, its parameters outside every bucket)
 
     # -- ZeRO-1 state
     def _make_shards(self):
@@ -167,12 +179,27 @@ class GradSync:
         return self.shards if self.zero1 else list(params)
 
     # -- the step
+    def zero_grads(self, params) -> None:
+        """Zero the gradients of ``params``: one fill per bucket (every parameter's gradient is
+        a view into one), then any parameter outside the buckets, one by one."""
+        for buckets in self.buckets.values():
+            for b in buckets:
+                b.grad.fill(0)
+        outside = self._outside.get(id(params))
+        if outside is None or outside[0] is not params:
+            held = set(self._buckets_of)
+            outside = self._outside[id(params)] = (params, [p for p in params
+                                                            if id(p) not in held])
+        for p in outside[1]:
+            p.zero_grad()
+
     def start(self) -> None:
         self._done = set()
         self._final = set()
         for buckets in self.buckets.values():
             for b in buckets:
                 b.launched = False
+                b.waiting = b.distinct
 
     def unit_ready(self, c, unit) -> None:
         """The executor's ``on_unit_ready``: during chunk c's last backward, ``unit``'s gradients
@@ -180,14 +207,20 @@ class GradSync:
         (only registered when buckets overlap the backward)."""
         if c in self._done:
             return
-        params = unit.params()
-        sync_partial_grads(params, self.tp)
-        self._final.update(id(p) for p in params)
-        if not self.overlap:
-            return
-        for b in self.buckets[c]:
-            if not b.launched and all(id(p) in self._final for p in b.params):
-                self._launch_bucket(b)
+        entry = self._unit_params.get(id(unit))
+        if entry is None or entry[0] is not unit:
+            ps = unit.params()
+            entry = self._unit_params[id(unit)] = (unit, ps, [id(p) for p in ps])
+        sync_partial_grads(entry[1], self.tp)
+        final = self._final
+        for i in entry[2]:
+            if i in final:
+                continue
+            final.add(i)
+            for b in self._buckets_of.get(i, ()):
+                b.waiting -= 1
+                if b.waiting == 0 and self.overlap and not b.launched:
+                    self._launch_bucket(b)
 
     def chunk_ready(self, c) -> None:
         """The executor's ``on_grads_ready``: chunk c's gradients are final for this step. Sum
@@ -196,8 +229,9 @@ class GradSync:
         if c in self._done:
             return
         self._done.add(c)
-        sync_partial_grads([p for p in self.chunk_params[c] if id(p) not in self._final],
-                           self.tp)
+        if self.tp.size > 1:  # else nothing is partial (sync_partial_grads: no work)
+            sync_partial_grads([p for p in self.chunk_params[c] if id(p) not in self._final],
+                               self.tp)
         if self.overlap:
             self._launch(c)
 

@@ -81,8 +81,7 @@ class Step:
         """This step's micro-batches, gradients zeroed, the dp buckets opened."""
         t = self.t
         xs, ys = self._local_batch(t.step)
-        for p in t.params:
-            p.zero_grad()
+        t.sync.zero_grads(t.params)  # a fill per bucket, not a call per parameter
         t.sync.start()
         return xs, ys
 

@@ -52,6 +52,7 @@ class Trainer:
         chunk_params = {c: ch.params() for c, ch in self.chunks.items()}
         self.sync = GradSync(chunk_params, grid.dp_comm, backend, self.tp, bucket_mb=p.bucket_mb,
                              overlap=p.overlap_grad_sync, zero1=p.zero1)
+        self._norm_params = None  # norm_params, listed at the first step
         self.mode = STEP_CLASSES[run.mode](self)
         self.opt = self.mode.optimizer()
         # gradients ready: the executor calls GradSync directly (PipeDream reduces per update)
@@ -76,8 +77,16 @@ class Trainer:
                 value = comm.allreduce_scalar(value, op="sum")
         return value
 
+    @property
+    def norm_params(self) -> list:
+        """The tensors whose squares make this rank's share of the gradient norm: the same
+        every step (the parameters and ZeRO-1's slices are made once), so listed once."""
+        if self._norm_params is None:
+            self._norm_params = self.sync.norm_params(self.params)
+        return self._norm_params
+
     def grad_norm(self) -> float:
-        sq = grad_norm_sq_local(self.sync.norm_params(self.params))
+        sq = grad_norm_sq_local(self.norm_params)
         if self.sync.zero1:
             sq = self.grid.dp_comm.allreduce_scalar(sq, op="sum")
         return math.sqrt(self._replica_sum(sq))
@@ -99,7 +108,7 @@ class Trainer:
         a small model's step pays per collective, not per byte. Replicas hold the same
         gradients, so only dp rank 0 adds its squares (all do with ZeRO-1: each holds a slice)."""
         g = self.grid
-        sq = float(grad_norm_sq_local(self.sync.norm_params(self.params)))
+        sq = float(grad_norm_sq_local(self.norm_params))
         if not self.sync.zero1 and g.dp_rank != 0:
             sq = 0.0
         both = np.array([sq, self._loss_share(losses)], dtype=np.float64)
@@ -141,12 +150,13 @@ class Trainer:
         if not self._mem_base:  # after all set-up (resume, rank 0's GEMM peak): the base
             record_setup(tr, self, self.backend)
             self._mem_base = True
-        t0 = tr.now()
         start = time.perf_counter()
+        t0 = start - tr.t0  # tr.now() at the same instant
         loss, norm, lr = self.mode.conclude(self.forward_backward(until))
         self.backend.synchronize()
-        tr.record("STEP", t0, tr.now())
-        tr.record("mem.peak", tr.now(), tr.now(), nbytes=step_peak(self.backend))
+        if tr.enabled:  # untraced, no /proc read for a peak that nothing would record
+            tr.record("STEP", t0, tr.now())
+            tr.record("mem.peak", tr.now(), tr.now(), nbytes=step_peak(self.backend))
         elapsed = time.perf_counter() - start
         tokens = cfg.train.batch_size * (cfg.train.seq_len if cfg.model.kind == "gpt" else 1)
         self.step += 1

@@ -44,10 +44,6 @@ class Chunk(Sequential):
         self.last_unit = first_unit + len(units) - 1
 
 
-def _no_clock(kind, mb, chunk):
-    return nullcontext()
-
-
 class StepState:
     """Everything one ``run`` keeps between its actions."""
 
@@ -103,14 +99,17 @@ class PipelineExecutor:
             if a.chunk not in chunks:
                 raise ScheduleError(f"rank {pp_rank}: action {a} names chunk {a.chunk}, which "
                                     f"this rank does not hold (it holds {sorted(chunks)})")
+        # each chunk's neighbours' ranks, looked up once rather than per message
+        self._rank_of = {c: schedule.rank_of(c) for c in range(self.n_chunks)}
         self._handlers = {
             "F": self._forward, "B": self._backward, "BW": self._backward, "W": self._weight,
             "SEND_F": self._send_forward, "SEND_B": self._send_backward,
             "RECV_F": self._receive, "RECV_B": self._receive, "UPDATE": self._update,
         }
         timed = tracer is not None and tracer.enabled
-        # one reused region for all compute actions (they never nest)
-        self._clock = Clock(tracer, schedule.microbatches) if timed else _no_clock
+        # one reused region for all compute actions (they never nest); None untimed: the
+        # handlers then call the compute straight, with no context to enter and leave
+        self._clock = Clock(tracer, schedule.microbatches) if timed else None
 
     # -- one step
     def run(self, inputs, targets, forward_only=False):
@@ -169,9 +168,15 @@ class PipelineExecutor:
         mb, c = a.mb, a.chunk
         chunk = self.chunks[c]
         x = self._chunk_input(st, mb, c)
-        with self._clock("F", mb, c), (st.stash.forward(mb, c, chunk) if st.stash is not None
-                                        else nullcontext()):
+        clock = self._clock
+        if st.stash is not None:
+            with clock("F", mb, c) if clock else nullcontext(), st.stash.forward(mb, c, chunk):
+                y = chunk.forward(x, mb)
+        elif clock is None:
             y = chunk.forward(x, mb)
+        else:
+            with clock("F", mb, c):
+                y = chunk.forward(x, mb)
         if st.forward_only:
             self._forward_only_output(st, chunk, mb, c, y)
             return
@@ -179,12 +184,17 @@ class PipelineExecutor:
             st.saved_inputs[(mb, c)] = x
             chunk.drop(mb)  # keep only the input; rebuilt before the backward
         if c == self.last:
-            with self._clock("LOSS", mb, c):
-                st.losses[mb] = self.model.loss.forward(y, st.targets[mb], mb,
-                                                        scale=st.loss_scale)
-                st.grads_in[(mb, c)] = self.model.loss.backward(mb)
+            if clock is None:
+                self._loss(st, y, mb, c)
+            else:
+                with clock("LOSS", mb, c):
+                    self._loss(st, y, mb, c)
         else:
             st.acts_out[(mb, c)] = y
+
+    def _loss(self, st, y, mb, c):
+        st.losses[mb] = self.model.loss.forward(y, st.targets[mb], mb, scale=st.loss_scale)
+        st.grads_in[(mb, c)] = self.model.loss.backward(mb)
 
     def _forward_only_output(self, st, chunk, mb, c, y):
         """Evaluation: nothing kept for a backward; the last chunk only computes the loss."""
@@ -200,17 +210,26 @@ class PipelineExecutor:
         mb, c = a.mb, a.chunk
         chunk = self.chunks[c]
         dy = self._output_grad(st, mb, c)
-        # asynchronous: backward with the weights this micro-batch saw
-        with st.stash.swapped(mb, c, chunk) if self.asynchronous else nullcontext():
-            if self.recompute:
-                with self._clock("R", mb, c):
-                    chunk.forward(st.saved_inputs.pop((mb, c)), mb)
-            with self._clock("B", mb, c):
-                dx = self._backward_pass(a.op, st, chunk, dy, mb)
+        if self.asynchronous:  # backward with the weights this micro-batch saw
+            with st.stash.swapped(mb, c, chunk):
+                dx = self._timed_backward(a.op, st, chunk, dy, mb)
+        else:
+            dx = self._timed_backward(a.op, st, chunk, dy, mb)
         if a.op == "BW":
             self._weight_done(st, c)
         if c > 0:
             st.grads_out[(mb, c)] = dx
+
+    def _timed_backward(self, op, st, chunk, dy, mb):
+        """Recomputation (R) if any, then the backward (B), each its own region when traced."""
+        clock = self._clock
+        if self.recompute:
+            with clock("R", mb, chunk.index) if clock else nullcontext():
+                chunk.forward(st.saved_inputs.pop((mb, chunk.index)), mb)
+        if clock is None:
+            return self._backward_pass(op, st, chunk, dy, mb)
+        with clock("B", mb, chunk.index):
+            return self._backward_pass(op, st, chunk, dy, mb)
 
     def _backward_pass(self, op, st, chunk, dy, mb):
         if op == "BW" and self._last_weight_pass(st, chunk.index):
@@ -223,29 +242,35 @@ class PipelineExecutor:
     def _weight(self, a, st):
         mb, c = a.mb, a.chunk
         chunk = self.chunks[c]
-        with self._clock("W", mb, c):
-            if self._last_weight_pass(st, c):
-                for unit in reversed(chunk.layers):
-                    unit.backward_weight(mb)
-                    self.on_unit_ready(c, unit)
-            else:
-                chunk.backward_weight(mb)
+        if self._clock is None:
+            self._weight_pass(st, chunk, mb)
+        else:
+            with self._clock("W", mb, c):
+                self._weight_pass(st, chunk, mb)
         self._weight_done(st, c)
+
+    def _weight_pass(self, st, chunk, mb):
+        if self._last_weight_pass(st, chunk.index):
+            for unit in reversed(chunk.layers):
+                unit.backward_weight(mb)
+                self.on_unit_ready(chunk.index, unit)
+        else:
+            chunk.backward_weight(mb)
 
     def _send_forward(self, a, st):
         mb, c = a.mb, a.chunk
         y = st.acts_out.pop((mb, c))
-        st.sends.add(self.comm.isend(y, self.schedule.rank_of(c + 1), tag(ACT, mb % MAX_MB, c + 1),
+        st.sends.add(self.comm.isend(y, self._rank_of[c + 1], tag(ACT, mb % MAX_MB, c + 1),
                                      mb=mb, chunk=c))
 
     def _send_backward(self, a, st):
         mb, c = a.mb, a.chunk
         dx = st.grads_out.pop((mb, c))
-        st.sends.add(self.comm.isend(dx, self.schedule.rank_of(c - 1),
+        st.sends.add(self.comm.isend(dx, self._rank_of[c - 1],
                                      tag(GRAD, mb % MAX_MB, c - 1), mb=mb, chunk=c))
 
     def _receive(self, a, st):
-        arr = st.receives.take(_wire(a))
+        arr = st.receives.take(a if a.mb < MAX_MB else _wire(a))
         (st.acts_in if a.op == "RECV_F" else st.grads_in)[(a.mb, a.chunk)] = arr
 
     def _update(self, a, st):

@@ -1,0 +1,327 @@
+"""mpipar beside the lean NumPy + mpi4py loop (mpipar/mpi/bench/lean.py): samples per second of
+the same MLP on one rank, dp = 2 and pp = 2 (naive, GPipe, 1F1B), with small and 1024-wide
+layers, plus the tiny GPT (experiments/configs/tiny.toml) at pp = 2 and dp = 2.
+
+Each case runs its implementations in interleaved pairs (the order alternates from pair to pair),
+each run its own ``mpiexec``, one BLAS thread per rank; the table gives medians over the pairs
+and the median of the per-pair ratios. ``--checkout DIR`` times the mpipar of another checkout
+(its PYTHONPATH); ``--baseline DIR`` adds a third column, the mpipar of DIR, interleaved with the
+others (before / after a change). The lean loop is run by file path and imports nothing from
+mpipar, so it is the same program whatever checkout is timed.
+
+    python experiments/lean_bench.py [--pairs 5] [--out runs/experiments/lean_bench]
+        [--checkout DIR] [--baseline DIR] [--cases mlp-dp2,gpt-pp2] [--quick]
+
+``--profile`` instead runs each case's mpipar once under cProfile and writes, per rank, the
+function call counts per training step (``OUT/profile/<case>.rank<R>.txt``): the fixed-cost
+budget of BENCHMARKS.md. Writes ``OUT/lean_bench.h5`` (every run) and ``OUT/results.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LEAN = ROOT / "mpipar" / "mpi" / "bench" / "lean.py"
+SMALL = (784, 128, 127, 126, 125, 124, 123, 10)
+WIDE = (784, 1024, 1024, 1024, 1024, 1024, 1024, 10)
+
+# name -> (ranks, lean layout or None (no lean column), model, schedule, microbatches, dp, pp)
+CASES = {
+    "mlp-1rank": (1, "single", SMALL, "1f1b", 4, 1, 1),
+    "mlp-dp2": (2, "dp", SMALL, "1f1b", 4, 2, 1),
+    "mlp-pp2-naive": (2, "naive", SMALL, "naive", 1, 1, 2),
+    "mlp-pp2-gpipe": (2, "gpipe", SMALL, "gpipe", 4, 1, 2),
+    "mlp-pp2-1f1b": (2, "1f1b", SMALL, "1f1b", 4, 1, 2),
+    "wide-1rank": (1, "single", WIDE, "1f1b", 4, 1, 1),
+    "wide-dp2": (2, "dp", WIDE, "1f1b", 4, 2, 1),
+    "wide-pp2-gpipe": (2, "gpipe", WIDE, "gpipe", 4, 1, 2),
+    "wide-pp2-1f1b": (2, "1f1b", WIDE, "1f1b", 4, 1, 2),
+    "gpt-pp2": (2, None, "gpt", "1f1b", 4, 1, 2),
+    "gpt-dp2": (2, None, "gpt", "1f1b", 4, 2, 1),
+}
+THREADS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+# -- the worker: one mpipar run under mpiexec (imports only mpipar: no mpi4py here)
+def mpipar_config(case, steps):
+    from mpipar.config import load_config
+
+    ranks, _, model, sched, m, dp, pp = CASES[case]
+    over = {"parallel.dp": dp, "parallel.pp": pp, "parallel.schedule": sched,
+            "parallel.microbatches": m, "run.trace": False, "run.progress": False,
+            "train.steps": steps, "train.eval_interval": 0}
+    if model == "gpt":
+        return load_config(str(ROOT / "experiments" / "configs" / "tiny.toml"), over)
+    over.update({"model.kind": "mlp", "model.sizes": str(list(model)),
+                 "model.activation": "relu", "model.task": "classification",
+                 "model.init_std": 0.05, "train.dtype": "float32", "train.batch_size": 128,
+                 "train.lr": 0.01, "train.optimizer": "sgd", "train.momentum": 0.0,
+                 "train.weight_decay": 0.0, "train.warmup_steps": 0, "train.grad_clip": 0.0})
+    return load_config(None, over)
+
+
+def worker(args):
+    from mpipar.backend import Backend
+    from mpipar.mpi import ProcessGrid
+    from mpipar.trace import Tracer
+    from mpipar.training import Trainer
+    from mpipar.training.loop import prepare_data
+
+    cfg = mpipar_config(args.case, args.warmup + args.steps)
+    backend = Backend("cpu", cfg.train.dtype)
+    p = cfg.parallel
+    grid = ProcessGrid(p.dp, p.pp, 1, backend=backend)
+    data = prepare_data(cfg, grid) if cfg.model.kind == "gpt" else None
+    tr = Trainer(cfg, grid, Tracer(enabled=args.trace), backend, data)
+    for _ in range(args.warmup):
+        tr.train_step()
+    prof = None
+    if args.profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+    grid.world_comm.barrier()
+    t0 = time.perf_counter()
+    if prof:
+        prof.enable()
+    gc_before = [g["collections"] for g in gc.get_stats()]
+    for _ in range(args.steps):
+        out = tr.train_step()
+    if prof:
+        prof.disable()
+    gc_runs = [g["collections"] - b for g, b in zip(gc.get_stats(), gc_before)]
+    grid.world_comm.barrier()
+    elapsed = time.perf_counter() - t0
+    if prof:
+        write_counts(prof, Path(f"{args.profile}.rank{grid.rank}.txt"), args.steps,
+                     actions=len(tr.executor.actions))
+        prof.dump_stats(f"{args.profile}.rank{grid.rank}.prof")  # for pstats / snakeviz
+    if grid.rank == 0:
+        print(json.dumps({"impl": "mpipar", "case": args.case, "steps": args.steps,
+                          "seconds": elapsed, "gc_collections": gc_runs,
+                          "samples_per_s": cfg.train.batch_size * args.steps / elapsed,
+                          "loss": out["loss"]}), flush=True)
+
+
+# where a call is counted: the first pattern found in its file's path (a built-in or NumPy
+# call counts where its caller is)
+AREAS = (("math", ("/nn/", "numpy", "lean.py", "backend.py")),
+         ("pipeline", ("/pipeline/", "/p2p.py", "/requests.py", "progress.py")),
+         ("grad sync", ("/parallel/data.py", "/shm", "/algorithms.py", "/nonblocking.py",
+                        "/collectives.py", "/windows.py", "/staging.py")),
+         ("step", ("/training/", "/trace.py")))
+
+
+def _area(filename: str) -> str:
+    return next((name for name, keys in AREAS if any(k in filename for k in keys)), "other")
+
+
+def _areas(stats) -> dict:
+    """Calls per area: a function's own calls go to its file's area; a built-in's to its
+    callers' areas, in proportion to their calls."""
+    out = {}
+    for (f, _, _), (_, nc, _, _, callers) in stats.items():
+        if f != "~":
+            out[_area(f)] = out.get(_area(f), 0) + nc
+            continue
+        for (cf, _, _), (_, cnc, *_r) in callers.items():
+            out[_area(cf)] = out.get(_area(cf), 0) + cnc
+    return out
+
+
+def write_counts(prof, path, steps, actions=0):
+    """Calls per step of every function, most called first; the total and the calls per area
+    (``AREAS``) first. ``prof``: a ``cProfile.Profile`` or the path of its dump."""
+    import pstats
+
+    stats = pstats.Stats(str(prof) if isinstance(prof, Path) else prof).stats
+    rows = sorted(((nc / steps, f"{Path(f).name}:{line} {fn}")
+                   for (f, line, fn), (_, nc, *_rest) in stats.items()), reverse=True)
+    total = sum(n for n, _ in rows)
+    areas = ", ".join(f"{k} {v / steps:.0f}" for k, v in sorted(_areas(stats).items()))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        per_action = f", {actions} actions: {total / actions:.0f} per action" if actions else ""
+        fh.write(f"{total:.0f} calls per step ({steps} steps profiled{per_action})\n")
+        fh.write(f"by area: {areas}\n")
+        for n, name in rows:
+            fh.write(f"{n:10.2f}  {name}\n")
+
+
+# -- the driver
+def steps_of(case, args) -> int:
+    """Timed steps of one run: ``--steps`` for the small MLP, a fifth of it for the wide one
+    (each step is ~40x the work), ``--gpt-steps`` for the GPT."""
+    model = CASES[case][2]
+    if model == "gpt":
+        return args.gpt_steps
+    return max(1, args.steps // 5) if model == WIDE else args.steps
+
+
+def run_once(impl, case, args, path):
+    ranks, layout, model, *_ = CASES[case]
+    if impl == "lean":
+        cmd = [sys.executable, str(LEAN), "--layout", layout, "--sizes",
+               ",".join(map(str, model)), "--steps", str(steps_of(case, args)), "--warmup", "5",
+               "--microbatches", str(CASES[case][4]), "--split", lean_split(case)]
+    else:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--case", case,
+               "--steps", str(steps_of(case, args)), "--warmup", "5"]
+    env = {**__import__("os").environ, **THREADS, "PYTHONPATH": str(path)}
+    res = subprocess.run(["mpiexec", "-n", str(ranks), *cmd], capture_output=True, text=True,
+                         env=env, timeout=args.timeout)
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
+    if res.returncode != 0 or not lines:
+        sys.exit(f"{impl} {case} failed (exit {res.returncode}):\n{res.stderr[-2000:]}")
+    return json.loads(lines[-1])["samples_per_s"]
+
+
+def lean_split(case):
+    """The lean pipeline's stage boundaries: mpipar's own partition of the same model."""
+    from mpipar.training.resolved import resolve
+
+    if CASES[case][6] == 1:
+        return ""
+    bounds = resolve(mpipar_config(case, 10)).bounds
+    return ",".join(str(bounds[c][0]) for c in sorted(bounds)) + f",{len(CASES[case][2]) - 1}"
+
+
+def bench(args):
+    cases = args.cases.split(",") if args.cases else list(CASES)
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        sys.exit(f"unknown case(s) {unknown}: choose from {', '.join(CASES)}")
+    impls = {"mpipar": Path(args.checkout or ROOT).resolve()}
+    if args.baseline:
+        impls["baseline"] = Path(args.baseline).resolve()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results, t_start = {}, time.perf_counter()
+    for case in cases:
+        names = (["lean"] if CASES[case][1] else []) + list(impls)
+        runs = {n: [] for n in names}
+        for k in range(args.pairs):
+            order = names if k % 2 == 0 else names[::-1]
+            for n in order:
+                runs[n].append(run_once(n, case, args, impls.get(n, ROOT)))
+        results[case] = runs
+        print(row(case, runs), flush=True)
+    took = time.perf_counter() - t_start
+    text = table(results) + f"\n{args.pairs} interleaved pairs per case, {took:.0f} s\n"
+    print(text)
+    (out / "results.md").write_text(text)
+    write_h5(out / "lean_bench.h5", results, args, impls)
+
+
+def _ratio(runs, a, b):
+    return statistics.median(x / y for x, y in zip(runs[a], runs[b]))
+
+
+def row(case, runs):
+    med = {n: statistics.median(v) for n, v in runs.items()}
+    cells = [f"{med.get(n, float('nan')):,.0f}" if n in med else "-"
+             for n in ("lean", "mpipar", "baseline")]
+    ratios = [f"{_ratio(runs, 'mpipar', b):.2f}" if b in runs else "-"
+              for b in ("lean", "baseline")]
+    return f"| {case} | " + " | ".join(cells + ratios) + " |"
+
+
+def table(results):
+    head = ("| case | lean samples/s | mpipar samples/s | baseline samples/s | mpipar / lean | "
+            "mpipar / baseline |\n|---|---|---|---|---|---|\n")
+    return head + "\n".join(row(c, r) for c, r in results.items())
+
+
+def write_h5(path, results, args, impls):
+    import h5py
+    import numpy as np
+
+    with h5py.File(path, "w") as f:
+        f.attrs["pairs"] = args.pairs
+        f.attrs["steps"] = args.steps
+        f.attrs["impls"] = json.dumps({k: str(v) for k, v in impls.items()})
+        for case, runs in results.items():
+            g = f.create_group(case)
+            for n, v in runs.items():
+                g.create_dataset(n, data=np.asarray(v, dtype=np.float64))
+
+
+def profile(args):
+    """Call counts per step (cProfile) of mpipar, and of the lean loop where the case has one."""
+    out = Path(args.out) / "profile"
+    cases = args.cases.split(",") if args.cases else [
+        "mlp-1rank", "mlp-dp2", "mlp-pp2-naive", "mlp-pp2-gpipe", "mlp-pp2-1f1b", "gpt-pp2",
+        "gpt-dp2"]
+    for case in cases:
+        ranks, layout, model, *_ = CASES[case]
+        if layout:
+            prefix = out / f"{case}.lean"
+            out.mkdir(parents=True, exist_ok=True)
+            cmd = [sys.executable, str(LEAN), "--layout", layout, "--sizes",
+                   ",".join(map(str, model)), "--steps", "20", "--warmup", "3",
+                   "--microbatches", str(CASES[case][4]), "--split", lean_split(case),
+                   "--profile", str(prefix)]
+            subprocess.run(["mpiexec", "-n", str(ranks), *cmd], check=True, capture_output=True,
+                           env={**__import__("os").environ, **THREADS}, timeout=args.timeout)
+            for r in range(ranks):
+                dump = Path(f"{prefix}.rank{r}.prof")
+                write_counts(dump, Path(f"{prefix}.rank{r}.txt"), 20)
+                first = Path(f"{prefix}.rank{r}.txt").read_text().splitlines()[0]
+                print(f"{case} lean rank {r}: {first}")
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--case", case,
+               "--steps", "20", "--warmup", "3", "--profile", str(out / case)]
+        if args.trace:
+            cmd.append("--trace")
+        env = {**__import__("os").environ, **THREADS,
+               "PYTHONPATH": str(Path(args.checkout or ROOT).resolve())}
+        res = subprocess.run(["mpiexec", "-n", str(ranks), *cmd], capture_output=True,
+                             text=True, env=env, timeout=args.timeout)
+        if res.returncode != 0:
+            sys.exit(f"{case} failed:\n{res.stderr[-2000:]}")
+        for r in range(ranks):
+            first = (out / f"{case}.rank{r}.txt").read_text().splitlines()[0]
+            print(f"{case} rank {r}: {first}")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="experiments/lean_bench.py",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--pairs", type=int, default=5)
+    p.add_argument("--steps", type=int, default=200, help="timed steps per MLP run")
+    p.add_argument("--gpt-steps", type=int, default=30, help="timed steps per GPT run")
+    p.add_argument("--cases", default="", help=f"comma-separated, from {', '.join(CASES)}")
+    p.add_argument("--checkout", default="", help="the mpipar checkout to time (default: this)")
+    p.add_argument("--baseline", default="", help="a second checkout, timed alongside")
+    p.add_argument("--out", default=str(ROOT / "runs" / "experiments" / "lean_bench"))
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
+    p.add_argument("--quick", action="store_true", help="1 pair, 10 steps: a smoke test")
+    p.add_argument("--profile", nargs="?", const=True, default=False,
+                   help="cProfile call counts per step instead of timings")
+    p.add_argument("--trace", action="store_true", help="worker/profile: tracing on")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--case", default="", help=argparse.SUPPRESS)
+    p.add_argument("--warmup", type=int, default=5, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        if args.case not in CASES:
+            sys.exit(f"--case {args.case!r}: choose from {', '.join(CASES)}")
+        return worker(args)
+    if str(ROOT) not in sys.path:  # the driver's own imports (lean_split) from this checkout
+        sys.path.insert(0, str(ROOT))
+    if args.quick:
+        args.pairs, args.steps, args.gpt_steps = 1, 10, 3
+    if args.profile:
+        return profile(args)
+    return bench(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,331 @@
+"""The lean reference: an MLP trained with nothing but NumPy and mpi4py, written plainly.
+
+It is the floor a layout costs with only the math and the messages: no tracing, no buffer pools,
+no schedule objects. The MLP is linears ``sizes[0] -> ... -> sizes[-1]`` with ReLU between them
+and softmax cross-entropy on the last, SGD without momentum. Layouts (``LAYOUTS``):
+
+- ``single``: one rank, ``microbatches`` micro-batches, gradients accumulated;
+- ``dp``: every rank takes its contiguous 1/size of the global batch's rows; during the last
+  micro-batch's backward each parameter's gradient starts a non-blocking ``Iallreduce`` as soon
+  as it is final (``flat=True``: one ``Iallreduce`` of one flat gradient buffer at the end);
+- ``naive``, ``gpipe``, ``1f1b``: two or more pipeline stages, rank r holding layers
+  ``split[r]:split[r + 1]``, blocking ``Send`` / ``Recv`` (and ``Sendrecv`` where 1F1B pairs a
+  send with a receive, as Megatron's ``send_forward_recv_backward`` does, so it cannot deadlock
+  on a rendezvous). ``naive`` runs the whole batch as one micro-batch, layer after layer.
+
+Each step ends with one all-reduce of the loss (every rank knows it), and the update. The math
+matches mpipar's MLP (``x @ W + b``, W of shape (d_in, d_out), the loss of a micro-batch scaled
+by 1 / microbatches, the data-parallel gradient averaged): tests/test_lean.py checks in float64
+that both give the same losses and gradients. ``python -m mpipar.mpi.bench.lean`` times it
+(experiments/lean_bench.py runs it beside mpipar).
+
+Lives in the MPI layer because it is the one place allowed to import mpi4py; it imports nothing
+else from mpipar.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+LAYOUTS = ("single", "dp", "naive", "gpipe", "1f1b")
+MLP_SIZES = (784, 128, 127, 126, 125, 124, 123, 10)
+
+
+def init_params(sizes, seed=0, std=0.1, dtype=np.float32):
+    """[(W, b)] per linear: W normal(0, std) of shape (d_in, d_out), b zeros."""
+    rng = np.random.default_rng(seed)
+    return [((rng.standard_normal((a, o)) * std).astype(dtype), np.zeros(o, dtype))
+            for a, o in zip(sizes[:-1], sizes[1:])]
+
+
+class Stage:
+    """Layers ``lo:hi`` of the MLP; ``head``: the last layer is here (no ReLU after it)."""
+
+    def __init__(self, params, head):
+        self.params = params
+        self.grads = [(np.zeros_like(w), np.zeros_like(b)) for w, b in params]
+        self.head = head
+
+    def forward(self, x):
+        """Output and what the backward needs (each layer's input and ReLU output)."""
+        saved = []
+        n = len(self.params)
+        for i, (w, b) in enumerate(self.params):
+            z = x @ w
+            z += b
+            if i < n - 1 or not self.head:
+                np.maximum(z, 0, out=z)
+            saved.append((x, z))
+            x = z
+        return x, saved
+
+    def backward(self, saved, dy, need_dx=True, on_final=None):
+        """Accumulate the weight gradients; return the input gradient. ``on_final(i)``: layer i's
+        gradients are final (called during the last micro-batch's backward)."""
+        n = len(self.params)
+        for i in reversed(range(n)):
+            x, z = saved[i]
+            if i < n - 1 or not self.head:
+                dy = dy * (z > 0)
+            gw, gb = self.grads[i]
+            gw += x.T @ dy
+            gb += dy.sum(axis=0)
+            if on_final is not None:
+                on_final(i)
+            if i > 0 or need_dx:
+                dy = dy @ self.params[i][0].T
+        return dy
+
+    def zero_grad(self):
+        for gw, gb in self.grads:
+            gw.fill(0)
+            gb.fill(0)
+
+    def sgd(self, lr):
+        for (w, b), (gw, gb) in zip(self.params, self.grads):
+            w -= lr * gw
+            b -= lr * gb
+
+
+def cross_entropy(logits, targets, scale):
+    """(mean loss, d(scale * mean loss)/dlogits)."""
+    n = logits.shape[0]
+    e = logits - logits.max(axis=1, keepdims=True)
+    picked = e[np.arange(n), targets]
+    np.exp(e, out=e)
+    s = e.sum(axis=1)
+    loss = float((np.log(s) - picked).mean())
+    e /= s[:, None]
+    e[np.arange(n), targets] -= 1
+    e *= scale / n
+    return loss, e
+
+
+def _chunks(a, m):
+    k = a.shape[0] // m
+    return [a[i * k:(i + 1) * k] for i in range(m)]
+
+
+class Lean:
+    """One rank's part of a lean run. ``params``: the full model [(W, b)] (this rank keeps its
+    layers); ``split``: pipeline layouts, layer boundaries per stage (default: even)."""
+
+    def __init__(self, comm, layout, params, microbatches, split=None, flat=False):
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout {layout!r}: choose one of {LAYOUTS}")
+        self.comm, self.layout, self.flat = comm, layout, flat
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.m = 1 if layout == "naive" else microbatches
+        n = len(params)
+        if layout in ("single", "dp"):
+            split = [0, n]
+            lo, hi = 0, n
+        else:
+            split = list(split) if split else [n * r // self.size for r in range(self.size)] + [n]
+            lo, hi = split[self.rank], split[self.rank + 1]
+        self.split = split
+        self.lo = lo
+        self.stage = Stage(params[lo:hi], head=hi == n)
+        self.dtype = params[0][0].dtype
+        self.widths = [w.shape[0] for w, _ in params] + [params[-1][0].shape[1]]
+
+    def step(self, x, y, lr):
+        """One training step on the global batch (x, y); returns the batch-mean loss."""
+        self.stage.zero_grad()
+        if self.layout == "dp":
+            x, y = _chunks(x, self.size)[self.rank], _chunks(y, self.size)[self.rank]
+        xs, ys = _chunks(x, self.m), _chunks(y, self.m)
+        run = {"single": self._local, "dp": self._dp}.get(self.layout, self._pipeline)
+        loss = run(xs, ys)
+        total = np.array([loss], dtype=np.float64)
+        if self.size > 1:
+            self.comm.Allreduce(np.array([loss], dtype=np.float64), total)
+        self.stage.sgd(lr)
+        return float(total[0]) / (self.size if self.layout == "dp" else 1)
+
+    # -- one rank and data parallel
+    def _local(self, xs, ys, on_final=None):
+        loss = 0.0
+        for k, (x, y) in enumerate(zip(xs, ys)):
+            out, saved = self.stage.forward(x)
+            mb_loss, dy = cross_entropy(out, y, 1.0 / self.m)
+            loss += mb_loss / self.m
+            last = on_final if k == self.m - 1 else None
+            self.stage.backward(saved, dy, need_dx=False, on_final=last)
+        return loss
+
+    def _dp(self, xs, ys):
+        from mpi4py import MPI
+
+        reqs = []
+        if self.flat:
+            loss = self._local(xs, ys)
+            flat = np.concatenate([g.reshape(-1) for pair in self.stage.grads for g in pair])
+            self.comm.Allreduce(MPI.IN_PLACE, flat)
+            off = 0
+            for pair in self.stage.grads:
+                for g in pair:
+                    g[...] = flat[off:off + g.size].reshape(g.shape)
+                    off += g.size
+        else:
+            def start(i):
+                for g in self.stage.grads[i]:
+                    reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, g))
+            loss = self._local(xs, ys, on_final=start)
+            MPI.Request.Waitall(reqs)
+        inv = 1.0 / self.size
+        for gw, gb in self.stage.grads:
+            gw *= inv
+            gb *= inv
+        return loss
+
+    # -- pipeline parallel
+    def _recv(self, peer, shape):
+        buf = np.empty(shape, self.dtype)
+        self.comm.Recv(buf, source=peer, tag=0)
+        return buf
+
+    def _pipeline(self, xs, ys):
+        r, first, last = self.rank, self.rank == 0, self.rank == self.size - 1
+        mb_rows = xs[0].shape[0]
+        in_shape = (mb_rows, self.widths[self.lo])
+        out_shape = (mb_rows, self.widths[self.split[r + 1]])
+        saved, loss = {}, 0.0
+
+        def fwd(k, x=None):
+            nonlocal loss
+            if x is None:
+                x = xs[k] if first else self._recv(r - 1, in_shape)
+            out, saved[k] = self.stage.forward(x)
+            if last:
+                mb_loss, dy = cross_entropy(out, ys[k], 1.0 / self.m)
+                loss += mb_loss / self.m
+                saved[k] = (saved[k], dy)
+                return None
+            saved[k] = (saved[k], None)
+            return out
+
+        def bwd(k, dy=None):
+            s, dy_loss = saved.pop(k)
+            if dy is None:
+                dy = dy_loss if last else self._recv(r + 1, out_shape)
+            return self.stage.backward(s, dy, need_dx=not first)
+
+        if self.layout == "1f1b":
+            self._one_f_one_b(fwd, bwd, in_shape, out_shape)
+            return loss
+        for k in range(self.m):  # naive (m = 1) and GPipe: every forward, then every backward
+            out = fwd(k)
+            if not last:
+                self.comm.Send(out, dest=r + 1, tag=0)
+            if self.layout == "naive":
+                break
+        for k in range(self.m):
+            dx = bwd(k)
+            if not first:
+                self.comm.Send(dx, dest=r - 1, tag=0)
+        return loss
+
+    def _one_f_one_b(self, fwd, bwd, in_shape, out_shape):
+        """Warm-up forwards, steady one forward / one backward, cool-down backwards; a send
+        followed by a receive from the same neighbour is one ``Sendrecv``."""
+        r, first, last = self.rank, self.rank == 0, self.rank == self.size - 1
+        warm = min(self.size - r - 1, self.m)
+        for k in range(warm):
+            self.comm.Send(fwd(k), dest=r + 1, tag=0)
+        x = None if first or warm == self.m else self._recv(r - 1, in_shape)
+        for k in range(self.m - warm):
+            out = fwd(warm + k, x)
+            dy = None
+            if not last:  # send_forward_recv_backward
+                dy = np.empty(out_shape, self.dtype)
+                self.comm.Sendrecv(out, dest=r + 1, sendtag=0, recvbuf=dy, source=r + 1)
+            dx = bwd(k, dy)
+            x = None
+            if not first:  # send_backward_recv_forward (no forward left: a plain send)
+                if k + warm + 1 < self.m:
+                    x = np.empty(in_shape, self.dtype)
+                    self.comm.Sendrecv(dx, dest=r - 1, sendtag=0, recvbuf=x, source=r - 1)
+                else:
+                    self.comm.Send(dx, dest=r - 1, tag=0)
+        for k in range(self.m - warm, self.m):
+            dx = bwd(k)
+            if not first:
+                self.comm.Send(dx, dest=r - 1, tag=0)
+
+    def named_grads(self):
+        """{mpipar parameter name: gradient} of this rank's layers."""
+        out = {}
+        for i, (gw, gb) in enumerate(self.stage.grads):
+            out[f"layers.{self.lo + i}.weight"] = gw
+            out[f"layers.{self.lo + i}.bias"] = gb
+        return out
+
+
+def synthetic_batch(rng, batch, sizes, dtype):
+    """A random batch (inputs, integer classes): the benchmark's data."""
+    x = rng.standard_normal((batch, sizes[0])).astype(dtype)
+    return x, rng.integers(0, sizes[-1], size=batch)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m mpipar.mpi.bench.lean",
+                                description="time the lean NumPy + mpi4py MLP loop")
+    p.add_argument("--layout", choices=LAYOUTS, default="single")
+    p.add_argument("--sizes", default=",".join(map(str, MLP_SIZES)))
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--microbatches", type=int, default=4)
+    p.add_argument("--steps", type=int, default=50, help="timed steps")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    p.add_argument("--split", default="", help="pipeline layer boundaries, e.g. 0,3,7")
+    p.add_argument("--flat", action="store_true", help="dp: one flat all-reduce")
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--profile", default="", help="cProfile the timed steps into PREFIX.rankR.prof")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    from mpi4py import MPI
+
+    args = parse_args(argv)
+    comm = MPI.COMM_WORLD
+    sizes = [int(s) for s in args.sizes.split(",")]
+    dtype = np.dtype(args.dtype)
+    split = [int(s) for s in args.split.split(",")] if args.split else None
+    lean = Lean(comm, args.layout, init_params(sizes, 0, 0.05, dtype), args.microbatches,
+                split=split, flat=args.flat)
+    rng = np.random.default_rng(1)
+    data = [synthetic_batch(rng, args.batch, sizes, dtype) for _ in range(4)]
+    loss = 0.0
+    for s in range(args.warmup):
+        lean.step(*data[s % 4], args.lr)
+    prof = None
+    if args.profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+    comm.Barrier()
+    t0 = time.perf_counter()
+    if prof:
+        prof.enable()
+    for s in range(args.steps):
+        loss = lean.step(*data[s % 4], args.lr)
+    if prof:
+        prof.disable()
+    comm.Barrier()
+    elapsed = time.perf_counter() - t0
+    if prof:
+        prof.dump_stats(f"{args.profile}.rank{comm.Get_rank()}.prof")
+    if comm.Get_rank() == 0:
+        print(json.dumps({"impl": "lean", "layout": args.layout, "steps": args.steps,
+                          "seconds": elapsed, "samples_per_s": args.batch * args.steps / elapsed,
+                          "loss": loss}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
