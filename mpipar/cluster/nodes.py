@@ -5,10 +5,10 @@ that owns the node's UTS, IPC and mount namespaces: it sets the hostname, mounts
 its own on /dev/shm, binds the cluster's hosts file over /etc/hosts and a boot id of its own
 over /proc/sys/kernel/random/boot_id (what tells UCX two processes share a machine), then
 sleeps. No PID namespace: a launcher inside node0 must reach node1's namespaces through
-/proc, and setns into a sibling PID namespace is not allowed. The nodes' veths meet on a bridge inside a namespace of its own
-that has no address and forwards nothing, so no packet can leave the set of namespaces made
-here. `down` finds everything by the state file and by name prefix, so it also cleans up after
-a crash, and it is what a failed `up` calls before it says why.
+/proc, and setns into a sibling PID namespace is not allowed. The nodes' veths meet on a bridge
+inside a namespace of its own that has no address and forwards nothing, so no packet can leave
+the set of namespaces made here. `down` finds everything by the state file and by name prefix,
+so it also cleans up after a crash, and it is what a failed `up` calls before it says why.
 """
 
 from __future__ import annotations
@@ -20,8 +20,16 @@ import subprocess
 import time
 import uuid
 
-from .spec import BRIDGE, NODE_IFACE, ClusterError, ClusterSpec, load, parse_rate, save
-from .spec import tbf_burst_bytes
+from .spec import (
+    BRIDGE,
+    NODE_IFACE,
+    ClusterError,
+    ClusterSpec,
+    load,
+    parse_rate,
+    save,
+    tbf_burst_bytes,
+)
 
 TOOLS = ("ip", "tc", "nsenter", "unshare", "mount", "sh", "sleep", "taskset")
 READY_TIMEOUT_S = 15.0

@@ -1,0 +1,234 @@
+"""The emulated cluster: clean up and down, bad input, MPI across nodes, where the bytes went.
+
+Needs root, iproute2 with `ip netns`, and tc with the tbf qdisc; skips saying which is missing.
+Every cluster made here has a name of its own (this process's id) and is torn down by a
+fixture finaliser, also when a test fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import pytest
+from mpi_util import ONE_THREAD, REPO
+
+from mpipar.cluster import nodes, probe
+from mpipar.cluster.spec import ClusterError, ClusterSpec
+
+pytestmark = [pytest.mark.slow, pytest.mark.mpi]
+NAME = f"t{os.getpid() % 100000}"
+GPT = ["--set", "model.n_layer=4", "--set", "model.n_embd=64", "--set", "model.n_head=4",
+       "--set", "model.block_size=16", "--seq-len", "16", "--batch-size", "8",
+       "--set", "train.eval_interval=0", "--quiet", "--dtype", "float64", "--steps", "4",
+       "--dp", "2", "--pp", "2"]
+
+
+def _skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "the emulated cluster needs root"
+    missing = [t for t in nodes.TOOLS if shutil.which(t, path=os.environ["PATH"] +
+                                                       ":/usr/sbin:/sbin") is None]
+    if missing:
+        return f"missing tools: {', '.join(missing)}"
+    ns = f"{NAME}-probe"
+    try:
+        for argv in (["ip", "netns", "add", ns],
+                     ["tc", "-n", ns, "qdisc", "add", "dev", "lo", "root", "tbf", "rate",
+                      "1gbit", "burst", "131072", "latency", "50ms"]):
+            proc = subprocess.run(argv, capture_output=True, text=True)
+            if proc.returncode != 0:
+                return f"`{' '.join(argv[:4])}` fails here: {proc.stderr.strip()}"
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    return None
+
+
+REASON = _skip_reason()
+if REASON:
+    pytestmark.append(pytest.mark.skip(reason=REASON))
+
+
+def leftovers(name: str) -> list[str]:
+    """Anything of cluster `name` still on the machine: namespaces, links, mounts, processes,
+    state."""
+    found = [f"netns {ns}" for ns in nodes.list_netns() if ns.startswith(f"{name}-")]
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    found += [f"link {line.split(':')[1].strip()}" for line in links.splitlines()
+              if f" {name}-" in line]
+    mounts = Path("/proc/mounts").read_text()
+    found += [f"mount {m}" for m in mounts.splitlines() if f"/{name}-" in m or f"/{name}/" in m]
+    for pid in Path("/proc").iterdir():
+        if pid.name.isdigit():
+            try:
+                cmd = (pid / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if f"/mpipar-cluster/{name}/" in cmd or f"{name}-node" in cmd:
+                found.append(f"process {pid.name}: {cmd[:80]}")
+    if ClusterSpec(name=name).state_dir.exists():
+        found.append("state dir")
+    return found
+
+
+def cli(*args, env=None) -> subprocess.CompletedProcess:
+    full = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "mpipar.cli", "cluster", *args],
+                          capture_output=True, text=True, env=full, timeout=120)
+
+
+@pytest.fixture
+def clean():
+    yield
+    nodes.down(NAME)
+    assert leftovers(NAME) == []
+
+
+def test_up_and_down_ten_times_leave_nothing(clean):
+    for i in range(10):
+        spec = nodes.up(ClusterSpec(name=NAME, nodes=2, link="1gbit", shm_size="16m"))
+        out = subprocess.run(nodes.enter_argv(spec, "node1") + [
+            "sh", "-c", "hostname; stat -f -c %T /dev/shm; cat /proc/sys/kernel/random/boot_id;"
+            " ip route"], capture_output=True, text=True, check=True).stdout.split("\n")
+        assert out[0] == "node1" and out[1] == "tmpfs"
+        assert "default" not in "\n".join(out[3:])  # no route out of the cluster
+        assert leftovers(NAME) != []
+        nodes.down(NAME)
+        assert leftovers(NAME) == [], f"after down #{i + 1}"
+    assert nodes.down(NAME) == []  # idempotent
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--nodes", "9"], "--nodes 9: give 1 to 8 nodes"),
+    (["--nodes", "0"], "--nodes 0"),
+    (["--link", "fast"], "--link 'fast': give a rate as tc writes it"),
+    (["--link", "500gbit"], "between 8kbit and 100gbit"),
+    (["--shm-size", "lots"], "--shm-size 'lots'"),
+    (["--cpus-per-node", "999"], "--cpus-per-node 999"),
+])
+def test_bad_input_is_one_line_and_makes_nothing(clean, args, words):
+    proc = cli("up", "--name", NAME, *args)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mpipar cluster: error:") and words in lines[0]
+    assert leftovers(NAME) == []
+
+
+def test_a_name_in_use_is_refused_and_the_cluster_kept(clean):
+    assert cli("up", "--name", NAME, "--nodes", "2").returncode == 0
+    proc = cli("up", "--name", NAME, "--nodes", "3")
+    assert proc.returncode == 2 and "is already up" in proc.stderr
+    status = cli("status", "--name", NAME)
+    assert status.returncode == 0 and "node1" in status.stdout and "node2" not in status.stdout
+
+
+def test_a_tc_that_refuses_leaves_nothing_half_made(clean, tmp_path):
+    fake = tmp_path / "tc"
+    fake.write_text("#!/bin/sh\necho 'Error: Invalid argument.' >&2\nexit 2\n")
+    fake.chmod(0o755)
+    proc = cli("up", "--name", NAME, "--nodes", "3",
+               env={"PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert proc.returncode == 2
+    assert "tc refused the rate: Error: Invalid argument." in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert leftovers(NAME) == []
+
+
+def test_no_root_and_missing_tools_are_said(clean, monkeypatch):
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv missing")
+    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                           sys.executable, "-m", "mpipar.cli", "cluster", "up", "--name", NAME],
+                          capture_output=True, text=True, env={**os.environ,
+                                                               "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2 and "needs root" in proc.stderr, proc.stderr
+    monkeypatch.setattr(nodes, "TOOLS", nodes.TOOLS + ("no-such-tool",))
+    with pytest.raises(ClusterError, match="missing tools: no-such-tool"):
+        nodes.up(ClusterSpec(name=NAME))
+    assert leftovers(NAME) == []
+
+
+# ----- MPI across two nodes ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tokens):
+    """One 2-node x 2-rank training run (counters around it, UCX's protocol tables on) and the
+    same grid on one node."""
+    tmp = tmp_path_factory.mktemp("cluster")
+    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": str(REPO)}
+    train = [sys.executable, "-m", "mpipar.cli", "train", "--data", tokens, *GPT]
+    one = subprocess.run(["mpiexec", "-n", "4", *train, "--out", str(tmp / "one")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    spec = nodes.up(ClusterSpec(name=NAME, nodes=2, link="1gbit", shm_size="64m"))
+    try:
+        before = probe.counters(spec)
+        two = subprocess.run(nodes.mpiexec_argv(spec, 2, train + ["--out", str(tmp / "two")]),
+                             capture_output=True, text=True, timeout=300,
+                             env={**env, **probe.PROTO_INFO_ENV})
+        after = probe.counters(spec)
+    finally:
+        nodes.down(NAME)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert leftovers(NAME) == []
+    return tmp, probe.delta(before, after), two.stdout + two.stderr  # UCX prints to stdout
+
+
+def losses(run_dir: Path) -> list[float]:
+    return json.loads((run_dir / "metrics.json").read_text())["losses"]
+
+
+def test_two_nodes_train_the_same_losses_as_one_node(runs):
+    tmp, _, _ = runs
+    assert losses(tmp / "two") == losses(tmp / "one")  # float64, bit for bit
+    with h5py.File(tmp / "two" / "trace.h5") as f:
+        hosts = [f[f"ranks/{r}"].attrs["hostname"] for r in range(4)]
+    assert hosts == ["node0", "node0", "node1", "node1"]
+
+
+def dump_bytes(path: Path) -> tuple[int, int]:
+    """(inter-node, intra-node) payload bytes the dump records as sent: point-to-point sends by
+    the peer's host; a collective's contribution by whether its group spans hosts."""
+    inter = intra = 0
+    with h5py.File(path) as f:
+        ranks = {int(r): dict(g.attrs) for r, g in f["ranks"].items()}
+        host = {r: a["hostname"] for r, a in ranks.items()}
+        for r, a in ranks.items():
+            for ev in f[f"ranks/{r}/events"][()]:
+                kind = ev["kind"].decode()
+                if kind.endswith(".send"):
+                    across = host[int(ev["peer"])] != host[r]
+                elif kind.startswith("dp.") and not kind.endswith(".wait"):
+                    group = [q for q, b in ranks.items() if b["pp"] == a["pp"]
+                             and b["tp"] == a["tp"]]
+                    across = len({host[q] for q in group}) > 1
+                else:
+                    continue
+                if across:
+                    inter += int(ev["bytes"])
+                else:
+                    intra += int(ev["bytes"])
+    return inter, intra
+
+
+def test_inter_node_bytes_cross_the_link_and_intra_node_bytes_do_not(runs):
+    tmp, moved, ucx_log = runs
+    inter, intra = dump_bytes(tmp / "two" / "trace.h5")
+    # default order: the dp pairs share a node, the pipeline stages sit on different nodes
+    assert inter > 100_000 and intra > 4 * inter
+    sent = sum(m["tx"] for m in moved.values())
+    # what the link carried: the pipeline's bytes plus headers, start-up and the dump's gather,
+    # and far less than the gradients that stayed inside each node
+    assert inter <= sent <= 2 * inter + 1_000_000, (inter, intra, moved)
+    assert sent < intra / 2
+    assert moved["node0"]["tx"] > 0.25 * sent and moved["node1"]["tx"] > 0.25 * sent
+    used = probe.transports(ucx_log)
+    assert used.get("inter-node") and all(t.startswith("tcp/") for t in used["inter-node"])
+    assert used.get("intra-node") and not any(t.startswith("tcp/") for t in used["intra-node"])
+    print(f"link carried {sent:,} B; dump: {inter:,} B inter-node, {intra:,} B intra-node; "
+          f"transports {used}")
