@@ -31,7 +31,8 @@ from .spec import (
     tbf_burst_bytes,
 )
 
-TOOLS = ("ip", "tc", "nsenter", "unshare", "mount", "sh", "sleep", "taskset")
+TOOLS = ("ip", "tc", "nsenter", "unshare", "mount", "umount", "mountpoint", "sh", "sleep",
+         "taskset")
 READY_TIMEOUT_S = 15.0
 
 
@@ -118,17 +119,26 @@ def _start_holder(spec: ClusterSpec, node: str) -> int:
     d = spec.state_dir
     ready = d / f"{node}.ready"
     (d / f"{node}.boot_id").write_text(str(uuid.uuid4()) + "\n")
+    keep = d / f"{node}.cgroup"  # the host's cgroup tree, held while /sys is replaced
+    keep.mkdir()
+    # As `ip netns exec` does, a sysfs of the node's own network namespace replaces /sys
+    # (/sys/class/net lists the node's interfaces, which UCX reads), but with the host's cgroup
+    # tree moved over, which slurmd needs.
     script = (
         "set -e\n"
         f"hostname {node}\n"
+        f"mount --rbind /sys/fs/cgroup {keep} 2>/dev/null || true\n"
+        "umount -l /sys\n"
+        "mount -t sysfs sysfs /sys\n"
+        f"if mountpoint -q {keep}; then mount --rbind {keep} /sys/fs/cgroup; umount -l {keep}; fi\n"
         f"mount -t tmpfs -o size={spec.shm_size},mode=1777 {spec.name}-shm /dev/shm\n"
         f"mount --bind {d}/hosts /etc/hosts\n"
         f"mount --bind {d}/{node}.boot_id /proc/sys/kernel/random/boot_id\n"
         f"touch {ready}\n"
         "exec sleep infinity\n"
     )
-    argv = ["ip", "netns", "exec", spec.netns(node), "unshare", "--uts", "--ipc", "--mount",
-            "--propagation", "private", "sh", "-c", script]
+    argv = ["unshare", "--uts", "--ipc", "--mount", "--propagation", "private",
+            "nsenter", f"--net=/run/netns/{spec.netns(node)}", "sh", "-c", script]
     if node in spec.cpus:
         argv = ["taskset", "-c", spec.cpus[node]] + argv
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -143,7 +153,7 @@ def _start_holder(spec: ClusterSpec, node: str) -> int:
             raise ClusterError(f"{node}: its namespaces did not start in {READY_TIMEOUT_S} s")
         time.sleep(0.02)
     proc.stderr.close()
-    return proc.pid  # `ip netns exec` became `unshare`, then `sh`, then `sleep`: one process
+    return proc.pid  # `unshare` became `nsenter`, then `sh`, then `sleep`: one process
 
 
 def _write_launcher(spec: ClusterSpec) -> None:
