@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import h5py
@@ -271,3 +273,62 @@ def test_sbatch_on_two_nodes_trains_the_losses_of_mpiexec_on_one(runs, tokens, t
     assert losses(tmp_path / job_id) == losses(runs[0] / "one")
     with h5py.File(tmp_path / job_id / "trace.h5") as f:
         assert {f[f"ranks/{r}"].attrs["hostname"] for r in range(4)} == {"node0", "node1"}
+
+
+# ----- faults across nodes -----------------------------------------------------------------------
+
+WATCHDOG_S = 15
+
+
+@pytest.mark.parametrize("fault", ["node lost", "link down"])
+def test_a_lost_node_or_link_ends_the_job_in_time_and_the_dump_stays_readable(
+        fault, tokens, tmp_path, clean):
+    from mpipar.analysis import load
+
+    spec = nodes.up(ClusterSpec(name=NAME, nodes=2, link="1gbit", shm_size="64m"))
+    out = tmp_path / "run"
+    cmd = nodes.mpiexec_argv(spec, 2, [
+        sys.executable, "-m", "mpipar.cli", "train", "--config", str(TINY), "--data", tokens,
+        *GPT[:-6], "--dp", "2", "--pp", "2", "--steps", "100000", "--set",
+        "run.flush_interval=2", "--set", f"run.watchdog_s={WATCHDOG_S}", "--out", str(out)])
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **ONE_THREAD, "PYTHONPATH": str(REPO)},
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "trace.h5").exists():
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "the run wrote no dump"
+            time.sleep(0.2)
+        time.sleep(1)
+        t0 = time.monotonic()
+        if fault == "node lost":
+            assert nodes.kill_node(spec, "node1")
+        else:
+            nodes.set_link(spec, "node1", up=False)
+        output = proc.communicate(timeout=WATCHDOG_S + 60)[0]
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode != 0
+    assert took < WATCHDOG_S + 10, f"the job took {took:.0f} s to end after the {fault}"
+    if fault == "link down":  # the watchdog of a rank on the other side says where it stood
+        assert "(host node0) failed: no progress" in output, output[-2000:]
+    run = load(out / "trace.h5")
+    assert run.world_size == 4 and not run.complete and len(run.events[0]) > 0
+
+
+def test_multinode_experiment_quick(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "experiments" / "multinode.py"), "--quick",
+                           "--out", str(tmp_path)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **ONE_THREAD})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with h5py.File(tmp_path / "multinode.h5") as f:
+        assert set(f) == {"inside", "link-1gbit"}
+        assert f["link-1gbit"].attrs["hosts"] == "node0,node1"
+        assert f["inside"].attrs["hosts"] == "node0,node0"
+        assert (f["link-1gbit/median_s"][()] > 0).all()
+    assert (tmp_path / "multinode.png").stat().st_size > 0
+    assert leftovers("mnx") == []

@@ -253,3 +253,24 @@ def require(name: str) -> ClusterSpec:
         raise ClusterError(f"cluster {name!r}: node {dead[0]} is gone; `mpipar cluster down "
                            f"--name {name}` and bring it up again")
     return spec
+
+
+def kill_node(spec: ClusterSpec, node: str) -> list[int]:
+    """SIGKILL every process inside `node` at once but its holder: a node lost mid-run."""
+    enter_argv(spec, node)  # names the node or raises
+    out = subprocess.run(["ip", "netns", "pids", spec.netns(node)], capture_output=True,
+                         text=True).stdout
+    victims = [int(p) for p in out.split() if int(p) != spec.holders[node]]
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return victims
+
+
+def set_link(spec: ClusterSpec, node: str, up: bool) -> None:
+    """Bring `node`'s link down (a cable pulled) or up again."""
+    enter_argv(spec, node)
+    _run(["ip", "-n", spec.netns(node), "link", "set", NODE_IFACE, "up" if up else "down"],
+         f"{node} link {'up' if up else 'down'}")

@@ -1,8 +1,9 @@
-"""`mpipar cluster up|down|status|exec|mpiexec`: several nodes on one machine, as namespaces.
+"""`mpipar cluster up|down|status|exec|mpiexec|kill|link`: nodes on one machine, as namespaces.
 
     mpipar cluster up --nodes 2 --link 1gbit [--shm-size 512m] [--cpus-per-node 1]
     mpipar cluster mpiexec --ppn 2 -- mpipar train --config C --dp 2 --pp 2   # ranks over nodes
     mpipar cluster exec node1 -- hostname
+    mpipar cluster kill node1 / mpipar cluster link node1 down|up   # a node lost, a cable pulled
     mpipar cluster status          # nodes, addresses, link, bytes on each node's link
     mpipar cluster down            # removes everything, also after a crash
 """
@@ -31,6 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("exec", help="run a command inside one node")
     p.add_argument("node", help="node0, node1, ...")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND ...")
+    p = sub.add_parser("kill", help="kill every process of one node at once (a node lost)")
+    p.add_argument("node", help="node0, node1, ...")
+    p = sub.add_parser("link", help="bring one node's link down or up (a cable pulled)")
+    p.add_argument("node", help="node0, node1, ...")
+    p.add_argument("state", choices=("up", "down"))
     p = sub.add_parser("mpiexec", help="mpiexec across the nodes (Hydra, the cluster launcher)")
     p.add_argument("--ppn", type=int, default=1, help="ranks per node (default 1)")
     p.add_argument("--hosts", help="comma-separated nodes (default: all)")
@@ -74,6 +80,13 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {node}  {spec.address(node):<12} pid {spec.holders[node]:<8} "
                       f"cpus {spec.cpus.get(node, 'all'):<6} tx {c['tx']:>14,} B  "
                       f"rx {c['rx']:>14,} B")
+            return 0
+        if args.action == "kill":
+            print(f"{args.node}: killed {len(nodes.kill_node(spec, args.node))} processes")
+            return 0
+        if args.action == "link":
+            nodes.set_link(spec, args.node, args.state == "up")
+            print(f"{args.node}: link {args.state}")
             return 0
         if args.action == "exec":
             argv = nodes.enter_argv(spec, args.node) + _command(args.cmd)
