@@ -240,39 +240,91 @@ def test_inter_node_bytes_cross_the_link_and_intra_node_bytes_do_not(runs):
 
 # ----- Slurm with one slurmd per node ------------------------------------------------------------
 
-def test_sbatch_on_two_nodes_trains_the_losses_of_mpiexec_on_one(runs, tokens, tmp_path):
+SLURM_NAME = f"s{os.getpid() % 100000}"
+
+
+@pytest.fixture(scope="module")
+def slurm2():
+    """Slurm over two emulated nodes, shared by the batch tests; everything removed after."""
     from slurm_cluster import ClusterUnavailable
     from slurm_multinode import MultiNodeSlurm
 
-    spec = nodes.up(ClusterSpec(name=NAME, nodes=2, link="1gbit", shm_size="64m"))
+    spec = nodes.up(ClusterSpec(name=SLURM_NAME, nodes=2, link="1gbit", shm_size="64m"))
     slurm = None
     try:
         try:
             slurm = MultiNodeSlurm.start(spec)
         except ClusterUnavailable as exc:
             pytest.skip(f"no Slurm on the emulated nodes: {exc}")
-        env = {"CONFIG": str(TINY), "DP": "2", "PP": "2", "RUN_ROOT": str(tmp_path),
-               "PYTHONPATH": str(REPO), **ONE_THREAD}
-        exports = ",".join(["ALL"] + [f"{k}={v}" for k, v in env.items()])
-        for _attempt in (1, 2):  # the wheel's PMI-2 start-up fault (tests/test_slurm.py)
-            job = slurm.run_client(["sbatch", "--parsable", "--wait", f"--export={exports}",
-                                    "-N", "2", "--ntasks-per-node", "2", "--ntasks", "4",
-                                    f"--output={tmp_path}/slurm-%j.out",
-                                    str(REPO / "slurm" / "train.sbatch"), "--data", tokens, *GPT],
-                                   check=False, timeout=300)
-            job_id = job.stdout.strip().split(";")[0]
-            log = (tmp_path / f"slurm-{job_id}.out").read_text(errors="replace")
-            if job.returncode == 0 or "mpi/pmi2: invalid client request" not in log:
-                break
-        assert job.returncode == 0, log[-3000:]
+        yield slurm
     finally:
         if slurm is not None:
             slurm.stop()
-        nodes.down(NAME)
-    assert leftovers(NAME) == []
-    assert losses(tmp_path / job_id) == losses(runs[0] / "one")
-    with h5py.File(tmp_path / job_id / "trace.h5") as f:
+        nodes.down(SLURM_NAME)
+        assert leftovers(SLURM_NAME) == []
+
+
+def sbatch(slurm, root: Path, env: dict, *args) -> str:
+    """Submit slurm/train.sbatch on 2 nodes x 2 tasks (inside node0); returns the job id."""
+    env = {"CONFIG": str(TINY), "DP": "2", "PP": "2", "RUN_ROOT": str(root),
+           "PYTHONPATH": str(REPO), **ONE_THREAD, **env}
+    exports = ",".join(["ALL"] + [f"{k}={v}" for k, v in env.items()])
+    job = slurm.run_client(["sbatch", "--parsable", f"--export={exports}", "-N", "2",
+                            "--ntasks-per-node", "2", "--ntasks", "4",
+                            f"--output={root}/slurm-%j.out",
+                            str(REPO / "slurm" / "train.sbatch"), *map(str, args)])
+    return job.stdout.strip().split(";")[0]
+
+
+def wait_gone(slurm, job: str, timeout: float = 300) -> None:
+    """Wait until the job has left the queue (requeued incarnations included)."""
+    deadline = time.monotonic() + timeout
+    while slurm.run_client(["squeue", "-h", "-j", job, "-o", "%T"], check=False).stdout.strip():
+        assert time.monotonic() < deadline, f"job {job} still queued after {timeout:.0f} s"
+        time.sleep(0.5)
+
+
+def test_sbatch_on_two_nodes_trains_the_losses_of_mpiexec_on_one(runs, slurm2, tokens,
+                                                                  tmp_path):
+    for _attempt in (1, 2):  # the wheel's PMI-2 start-up fault (tests/test_slurm.py)
+        job = sbatch(slurm2, tmp_path, {}, "--data", tokens, *GPT)
+        wait_gone(slurm2, job)
+        log = (tmp_path / f"slurm-{job}.out").read_text(errors="replace")
+        if "mpi/pmi2: invalid client request" not in log:
+            break
+    assert "finished with exit code 0" in log, log[-3000:]
+    assert losses(tmp_path / job) == losses(runs[0] / "one")
+    with h5py.File(tmp_path / job / "trace.h5") as f:
         assert {f[f"ranks/{r}"].attrs["hostname"] for r in range(4)} == {"node0", "node1"}
+
+
+def test_a_preempted_two_node_job_requeues_and_resumes_exactly(slurm2, tokens, tmp_path):
+    """USR1 to the batch shell, as in tests/test_slurm.py, on a 2 x 2 job: every rank stops
+    with a checkpoint, the job requeues itself and resumes to the losses of an uninterrupted
+    run, bitwise in float64. Hydra inside the allocation (it starts node1's proxy by srun)."""
+    steps = 60  # the signal comes after step 2's flush; the stop one step later
+    args = ["--data", tokens, *GPT[:-6], "--set", "model.n_embd=16", "--steps", steps,
+            "--set", "run.flush_interval=2"]
+    job = sbatch(slurm2, tmp_path, {"LAUNCHER": "mpiexec"}, *args)
+    run_dir, log_path = tmp_path / job, tmp_path / f"slurm-{job}.out"
+    deadline = time.monotonic() + 300
+    while not (run_dir / "trace.h5").exists():
+        assert time.monotonic() < deadline, "the job never flushed its dump"
+        time.sleep(0.1)
+    slurm2.run_client(["scancel", "--signal=USR1", "--batch", job])
+    wait_gone(slurm2, job)
+    log = log_path.read_text(errors="replace")
+    assert "finished with exit code 75" in log and "requeueing it" in log, log[-3000:]
+    assert f"resumed from {run_dir}" in log and log.rstrip().endswith("exit code 0"), log[-3000:]
+    stopped = int(log.split("stopped after step ")[1].split(",")[0])
+    assert 2 <= stopped < steps
+    ref = tmp_path / "one"
+    subprocess.run(["mpiexec", "-n", "4", sys.executable, "-m", "mpipar.cli", "train",
+                    "--config", str(TINY), *map(str, args), "--dp", "2", "--pp", "2",
+                    "--out", str(ref)], check=True, capture_output=True, timeout=300,
+                   env={**os.environ, **ONE_THREAD, "PYTHONPATH": str(REPO)})
+    whole = json.loads((ref / "metrics.json").read_text())
+    assert losses(run_dir) == whole["losses"][stopped:]  # float64, bitwise
 
 
 # ----- faults across nodes -----------------------------------------------------------------------
