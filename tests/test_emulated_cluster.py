@@ -302,7 +302,7 @@ def test_a_preempted_two_node_job_requeues_and_resumes_exactly(slurm2, tokens, t
     """USR1 to the batch shell, as in tests/test_slurm.py, on a 2 x 2 job: every rank stops
     with a checkpoint, the job requeues itself and resumes to the losses of an uninterrupted
     run, bitwise in float64. Hydra inside the allocation (it starts node1's proxy by srun)."""
-    steps = 60  # the signal comes after step 2's flush; the stop one step later
+    steps = 30  # the signal comes after step 2's flush; the stop a step or two later
     args = ["--data", tokens, *GPT[:-6], "--set", "model.n_embd=16", "--steps", steps,
             "--set", "run.flush_interval=2"]
     job = sbatch(slurm2, tmp_path, {"LAUNCHER": "mpiexec"}, *args)
