@@ -79,6 +79,25 @@ def leftovers(name: str) -> list[str]:
     return found
 
 
+def netns_inodes(name: str) -> set[str]:
+    """The kernel's ids of cluster `name`'s network namespaces ("net:[4026532...]")."""
+    return {f"net:[{os.stat(f'/run/netns/{ns}').st_ino}]" for ns in nodes.list_netns()
+            if ns.startswith(f"{name}-")}
+
+
+def processes_in(inodes: set[str]) -> list[int]:
+    """Live processes (zombies excepted) inside any of these network namespaces."""
+    found = []
+    for pid in Path("/proc").iterdir():
+        try:
+            if pid.name.isdigit() and os.readlink(pid / "ns" / "net") in inodes:
+                if (pid / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    found.append(int(pid.name))
+        except OSError:
+            continue
+    return found
+
+
 def cli(*args, env=None) -> subprocess.CompletedProcess:
     full = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run([sys.executable, "-m", "mpipar.cli", "cluster", *args],
@@ -88,8 +107,9 @@ def cli(*args, env=None) -> subprocess.CompletedProcess:
 @pytest.fixture
 def clean():
     yield
+    inodes = netns_inodes(NAME)
     nodes.down(NAME)
-    assert leftovers(NAME) == []
+    assert leftovers(NAME) == [] and processes_in(inodes) == []
 
 
 def test_up_and_down_ten_times_leave_nothing(clean):
@@ -101,8 +121,11 @@ def test_up_and_down_ten_times_leave_nothing(clean):
         assert out[0] == "node1" and out[1] == "tmpfs"
         assert "default" not in "\n".join(out[3:])  # no route out of the cluster
         assert leftovers(NAME) != []
+        inodes = netns_inodes(NAME)
+        assert len(inodes) == 3 and len(processes_in(inodes)) >= 2  # the two holders
         nodes.down(NAME)
         assert leftovers(NAME) == [], f"after down #{i + 1}"
+        assert processes_in(inodes) == [], f"after down #{i + 1}"
     assert nodes.down(NAME) == []  # idempotent
 
 
