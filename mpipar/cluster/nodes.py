@@ -3,11 +3,12 @@
 Each node is a network namespace (`ip netns`, named `<cluster>-nodeK`) plus one holder process
 that owns the node's UTS, IPC and mount namespaces: it sets the hostname, mounts a tmpfs of
 its own on /dev/shm, binds the cluster's hosts file over /etc/hosts and a boot id of its own
-over /proc/sys/kernel/random/boot_id (what tells UCX two processes share a machine), then
-sleeps. No PID namespace: a launcher inside node0 must reach node1's namespaces through
-/proc, and setns into a sibling PID namespace is not allowed. The nodes' veths meet on a bridge
-inside a namespace of its own that has no address and forwards nothing, so no packet can leave
-the set of namespaces made here. `down` finds everything by the state file and by name prefix,
+over /proc/sys/kernel/random/boot_id (as separate machines have; the hostname alone already
+makes UCX treat the nodes as separate machines, see __init__), then sleeps. No PID namespace:
+a launcher inside node0 must reach node1's namespaces through /proc, and setns into a sibling
+PID namespace is not allowed. The nodes' veths meet on a bridge inside a namespace of its own
+that has no address and forwards nothing, so no packet can leave the set of namespaces made
+here. `down` finds everything by the state file and by name prefix,
 so it also cleans up after a crash, and it is what a failed `up` calls before it says why.
 """
 
