@@ -69,6 +69,17 @@ def test_up_and_down_ten_times_leave_nothing(clean):
     assert nodes.down(NAME) == []  # idempotent
 
 
+def test_down_after_a_crash_finds_everything_by_its_name(clean):
+    """The state file lost (a crash between making and recording): the prefix scan still
+    finds the namespaces and the processes inside them."""
+    nodes.up(ClusterSpec(name=NAME, nodes=3, link="200mbit", shm_size="16m"))
+    inodes = netns_inodes(NAME)
+    ClusterSpec(name=NAME).state_dir.joinpath("state.json").unlink()
+    assert "is already up" in cli("up", "--name", NAME).stderr  # found by the prefix
+    nodes.down(NAME)
+    assert leftovers(NAME) == [] and processes_in(inodes) == []
+
+
 @pytest.mark.parametrize("args, words", [
     (["--nodes", "9"], "--nodes 9: give 1 to 8 nodes"),
     (["--nodes", "0"], "--nodes 0"),
