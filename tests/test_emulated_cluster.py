@@ -238,15 +238,16 @@ def slurm2():
         assert leftovers(SLURM_NAME) == []
 
 
-def sbatch(slurm, root: Path, env: dict, *args) -> str:
-    """Submit slurm/train.sbatch on 2 nodes x 2 tasks (inside node0); returns the job id."""
+def sbatch(slurm, root: Path, env: dict, *args, script: str = "train.sbatch",
+           flags: tuple = ()) -> str:
+    """Submit a checked-in script on 2 nodes x 2 tasks (inside node0); returns the job id."""
     env = {"CONFIG": str(TINY), "DP": "2", "PP": "2", "RUN_ROOT": str(root),
            "PYTHONPATH": str(REPO), **ONE_THREAD, **env}
     exports = ",".join(["ALL"] + [f"{k}={v}" for k, v in env.items()])
     job = slurm.run_client(["sbatch", "--parsable", f"--export={exports}", "-N", "2",
                             "--ntasks-per-node", "2", "--ntasks", "4",
-                            f"--output={root}/slurm-%j.out",
-                            str(REPO / "slurm" / "train.sbatch"), *map(str, args)])
+                            f"--output={root}/slurm-%j.out", *flags,
+                            str(REPO / "slurm" / script), *map(str, args)])
     return job.stdout.strip().split(";")[0]
 
 
@@ -270,6 +271,24 @@ def test_sbatch_on_two_nodes_trains_the_losses_of_mpiexec_on_one(runs, slurm2, t
     assert losses(tmp_path / job) == losses(runs[0] / "one")
     with h5py.File(tmp_path / job / "trace.h5") as f:
         assert {f[f"ranks/{r}"].attrs["hostname"] for r in range(4)} == {"node0", "node1"}
+
+
+def test_a_sweep_array_runs_every_grid_across_both_nodes(slurm2, tokens, tmp_path):
+    sweep = tmp_path / "grids.txt"
+    sweep.write_text("dp=2 pp=2\ndp=4 pp=1 microbatches=2\n")
+    job = sbatch(slurm2, tmp_path, {"LAUNCHER": "mpiexec", "SWEEP_FILE": str(sweep)},
+                 "--data", tokens, *GPT[:-6], "--steps", 2, script="sweep.sbatch",
+                 flags=("--array=0-1", "--output", f"{tmp_path}/slurm-%A_%a.out"))
+    wait_gone(slurm2, job)
+    for task, grid in ((0, (2, 2)), (1, (4, 1))):
+        run_dir = tmp_path / f"{job}_{task}"
+        log = (tmp_path / f"slurm-{job}_{task}.out").read_text(errors="replace")
+        assert "finished with exit code 0" in log, log[-3000:]
+        assert json.loads((run_dir / "metrics.json").read_text())["steps"] == 2
+        with h5py.File(run_dir / "trace.h5") as f:
+            ranks = [dict(f[f"ranks/{r}"].attrs) for r in range(4)]
+        assert (max(a["dp"] for a in ranks) + 1, max(a["pp"] for a in ranks) + 1) == grid
+        assert [a["hostname"] for a in ranks] == ["node0", "node0", "node1", "node1"]
 
 
 def test_a_preempted_two_node_job_requeues_and_resumes_exactly(slurm2, tokens, tmp_path):
