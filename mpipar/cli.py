@@ -20,6 +20,7 @@ COMMANDS = {
     "slurm": "slurm",
     "bench": "bench",
     "plan": "plan",
+    "cluster": "cluster",
 }
 
 

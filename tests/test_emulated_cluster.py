@@ -1,0 +1,379 @@
+"""The emulated cluster: clean up and down, bad input, MPI across nodes, where the bytes went.
+
+Needs root, iproute2 with `ip netns`, and tc with the tbf qdisc; skips saying which is missing.
+Every cluster made here has a name of its own (this process's id) and is torn down by a
+fixture finaliser, also when a test fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import pytest
+from emulated_util import leftovers, netns_inodes, processes_in, skip_reason
+from mpi_util import ONE_THREAD, REPO
+
+from mpipar.cluster import nodes, probe
+from mpipar.cluster.spec import ClusterError, ClusterSpec
+
+pytestmark = [pytest.mark.slow, pytest.mark.mpi]
+NAME = f"t{os.getpid() % 100000}"
+TINY = REPO / "experiments" / "configs" / "tiny.toml"
+GPT = ["--set", "model.n_layer=4", "--set", "model.n_embd=64", "--set", "model.n_head=4",
+       "--set", "model.block_size=16", "--seq-len", "16", "--batch-size", "8",
+       "--set", "train.eval_interval=0", "--quiet", "--dtype", "float64", "--steps", "4",
+       "--dp", "2", "--pp", "2"]
+
+
+REASON = skip_reason(NAME)
+if REASON:
+    pytestmark.append(pytest.mark.skip(reason=REASON))
+
+
+def cli(*args, env=None) -> subprocess.CompletedProcess:
+    full = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "mpipar.cli", "cluster", *args],
+                          capture_output=True, text=True, env=full, timeout=120)
+
+
+@pytest.fixture
+def clean():
+    yield
+    inodes = netns_inodes(NAME)
+    nodes.down(NAME)
+    assert leftovers(NAME) == [] and processes_in(inodes) == []
+
+
+def test_up_and_down_ten_times_leave_nothing(clean):
+    for i in range(10):
+        spec = nodes.up(ClusterSpec(name=NAME, nodes=2, link="1gbit", shm_size="16m"))
+        out = subprocess.run(nodes.enter_argv(spec, "node1") + [
+            "sh", "-c", "hostname; stat -f -c %T /dev/shm; cat /proc/sys/kernel/random/boot_id;"
+            " ip route"], capture_output=True, text=True, check=True).stdout.split("\n")
+        assert out[0] == "node1" and out[1] == "tmpfs"
+        assert "default" not in "\n".join(out[3:])  # no route out of the cluster
+        assert leftovers(NAME) != []
+        inodes = netns_inodes(NAME)
+        assert len(inodes) == 3 and len(processes_in(inodes)) >= 2  # the two holders
+        nodes.down(NAME)
+        assert leftovers(NAME) == [], f"after down #{i + 1}"
+        assert processes_in(inodes) == [], f"after down #{i + 1}"
+    assert nodes.down(NAME) == []  # idempotent
+
+
+def test_down_after_a_crash_finds_everything_by_its_name(clean):
+    """The state file lost (a crash between making and recording): the prefix scan still
+    finds the namespaces and the processes inside them."""
+    nodes.up(ClusterSpec(name=NAME, nodes=3, link="200mbit", shm_size="16m"))
+    inodes = netns_inodes(NAME)
+    ClusterSpec(name=NAME).state_dir.joinpath("state.json").unlink()
+    assert "is already up" in cli("up", "--name", NAME).stderr  # found by the prefix
+    nodes.down(NAME)
+    assert leftovers(NAME) == [] and processes_in(inodes) == []
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--nodes", "9"], "--nodes 9: give 1 to 8 nodes"),
+    (["--nodes", "0"], "--nodes 0"),
+    (["--link", "fast"], "--link 'fast': give a rate as tc writes it"),
+    (["--link", "500gbit"], "between 8kbit and 100gbit"),
+    (["--shm-size", "lots"], "--shm-size 'lots'"),
+    (["--cpus-per-node", "999"], "--cpus-per-node 999"),
+])
+def test_bad_input_is_one_line_and_makes_nothing(clean, args, words):
+    proc = cli("up", "--name", NAME, *args)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mpipar cluster: error:") and words in lines[0]
+    assert leftovers(NAME) == []
+
+
+def test_a_name_in_use_is_refused_and_the_cluster_kept(clean):
+    assert cli("up", "--name", NAME, "--nodes", "2").returncode == 0
+    proc = cli("up", "--name", NAME, "--nodes", "3")
+    assert proc.returncode == 2 and "is already up" in proc.stderr
+    status = cli("status", "--name", NAME)
+    assert status.returncode == 0 and "node1" in status.stdout and "node2" not in status.stdout
+
+
+def test_a_tc_that_refuses_leaves_nothing_half_made(clean, tmp_path):
+    fake = tmp_path / "tc"
+    fake.write_text("#!/bin/sh\necho 'Error: Invalid argument.' >&2\nexit 2\n")
+    fake.chmod(0o755)
+    proc = cli("up", "--name", NAME, "--nodes", "3",
+               env={"PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert proc.returncode == 2
+    assert "tc refused the rate: Error: Invalid argument." in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert leftovers(NAME) == []
+
+
+def test_no_root_and_missing_tools_are_said(clean, monkeypatch):
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv missing")
+    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                           sys.executable, "-m", "mpipar.cli", "cluster", "up", "--name", NAME],
+                          capture_output=True, text=True, env={**os.environ,
+                                                               "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2 and "needs root" in proc.stderr, proc.stderr
+    monkeypatch.setattr(nodes, "TOOLS", nodes.TOOLS + ("no-such-tool",))
+    with pytest.raises(ClusterError, match="missing tools: no-such-tool"):
+        nodes.up(ClusterSpec(name=NAME))
+    assert leftovers(NAME) == []
+
+
+# ----- MPI across two nodes ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tokens):
+    """One 2-node x 2-rank training run (counters around it, UCX's protocol tables on) and the
+    same grid on one node."""
+    tmp = tmp_path_factory.mktemp("cluster")
+    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": str(REPO)}
+    train = [sys.executable, "-m", "mpipar.cli", "train", "--config", TINY, "--data", tokens,
+             *GPT]
+    one = subprocess.run(["mpiexec", "-n", "4", *train, "--out", str(tmp / "one")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    spec = nodes.up(ClusterSpec(name=NAME, nodes=2, link="1gbit", shm_size="64m"))
+    try:
+        before = probe.counters(spec)
+        two = subprocess.run(nodes.mpiexec_argv(spec, 2, train + ["--out", str(tmp / "two")]),
+                             capture_output=True, text=True, timeout=300,
+                             env={**env, **probe.PROTO_INFO_ENV})
+        after = probe.counters(spec)
+    finally:
+        nodes.down(NAME)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert leftovers(NAME) == []
+    return tmp, probe.delta(before, after), two.stdout + two.stderr  # UCX prints to stdout
+
+
+def losses(run_dir: Path) -> list[float]:
+    return json.loads((run_dir / "metrics.json").read_text())["losses"]
+
+
+def test_two_nodes_train_the_same_losses_as_one_node(runs):
+    tmp, _, _ = runs
+    assert losses(tmp / "two") == losses(tmp / "one")  # float64, bit for bit
+    with h5py.File(tmp / "two" / "trace.h5") as f:
+        hosts = [f[f"ranks/{r}"].attrs["hostname"] for r in range(4)]
+    assert hosts == ["node0", "node0", "node1", "node1"]
+
+
+def dump_bytes(path: Path) -> tuple[int, int]:
+    """(inter-node, intra-node) payload bytes the dump records as sent: point-to-point sends by
+    the peer's host; a collective's contribution by whether its group spans hosts."""
+    inter = intra = 0
+    with h5py.File(path) as f:
+        ranks = {int(r): dict(g.attrs) for r, g in f["ranks"].items()}
+        host = {r: a["hostname"] for r, a in ranks.items()}
+        for r, a in ranks.items():
+            for ev in f[f"ranks/{r}/events"][()]:
+                kind = ev["kind"].decode()
+                if kind.endswith(".send"):
+                    across = host[int(ev["peer"])] != host[r]
+                elif kind.startswith("dp.") and not kind.endswith(".wait"):
+                    group = [q for q, b in ranks.items() if b["pp"] == a["pp"]
+                             and b["tp"] == a["tp"]]
+                    across = len({host[q] for q in group}) > 1
+                else:
+                    continue
+                if across:
+                    inter += int(ev["bytes"])
+                else:
+                    intra += int(ev["bytes"])
+    return inter, intra
+
+
+def test_inter_node_bytes_cross_the_link_and_intra_node_bytes_do_not(runs):
+    tmp, moved, ucx_log = runs
+    inter, intra = dump_bytes(tmp / "two" / "trace.h5")
+    # default order: the dp pairs share a node, the pipeline stages sit on different nodes
+    assert inter > 100_000 and intra > 4 * inter
+    sent = sum(m["tx"] for m in moved.values())
+    # what the link carried: the pipeline's bytes plus headers, start-up and the dump's gather,
+    # and far less than the gradients that stayed inside each node
+    assert inter <= sent <= 2 * inter + 1_000_000, (inter, intra, moved)
+    assert sent < intra / 2
+    assert moved["node0"]["tx"] > 0.25 * sent and moved["node1"]["tx"] > 0.25 * sent
+    used = probe.transports(ucx_log)
+    assert used.get("inter-node") and all(t.startswith("tcp/") for t in used["inter-node"])
+    assert used.get("intra-node") and not any(t.startswith("tcp/") for t in used["intra-node"])
+    print(f"link carried {sent:,} B; dump: {inter:,} B inter-node, {intra:,} B intra-node; "
+          f"transports {used}")
+
+
+# ----- Slurm with one slurmd per node ------------------------------------------------------------
+
+SLURM_NAME = f"s{os.getpid() % 100000}"
+
+
+@pytest.fixture(scope="module")
+def slurm2():
+    """Slurm over two emulated nodes, shared by the batch tests; everything removed after."""
+    from slurm_cluster import ClusterUnavailable
+    from slurm_multinode import MultiNodeSlurm
+
+    spec = nodes.up(ClusterSpec(name=SLURM_NAME, nodes=2, link="1gbit", shm_size="64m"))
+    slurm = None
+    try:
+        try:
+            slurm = MultiNodeSlurm.start(spec)
+        except ClusterUnavailable as exc:
+            pytest.skip(f"no Slurm on the emulated nodes: {exc}")
+        yield slurm
+    finally:
+        if slurm is not None:
+            slurm.stop()
+        nodes.down(SLURM_NAME)
+        assert leftovers(SLURM_NAME) == []
+
+
+def sbatch(slurm, root: Path, env: dict, *args, script: str = "train.sbatch",
+           flags: tuple = ()) -> str:
+    """Submit a checked-in script on 2 nodes x 2 tasks (inside node0); returns the job id."""
+    env = {"CONFIG": str(TINY), "DP": "2", "PP": "2", "RUN_ROOT": str(root),
+           "PYTHONPATH": str(REPO), **ONE_THREAD, **env}
+    exports = ",".join(["ALL"] + [f"{k}={v}" for k, v in env.items()])
+    job = slurm.run_client(["sbatch", "--parsable", f"--export={exports}", "-N", "2",
+                            "--ntasks-per-node", "2", "--ntasks", "4",
+                            f"--output={root}/slurm-%j.out", *flags,
+                            str(REPO / "slurm" / script), *map(str, args)])
+    return job.stdout.strip().split(";")[0]
+
+
+def wait_gone(slurm, job: str, timeout: float = 300) -> None:
+    """Wait until the job has left the queue (requeued incarnations included)."""
+    deadline = time.monotonic() + timeout
+    while slurm.run_client(["squeue", "-h", "-j", job, "-o", "%T"], check=False).stdout.strip():
+        assert time.monotonic() < deadline, f"job {job} still queued after {timeout:.0f} s"
+        time.sleep(0.5)
+
+
+def test_sbatch_on_two_nodes_trains_the_losses_of_mpiexec_on_one(runs, slurm2, tokens,
+                                                                  tmp_path):
+    for _attempt in (1, 2):  # the wheel's PMI-2 start-up fault (tests/test_slurm.py)
+        job = sbatch(slurm2, tmp_path, {}, "--data", tokens, *GPT)
+        wait_gone(slurm2, job)
+        log = (tmp_path / f"slurm-{job}.out").read_text(errors="replace")
+        if "mpi/pmi2: invalid client request" not in log:
+            break
+    assert "finished with exit code 0" in log, log[-3000:]
+    assert losses(tmp_path / job) == losses(runs[0] / "one")
+    with h5py.File(tmp_path / job / "trace.h5") as f:
+        assert {f[f"ranks/{r}"].attrs["hostname"] for r in range(4)} == {"node0", "node1"}
+
+
+def test_a_sweep_array_runs_every_grid_across_both_nodes(slurm2, tokens, tmp_path):
+    sweep = tmp_path / "grids.txt"
+    sweep.write_text("dp=2 pp=2\ndp=4 pp=1 microbatches=2\n")
+    job = sbatch(slurm2, tmp_path, {"LAUNCHER": "mpiexec", "SWEEP_FILE": str(sweep)},
+                 "--data", tokens, *GPT[:-6], "--steps", 2, script="sweep.sbatch",
+                 flags=("--array=0-1", "--output", f"{tmp_path}/slurm-%A_%a.out"))
+    wait_gone(slurm2, job)
+    for task, grid in ((0, (2, 2)), (1, (4, 1))):
+        run_dir = tmp_path / f"{job}_{task}"
+        log = (tmp_path / f"slurm-{job}_{task}.out").read_text(errors="replace")
+        assert "finished with exit code 0" in log, log[-3000:]
+        assert json.loads((run_dir / "metrics.json").read_text())["steps"] == 2
+        with h5py.File(run_dir / "trace.h5") as f:
+            ranks = [dict(f[f"ranks/{r}"].attrs) for r in range(4)]
+        assert (max(a["dp"] for a in ranks) + 1, max(a["pp"] for a in ranks) + 1) == grid
+        assert [a["hostname"] for a in ranks] == ["node0", "node0", "node1", "node1"]
+
+
+def test_a_preempted_two_node_job_requeues_and_resumes_exactly(slurm2, tokens, tmp_path):
+    """USR1 to the batch shell, as in tests/test_slurm.py, on a 2 x 2 job: every rank stops
+    with a checkpoint, the job requeues itself and resumes to the losses of an uninterrupted
+    run, bitwise in float64. Hydra inside the allocation (it starts node1's proxy by srun)."""
+    steps = 30  # the signal comes after step 2's flush; the stop a step or two later
+    args = ["--data", tokens, *GPT[:-6], "--set", "model.n_embd=16", "--steps", steps,
+            "--set", "run.flush_interval=2"]
+    job = sbatch(slurm2, tmp_path, {"LAUNCHER": "mpiexec"}, *args)
+    run_dir, log_path = tmp_path / job, tmp_path / f"slurm-{job}.out"
+    deadline = time.monotonic() + 300
+    while not (run_dir / "trace.h5").exists():
+        assert time.monotonic() < deadline, "the job never flushed its dump"
+        time.sleep(0.1)
+    slurm2.run_client(["scancel", "--signal=USR1", "--batch", job])
+    wait_gone(slurm2, job)
+    log = log_path.read_text(errors="replace")
+    assert "finished with exit code 75" in log and "requeueing it" in log, log[-3000:]
+    assert f"resumed from {run_dir}" in log and log.rstrip().endswith("exit code 0"), log[-3000:]
+    stopped = int(log.split("stopped after step ")[1].split(",")[0])
+    assert 2 <= stopped < steps
+    ref = tmp_path / "one"
+    subprocess.run(["mpiexec", "-n", "4", sys.executable, "-m", "mpipar.cli", "train",
+                    "--config", str(TINY), *map(str, args), "--dp", "2", "--pp", "2",
+                    "--out", str(ref)], check=True, capture_output=True, timeout=300,
+                   env={**os.environ, **ONE_THREAD, "PYTHONPATH": str(REPO)})
+    whole = json.loads((ref / "metrics.json").read_text())
+    assert losses(run_dir) == whole["losses"][stopped:]  # float64, bitwise
+
+
+# ----- faults across nodes -----------------------------------------------------------------------
+
+WATCHDOG_S = 15
+
+
+@pytest.mark.parametrize("fault", ["node lost", "link down"])
+def test_a_lost_node_or_link_ends_the_job_in_time_and_the_dump_stays_readable(
+        fault, tokens, tmp_path, clean):
+    from mpipar.analysis import load
+
+    spec = nodes.up(ClusterSpec(name=NAME, nodes=2, link="1gbit", shm_size="64m"))
+    out = tmp_path / "run"
+    cmd = nodes.mpiexec_argv(spec, 2, [
+        sys.executable, "-m", "mpipar.cli", "train", "--config", str(TINY), "--data", tokens,
+        *GPT[:-6], "--dp", "2", "--pp", "2", "--steps", "100000", "--set",
+        "run.flush_interval=2", "--set", f"run.watchdog_s={WATCHDOG_S}", "--out", str(out)])
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **ONE_THREAD, "PYTHONPATH": str(REPO)},
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "trace.h5").exists():
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "the run wrote no dump"
+            time.sleep(0.2)
+        time.sleep(1)
+        t0 = time.monotonic()
+        if fault == "node lost":
+            assert nodes.kill_node(spec, "node1")
+        else:
+            nodes.set_link(spec, "node1", up=False)
+        output = proc.communicate(timeout=WATCHDOG_S + 60)[0]
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode != 0
+    assert took < WATCHDOG_S + 10, f"the job took {took:.0f} s to end after the {fault}"
+    if fault == "link down":  # the watchdog of a rank on the other side says where it stood
+        assert "(host node0) failed: no progress" in output, output[-2000:]
+    run = load(out / "trace.h5")
+    assert run.world_size == 4 and not run.complete and len(run.events[0]) > 0
+
+
+def test_multinode_experiment_quick(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "experiments" / "multinode.py"), "--quick",
+                           "--out", str(tmp_path)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **ONE_THREAD})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with h5py.File(tmp_path / "multinode.h5") as f:
+        assert set(f) == {"inside", "link-1gbit"}
+        assert f["link-1gbit"].attrs["hosts"] == "node0,node1"
+        assert f["inside"].attrs["hosts"] == "node0,node0"
+        assert (f["link-1gbit/median_s"][()] > 0).all()
+    assert (tmp_path / "multinode.png").stat().st_size > 0
+    assert leftovers("mnx") == []
