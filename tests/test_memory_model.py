@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from saved_context import ctx_arrays
 
 from mpipar.analysis.memory_model import block_stored, predict_run
 from mpipar.backend import Backend
@@ -57,20 +58,6 @@ class ShapeComm:
         return np.take(x, range(n), axis=axis).copy()
 
 
-def _ctx_arrays(layer, out):
-    for ctx in layer._ctx.values():
-        _flatten(ctx, out)
-    for child in layer.children():
-        _ctx_arrays(child, out)
-    return out
-
-
-def _flatten(obj, out):
-    if isinstance(obj, np.ndarray):
-        out.append(obj)
-    elif isinstance(obj, (tuple, list)):
-        for o in obj:
-            _flatten(o, out)
 
 
 @pytest.mark.parametrize("tp,sp,selective", [(1, False, False), (1, False, True),
@@ -85,7 +72,7 @@ def test_block_stored_is_what_a_block_keeps(tp, sp, selective):
         set_selective_recompute([block])
     x = np.random.default_rng(0).standard_normal((b, s // tp if sp else s, d)).astype(np.float32)
     block.forward(x, 0)
-    held = distinct_bytes(_ctx_arrays(block, []))
+    held = distinct_bytes(ctx_arrays(block, []))
     want = b * s * block_stored(d, heads, s, tp, sp) * 4
     if selective:
         want -= b * s * heads * s * 4 / tp

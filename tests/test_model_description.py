@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from mpi_util import python_script
+from saved_context import ctx_arrays
 
 from mpipar.backend import Backend
 from mpipar.config import load_config
@@ -99,20 +100,6 @@ def test_a_tied_head_counts_no_weight_of_its_own():
     assert param_count(GPTDims.of(mcfg)) == model.n_params_full
 
 
-def _ctx_arrays(layer, out):
-    for ctx in layer._ctx.values():
-        _flatten(ctx, out)
-    for child in layer.children():
-        _ctx_arrays(child, out)
-    return out
-
-
-def _flatten(obj, out):
-    if isinstance(obj, np.ndarray):
-        out.append(obj)
-    elif isinstance(obj, (tuple, list)):
-        for o in obj:
-            _flatten(o, out)
 
 
 @pytest.mark.parametrize("mode", ["2d", "2.5d", "3d"])
@@ -126,7 +113,7 @@ def test_block_stored_is_what_a_2d_or_3d_block_keeps(mode):
     block.forward(np.random.default_rng(0).standard_normal(shape), 0)
     dims = GPTDims(n_layer=1, n_embd=d, n_head=heads, vocab_size=4, block_size=s)
     want = b * s * block_counts(dims, split, s).stored * 8
-    assert distinct_bytes(_ctx_arrays(block, [])) == want
+    assert distinct_bytes(ctx_arrays(block, [])) == want
 
 
 def test_stage_bounds_honour_the_layout_and_weigh_units_as_the_built_model():
