@@ -117,6 +117,9 @@ class TokenDataset:
         self.path = Path(path).expanduser()
         if not self.path.exists():
             raise FileNotFoundError(f"token file {self.path} does not exist; {FIX_HINT}")
+        if self.path.is_dir():
+            raise DataError(f"token file {self.path} is a folder: pass the .h5 file that "
+                            f"`mpipar prepare-data --out FILE` wrote to --data / data.path")
         redo = f"recreate it with `mpipar prepare-data --out {self.path}`"
         try:
             f = _open_h5(self.path)
