@@ -339,6 +339,9 @@ def find_resume(trainer) -> tuple | None:
     directory = Path(cfg.out_dir) / "checkpoints"
     try:
         path = resolve("auto", cfg.out_dir)
+        if not path.exists():
+            raise CheckpointError(f"{directory / 'latest'} names {path.name}, which does not "
+                                  f"exist (deleted?)")
         return path, _within_steps(check_checkpoint(trainer, path), path, cfg)
     except CheckpointError as exc:
         first = exc

@@ -126,7 +126,7 @@ def test_sigusr1_mid_run_then_resume_auto_is_exact(tokens, tmp_path):
     assert f"resumed from {cut / 'checkpoints' / f'step_{stopped:06d}.h5'}" in res.stdout
     resumed, whole = _losses(cut), _losses(full)
     assert resumed["steps"] == whole["steps"] == 150
-    assert resumed["losses"] == whole["losses"][stopped:]  # bitwise, float64
+    assert resumed["losses"] == whole["losses"]  # bitwise, float64, the predecessor's kept
     assert resumed["final_loss"] == whole["final_loss"]
     # the resumed run continued the dump: every step once, in order, and it still analyses
     import h5py
@@ -189,6 +189,18 @@ def _bad_input(case, saved, tokens, tmp):
         return ["--resume", str(good), "--set", "model.n_embd=32"], "the model needs"
     if case == "ck-steps":
         return ["--resume", str(good), "--steps", "1"], "at step 2 but train.steps = 1"
+    if case == "ck-folder":
+        return ["--resume", str(saved)], "is a folder: pass a checkpoint file"
+    if case == "latest-empty":
+        (tmp / "run/checkpoints").mkdir(parents=True)
+        (tmp / "run/checkpoints/latest").write_text("")
+        return ["--resume", "latest"], "latest is empty (an interrupted write?)"
+    if case == "latest-deleted":
+        (tmp / "run/checkpoints").mkdir(parents=True)
+        (tmp / "run/checkpoints/latest").write_text("step_000002.h5\n")
+        return ["--resume", "auto"], "names step_000002.h5, which does not exist (deleted?)"
+    if case == "tok-folder":
+        return ["--data", str(tmp)], "is a folder: pass the .h5 file"
     if case == "tok-missing":
         return ["--data", str(tmp / "none.h5")], "none.h5 does not exist"
     if case == "tok-corrupt":
@@ -200,7 +212,8 @@ def _bad_input(case, saved, tokens, tmp):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("case", ["ck-missing", "ck-truncated", "ck-flipped", "ck-empty",
-                                  "ck-shape", "ck-steps", "tok-missing", "tok-corrupt",
+                                  "ck-shape", "ck-steps", "ck-folder", "latest-empty",
+                                  "latest-deleted", "tok-folder", "tok-missing", "tok-corrupt",
                                   "tok-vocab"])
 def test_an_error_every_rank_hits_after_start_is_said_once(case, saved, tokens, tmp_path):
     extra, words = _bad_input(case, saved, tokens, tmp_path)

@@ -133,3 +133,24 @@ def test_plots_into_an_unwritable_folder(capfd, dump, tmp_path):
 
     with pytest.raises(ValueError, match="cannot write plots into"):
         plots.timeline(dump, blocker / "plots" / "t.png")
+
+
+# ----- schedule files: absurd headers and binary files -----------------------------------------
+
+def test_a_tiny_schedule_file_claiming_a_huge_pp_is_refused_at_once(tmp_path):
+    """65 bytes claiming pp=10**9: refused after looking for rank 1's line, not after listing
+    10**9 ranks (a subprocess, so the old behaviour fails by its timeout, not by a hang)."""
+    f = tmp_path / "big.txt"
+    f.write_text("schedule kind=1f1b pp=1000000000 virtual=1 microbatches=2\nrank 0: F0.0\n")
+    res = subprocess.run([sys.executable, "-m", "mpipar.cli", "schedule", "--file", str(f)],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, **ONE_THREAD, "PYTHONPATH": str(REPO)})
+    assert res.returncode == 2 and "no 'rank 1:' line" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("name, words", [("s.txt", "schedule file "), ("s.csv", "torch CSV ")])
+def test_a_binary_schedule_file_names_the_file(capfd, tmp_path, name, words):
+    f = tmp_path / name
+    f.write_bytes(bytes(range(256)) * 4)
+    err = _error(capfd, ["schedule", "--file", str(f)])
+    assert f"{words}{f} is not text" in err, err

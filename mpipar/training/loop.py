@@ -126,7 +126,7 @@ def _run(cfg: Config, resolved, signals) -> dict:
     if lead:
         out.mkdir(parents=True, exist_ok=True)
         print(f"mpipar: {cfg.model.kind} with {trainer.model.n_params_full:,} parameters on "
-              f"dp={p.dp} pp={p.pp} tp={p.tp} ({p.schedule}, {resolved.microbatches} "
+              f"dp={p.dp} pp={p.pp} tp={p.tp} ({p.schedule_file or p.schedule}, {resolved.microbatches} "
               f"micro-batches), "
               f"{cfg.train.dtype} on {cfg.train.device}; run dir {out}", flush=True)
     # a resumed run's metrics.json continues its predecessor's loss curve
