@@ -138,10 +138,20 @@ def save_checkpoint(trainer, directory) -> Path | None:
 
 
 def _write(directory: Path, trainer, tensors: dict) -> Path:
-    cfg = trainer.cfg
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"step_{trainer.step:06d}.h5"
-    with atomic_h5(path, durable=True) as f:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        _write_file(path, trainer, tensors)
+    except OSError as exc:  # a full disk, a quota: said with the file, `latest` untouched
+        raise OSError(f"checkpoint not saved: {exc} (the earlier checkpoints and "
+                      f"{directory / 'latest'} are intact)") from None
+    write_text_atomic(directory / "latest", path.name + "\n", durable=True)
+    return path
+
+
+def _write_file(path: Path, trainer, tensors: dict) -> None:
+    cfg = trainer.cfg
+    with atomic_h5(path, durable=True, in_memory=True) as f:
         for name, a in sorted(tensors.items()):
             a = np.ascontiguousarray(a)
             f.create_dataset(name, data=a).attrs["sha256"] = digest(a)
@@ -154,8 +164,6 @@ def _write(directory: Path, trainer, tensors: dict) -> Path:
                                       "tp": cfg.parallel.tp})
         f.attrs["dtype"] = cfg.train.dtype
         f.attrs["complete"] = True
-    write_text_atomic(directory / "latest", path.name + "\n", durable=True)
-    return path
 
 
 # ----- load -----------------------------------------------------------------------------------

@@ -274,3 +274,21 @@ def test_a_second_term_during_the_preemption_checkpoint_is_ignored(tokens, tmp_p
     assert res.stderr.count("signal 15 again: ignored") == 1, res.stderr[-3000:]
     assert "stopped after step 4" in res.stdout and "[mpipar] rank" not in res.stderr
     assert (out / "checkpoints/latest").read_text().strip() == "step_000004.h5"
+
+
+@pytest.mark.mpi
+def test_a_full_disk_during_a_checkpoint_is_one_line_naming_the_file(tokens, tmp_path):
+    """rank 0 can write nothing over 4 KiB from step 3 (as on a full disk): its checkpoint of
+    step 4 fails: exit 2 (handled, not a bug), one line naming the file, no half-written file,
+    `latest` still names step 2."""
+    out = tmp_path / "run"
+    res = _train(2, out, tokens, "--pp", "2", "--steps", "8", "--no-trace",
+                 "--set", "run.checkpoint_interval=2",
+                 script=[str(MPI_DIR / "fault_inject.py"), "fsize", "0", "3"])
+    ours = [ln for ln in res.stderr.splitlines() if ln.startswith("[mpipar] rank ")]
+    assert res.returncode == 2 and len(ours) == 1, res.stderr[-3000:]
+    assert f"could not write {out / 'checkpoints/step_000004.h5'}" in ours[0], ours
+    assert "Traceback" not in res.stderr
+    assert (out / "checkpoints/latest").read_text().strip() == "step_000002.h5"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest",
+                                                                        "step_000002.h5"]

@@ -154,3 +154,31 @@ def test_a_binary_schedule_file_names_the_file(capfd, tmp_path, name, words):
     f.write_bytes(bytes(range(256)) * 4)
     err = _error(capfd, ["schedule", "--file", str(f)])
     assert f"{words}{f} is not text" in err, err
+
+
+# ----- prepare-data: absurd sizes and unwritable places -----------------------------------------
+
+def test_prepare_data_refuses_a_huge_vocabulary(capfd, tmp_path):
+    err = _error(capfd, ["prepare-data", "--synthetic", "pattern", "--tokens", "1000",
+                         "--vocab", "5000000000", "--out", str(tmp_path / "t.h5")])
+    assert "--vocab 5000000000: a synthetic vocabulary must be from 2 to" in err, err
+
+
+def test_prepare_data_into_an_unwritable_place_names_the_users_path(capfd, tmp_path):
+    """(A folder under a file: unwritable even for root, unlike a chmod-ed folder.)"""
+    (tmp_path / "afile").write_text("x")
+    target = tmp_path / "afile" / "t.h5"
+    err = _error(capfd, ["prepare-data", "--synthetic", "pattern", "--tokens", "1000",
+                         "--out", str(target)])
+    assert f"could not write {target}: {tmp_path / 'afile'} is a file, not a folder" in err, err
+    assert ".tmp" not in err
+
+
+def test_a_failed_write_names_the_file_not_the_temporary(tmp_path):
+    from mpipar.files import write_text_atomic
+
+    target = tmp_path / "sub"
+    target.mkdir()
+    with pytest.raises(OSError, match=f"could not write {target}: Is a directory") as exc:
+        write_text_atomic(target, "x")
+    assert ".tmp" not in str(exc.value)

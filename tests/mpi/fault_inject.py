@@ -9,7 +9,8 @@ readable at <out>.moved), stall (the rank sleeps: the watchdog must end the job)
 rank sends SIGUSR1 to itself only: every rank must still stop at the same step), usr1_start
 (the rank sends SIGUSR1 to itself during the start, after MPI_Init, before any step: STEP is
 ignored), term_twice (the rank sends SIGTERM to itself; then every rank sends itself another
-while the preemption checkpoint is being written).
+while the preemption checkpoint is being written), fsize (the rank can write no file over 4 KiB
+in its checkpoint files after step STEP: the next one fails as on a full disk).
 Before the fault the rank prints ``fault_inject: CASE rank R step S at <unix time>`` to stderr.
 """
 
@@ -53,6 +54,7 @@ def inject():
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+
 real_step = Trainer.train_step
 if case == "usr1_start":
     import mpipar.training as training
@@ -77,6 +79,20 @@ if case == "term_twice":
         return real_save(*args, **kwargs)
 
     checkpoint.save_checkpoint = save_checkpoint
+if case == "fsize":
+    import resource
+
+    import mpipar.checkpoint as checkpoint
+
+    real_write_file = checkpoint._write_file
+
+    def write_file(path, trainer, tensors):
+        if trainer.step > at and me == rank:  # the disk is full: HDF5's own writes fail
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit: EFBIG
+            resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+        return real_write_file(path, trainer, tensors)
+
+    checkpoint._write_file = write_file
 
 
 def train_step(self, *args, **kwargs):
