@@ -163,8 +163,10 @@ def write_json_atomic(path, obj) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, default=float) + "\n")
 
 
-def check_writable(path) -> None:
-    """Fail early (before training) if the dump cannot be written where asked.
+def check_writable(path, what: str = "the timing dump",
+                   fix: str = "pass --out DIR with a writable directory") -> None:
+    """Fail early (before the work) if ``what`` cannot be written at ``path``: ``ValueError``
+    naming it and saying ``fix``.
 
     Probes by creating and deleting a file next to ``path``: permission bits lie for root and
     on some network file systems.
@@ -184,7 +186,4 @@ def check_writable(path) -> None:
         except OSError as exc:
             why = exc.strerror or str(exc)
     if why is not None:
-        raise ValueError(
-            f"cannot write the timing dump to {path}: {why}; "
-            f"pass --out DIR with a writable directory"
-        )
+        raise ValueError(f"cannot write {what} to {path}: {why}; {fix}")

@@ -182,3 +182,11 @@ def test_a_failed_write_names_the_file_not_the_temporary(tmp_path):
     with pytest.raises(OSError, match=f"could not write {target}: Is a directory") as exc:
         write_text_atomic(target, "x")
     assert ".tmp" not in str(exc.value)
+
+
+def test_an_unwritable_chrome_trace_is_refused_before_the_analysis(capfd, tmp_path):
+    """Checked with the arguments, as --plots is: the dump (here absent) is not even read."""
+    (tmp_path / "afile").write_text("x")
+    target = tmp_path / "afile" / "t.json"
+    err = _error(capfd, ["analyze", str(tmp_path / "missing.h5"), "--chrome-trace", str(target)])
+    assert f"cannot write the chrome trace to {target}" in err and "--chrome-trace" in err, err
