@@ -292,3 +292,19 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_naming_the_file(tokens, tmp
     assert (out / "checkpoints/latest").read_text().strip() == "step_000002.h5"
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest",
                                                                         "step_000002.h5"]
+
+
+@pytest.mark.mpi
+def test_ctrl_c_to_every_rank_says_interrupted_once(tokens, tmp_path):
+    res = _train(2, tmp_path / "run", tokens, "--pp", "2", "--steps", "100000",
+                 script=[str(MPI_DIR / "fault_inject.py"), "sigint", "-1", "3"])
+    assert res.returncode == 130, res.stderr[-3000:]
+    assert res.stderr.count("interrupted (SIGINT)") == 1, res.stderr[-3000:]
+
+
+@pytest.mark.mpi
+def test_an_unknown_flag_under_mpiexec_prints_the_train_usage_once(tmp_path):
+    res = run_mpi(2, [sys.executable, "-m", "mpipar.cli", "train", "--stepz", "3"], timeout=60)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.count("usage: mpipar train") == 1, res.stderr
+    assert res.stderr.count("mpipar train: error: unrecognized arguments: --stepz 3") == 1

@@ -10,7 +10,8 @@ rank sends SIGUSR1 to itself only: every rank must still stop at the same step),
 (the rank sends SIGUSR1 to itself during the start, after MPI_Init, before any step: STEP is
 ignored), term_twice (the rank sends SIGTERM to itself; then every rank sends itself another
 while the preemption checkpoint is being written), fsize (the rank can write no file over 4 KiB
-in its checkpoint files after step STEP: the next one fails as on a full disk).
+in its checkpoint files after step STEP: the next one fails as on a full disk), sigint (Ctrl-C:
+the rank sends itself SIGINT; RANK -1: every rank, as Ctrl-C to the process group does).
 Before the fault the rank prints ``fault_inject: CASE rank R step S at <unix time>`` to stderr.
 """
 
@@ -52,6 +53,8 @@ def inject():
         os.kill(os.getpid(), signal.SIGUSR1)
     if case == "term_twice":
         os.kill(os.getpid(), signal.SIGTERM)
+    if case == "sigint":
+        os.kill(os.getpid(), signal.SIGINT)
 
 
 
@@ -96,7 +99,7 @@ if case == "fsize":
 
 
 def train_step(self, *args, **kwargs):
-    if self.step == at and me == rank:
+    if self.step == at and rank in (me, -1):  # -1: every rank
         inject()
     return real_step(self, *args, **kwargs)
 
