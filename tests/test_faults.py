@@ -308,3 +308,13 @@ def test_an_unknown_flag_under_mpiexec_prints_the_train_usage_once(tmp_path):
     assert res.returncode == 2, res.stderr
     assert res.stderr.count("usage: mpipar train") == 1, res.stderr
     assert res.stderr.count("mpipar train: error: unrecognized arguments: --stepz 3") == 1
+
+
+@pytest.mark.mpi
+def test_the_watchdog_names_the_stopped_rank_it_waits_for(tokens, tmp_path):
+    res = _train(2, tmp_path / "run", tokens, "--pp", "2", "--steps", "100000",
+                 "--set", "run.watchdog_s=3",
+                 script=[str(MPI_DIR / "fault_inject.py"), "sigstop", "1", "3"])
+    ours = [ln for ln in res.stderr.splitlines() if ln.startswith("[mpipar] rank ")]
+    assert res.returncode == 124 and len(ours) == 1, res.stderr[-3000:]
+    assert ours[0].startswith("[mpipar] rank 0 ") and "waiting for rank 1 (host" in ours[0], ours

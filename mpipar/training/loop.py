@@ -13,6 +13,7 @@ import sys
 import time
 from array import array
 
+from .. import progress
 from ..backend import Backend
 from ..config import Config
 from ..files import write_json_atomic
@@ -126,8 +127,8 @@ def _run(cfg: Config, resolved, signals) -> dict:
     if lead:
         out.mkdir(parents=True, exist_ok=True)
         print(f"mpipar: {cfg.model.kind} with {trainer.model.n_params_full:,} parameters on "
-              f"dp={p.dp} pp={p.pp} tp={p.tp} ({p.schedule_file or p.schedule}, {resolved.microbatches} "
-              f"micro-batches), "
+              f"dp={p.dp} pp={p.pp} tp={p.tp} ({p.schedule_file or p.schedule}, "
+              f"{resolved.microbatches} micro-batches), "
               f"{cfg.train.dtype} on {cfg.train.device}; run dir {out}", flush=True)
     # a resumed run's metrics.json continues its predecessor's loss curve
     prior = _prior_losses(out / "metrics.json", trainer.step) if lead and trainer.step else None
@@ -196,6 +197,7 @@ def _steps(cfg: Config, trainer: Trainer, lead: bool, flush, checkpoint, signals
     history, val_loss = History(), float("nan")
     start = time.perf_counter()
     n = cfg.train.steps
+    progress.state.peer_of = _peer_of(trainer)
     dog = Watchdog(cfg.run.watchdog_s, first_step=trainer.step).start()
     pending = 0  # a stop agreed while a continuous run is in flight waits for its drain
     try:
@@ -220,6 +222,25 @@ def _steps(cfg: Config, trainer: Trainer, lead: bool, flush, checkpoint, signals
     finally:
         dog.stop()
     return history, val_loss, 0
+
+
+# the neighbouring chunk a pipeline action needs data from (or sends to): -1 before, +1 after
+_PEER_STEP = {"F": -1, "RECV_F": -1, "SEND_B": -1, "B": +1, "BW": +1, "RECV_B": +1, "SEND_F": +1}
+
+
+def _peer_of(trainer):
+    """For the watchdog: the world rank (and host) a pipeline action waits for, or None."""
+    g, run, n = trainer.grid, trainer.run, trainer.schedule.n_chunks
+
+    def peer_of(what):
+        other = getattr(what, "chunk", -1) + _PEER_STEP.get(getattr(what, "op", ""), n)
+        if not 0 <= other < n or run.rank_of(other) == g.pp_rank:
+            return None
+        r = g.world_rank_of(g.dp_rank, run.rank_of(other), g.tp_rank)
+        host = g.hostnames[r] if len(getattr(g, "hostnames", ())) > r else "?"
+        return f"rank {r} (host {host}, pipeline stage of chunk {other})"
+
+    return peer_of
 
 
 def drain_point(cfg: Config, i: int) -> int:

@@ -11,7 +11,8 @@ rank sends SIGUSR1 to itself only: every rank must still stop at the same step),
 ignored), term_twice (the rank sends SIGTERM to itself; then every rank sends itself another
 while the preemption checkpoint is being written), fsize (the rank can write no file over 4 KiB
 in its checkpoint files after step STEP: the next one fails as on a full disk), sigint (Ctrl-C:
-the rank sends itself SIGINT; RANK -1: every rank, as Ctrl-C to the process group does).
+the rank sends itself SIGINT; RANK -1: every rank, as Ctrl-C to the process group does), sigstop
+(the rank stops itself: its own watchdog cannot fire, its peers' must name it).
 Before the fault the rank prints ``fault_inject: CASE rank R step S at <unix time>`` to stderr.
 """
 
@@ -53,6 +54,8 @@ def inject():
         os.kill(os.getpid(), signal.SIGUSR1)
     if case == "term_twice":
         os.kill(os.getpid(), signal.SIGTERM)
+    if case == "sigstop":
+        os.kill(os.getpid(), signal.SIGSTOP)
     if case == "sigint":
         os.kill(os.getpid(), signal.SIGINT)
 
