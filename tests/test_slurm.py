@@ -395,6 +395,55 @@ def test_preempted_job_requeues_and_resumes_exactly(cluster, train_ready, tmp_pa
     assert resumed["final_loss"] == whole["final_loss"]
 
 
+def test_a_resubmitted_named_job_resumes_where_its_predecessor_stopped(cluster, train_ready,
+                                                                       tmp_path):
+    """No requeue: the stopped job ends (exit 75); the same submission with the same --name
+    resumes from its checkpoint, and metrics.json holds the whole curve."""
+    steps = 120
+    args = ("--dp", 1, "--pp", 2, "--microbatches", 2, "--steps", steps, "--name", "exp",
+            "--no-requeue", "--launcher", "mpiexec", "--extra-args",
+            "--dtype float64 --set train.eval_interval=0 --set run.flush_interval=2")
+    first = _submit(cluster, tmp_path / "runs", *args)
+    run_dir = tmp_path / "runs" / "exp"
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while not (run_dir / "trace.h5").exists():
+        assert time.monotonic() < deadline, "the job never flushed its dump"
+        time.sleep(0.1)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", first], env=cluster.env, timeout=30)
+    _wait(cluster, first)
+    assert (run_dir / "slurm_exit").read_text().strip() == "75"
+    second = _submit(cluster, tmp_path / "runs", *args)
+    assert [s.state for s in _wait(cluster, second)] == ["COMPLETED"]
+    log = (tmp_path / "runs" / f"slurm-{second}.out").read_text()
+    assert f"resumed from {run_dir}" in log, log[-3000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["steps"] == steps and len(metrics["losses"]) == steps
+    assert metrics["first_step"] == 0
+
+
+def test_collect_shows_an_array_task_that_never_started(cluster, train_ready, tmp_path, capsys,
+                                                        monkeypatch):
+    """--array=0-2 over a 2-line sweep: task 2 dies before it creates its run directory."""
+    sweep = tmp_path / "grids.txt"
+    sweep.write_text("dp=1\ndp=2\n")
+    script = tmp_path / "sweep.sbatch"
+    assert cli_main(["slurm", "render", "--config", str(TINY), "--sweep", str(sweep),
+                     "--steps", "1", "--launcher", "mpiexec", "--run-root",
+                     str(tmp_path / "runs"), "-o", str(script)]) == 0
+    (tmp_path / "runs").mkdir()
+    proc = subprocess.run(["sbatch", "--parsable", "--array=0-2", str(script)],
+                          capture_output=True, text=True, env=cluster.env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip().split(";")[0]
+    _wait(cluster, job)
+    capsys.readouterr()
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])  # collect asks this cluster
+    rc = cli_main(["slurm", "collect", job, "--run-root", str(tmp_path / "runs")])
+    out = capsys.readouterr().out
+    assert rc == 1 and len(out.strip().splitlines()) == 4, out  # header + 3 tasks
+    assert f"{job}_2" in out and "has no line in the sweep" in out, out
+
+
 def _preempt(cluster, root, grid, extra):
     """Submit, wait for the first dump flush, send USR1 to the batch shell, release the
     requeued job; returns (run directory, final states, the job's log)."""

@@ -208,7 +208,9 @@ def collect(run_root: str | Path, job_id: str, states: list | None = None) -> li
         rows.append(row)
     for tag, st in known.items():  # never created its run directory
         rows.append({"job": tag, "run_dir": None, "trace": None, "exit_code": None,
-                     "state": st.state, "reason": _never_started(st)})
+                     "state": st.state, "reason": ("" if st.active else
+                                                   _log_error(Path(run_root), tag, st))
+                     or _never_started(st)})
     return sorted(rows, key=lambda r: _task_order(JobState(r["job"], "", "")))
 
 
@@ -244,6 +246,17 @@ def _reason(root: Path, tag: str, row: dict, st: JobState | None) -> str:
     """Why a task did not complete: the last error line of its log, else Slurm's reason."""
     if row["state"] in OK_STATES or row["state"] in ACTIVE_STATES or row["state"] == "RUNNING?":
         return ""
+    text = _log_error(root, tag, st)
+    if text:
+        return text
+    if st is not None and st.reason not in ("", "None"):
+        return st.reason
+    return EXIT_REASONS.get(row["exit_code"], "")
+
+
+def _log_error(root: Path, tag: str, st: JobState | None) -> str:
+    """The last error line of the task's log (the rendered scripts' RUN_ROOT/slurm-<tag>.out,
+    else the StdErr Slurm names), or ""."""
     for log in (root / f"slurm-{tag}.out", Path(st.stderr) if st and st.stderr else None):
         try:
             lines = log.read_text(errors="replace").splitlines() if log else []
@@ -252,9 +265,7 @@ def _reason(root: Path, tag: str, row: dict, st: JobState | None) -> str:
         for line in reversed(lines):
             if "error" in line.lower() or line.startswith("[mpipar] rank"):
                 return " ".join(line.split())
-    if st is not None and st.reason not in ("", "None"):
-        return st.reason
-    return EXIT_REASONS.get(row["exit_code"], "")
+    return ""
 
 
 # the codes of `mpipar train` (mpipar.mpi.job.failfast.EXIT_*) as a state a table can show
