@@ -187,22 +187,25 @@ def _state(job, state, reason=""):
 def test_collect_lists_every_task_with_a_reason_and_fails_when_one_failed(tmp_path, capsys,
                                                                           monkeypatch):
     root = tmp_path / "runs"
-    for task, code in ((0, 0), (1, 2), (3, 75)):
+    for task, code in ((0, 0), (1, 2), (3, 75), (4, None)):
         d = root / f"9_{task}"
         d.mkdir(parents=True)
         (d / "slurm_job.json").write_text(json.dumps({"job": f"9_{task}", "dp": 1}))
-        (d / "slurm_exit").write_text(f"{code}\n")
+        if code is not None:  # task 4 was cancelled before the script could write one
+            (d / "slurm_exit").write_text(f"{code}\n")
     (root / "9_0" / "metrics.json").write_text(json.dumps({"final_loss": 1.5}))
     (root / "slurm-9_1.out").write_text("mpipar train: error: model.kind = 'x' is unknown\n")
     states = [_state("9_0", "COMPLETED"), _state("9_1", "FAILED"),
-              _state("9_2", "FAILED", "NonZeroExitCode"), _state("9_3", "PENDING", "BeginTime")]
+              _state("9_2", "FAILED", "NonZeroExitCode"), _state("9_3", "PENDING", "BeginTime"),
+              _state("9_4", "CANCELLED")]
     rows = slurm.collect(root, "9", states)
     by = {r["job"]: r for r in rows}
-    assert [r["job"] for r in rows] == ["9_0", "9_1", "9_2", "9_3"]
+    assert [r["job"] for r in rows] == ["9_0", "9_1", "9_2", "9_3", "9_4"]
+    assert by["9_4"]["state"] == "CANCELLED"  # not RUNNING?
     assert by["9_1"]["reason"] == "mpipar train: error: model.kind = 'x' is unknown"
     assert by["9_2"]["run_dir"] is None and "never started" in by["9_2"]["reason"]
     assert by["9_3"]["state"] == "PENDING"  # requeued: its old exit code 75 is not the state
-    assert [r["job"] for r in slurm.failed_rows(rows)] == ["9_1", "9_2"]
+    assert [r["job"] for r in slurm.failed_rows(rows)] == ["9_1", "9_2", "9_4"]
     # the CLI: the run root submit noted, several jobs, exit 1 when a task failed
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setattr(slurm, "job_states", lambda job, env=None: states if job == "9" else [])
@@ -211,7 +214,7 @@ def test_collect_lists_every_task_with_a_reason_and_fails_when_one_failed(tmp_pa
     (root / "10" / "slurm_exit").write_text("0\n")
     slurm.remember("10", root)
     rc, out, _ = _cli(capsys, "collect", "9", "10")
-    assert rc == 1 and len(out.strip().splitlines()) == 6 and "never started" in out
+    assert rc == 1 and len(out.strip().splitlines()) == 7 and "never started" in out
 
 
 # ---- a real cluster ----------------------------------------------------------------------
