@@ -39,7 +39,7 @@ class StopSignals:
         self._owner = False
 
     def _handler(self, signum, frame):
-        if self.received or self.stopping:  # the stop is under way: its checkpoint must reach the disk
+        if self.received or self.stopping:  # a stop is under way: its checkpoint must be written
             if _rank() in ("0", "?"):  # one line per job, not one per rank
                 _say(f"mpipar: signal {int(signum)} again: ignored while the run stops "
                      f"with a checkpoint\n")
