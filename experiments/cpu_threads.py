@@ -1,4 +1,4 @@
-"""mpipar's own CPU threads, measured (BENCHMARKS.md, round 3).
+"""mpipar's own CPU threads, measured (BENCHMARKS.md, "How the CPU kernels get there").
 
 1. Products: a linear layer's three products (forward, input gradient, weight gradient) split by
    mpipar into one single-threaded product per kernel thread (``mpipar.nn.cpu.matmul``), beside

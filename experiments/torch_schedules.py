@@ -1,4 +1,4 @@
-"""Write torch.distributed.pipelining's schedules as CSV files, for mpipar to load (issue 16).
+"""Write torch.distributed.pipelining's schedules as CSV files, for mpipar to load.
 
 Needs torch (the ``bench`` extra, or a separate venv so the project's Python stays untouched):
 

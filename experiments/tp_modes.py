@@ -1,4 +1,4 @@
-"""Experiment 6: tensor-parallel modes side by side on the same GPT (issue 17).
+"""Experiment 6: tensor-parallel modes side by side on the same GPT.
 
 4 ranks: 1d (Megatron) vs 2d (Optimus, q = 2); 8 ranks: 1d vs 2.5d (Tesseract, q = 2, d = 2)
 vs 3d (q = 2);
