@@ -69,8 +69,9 @@ def run(args) -> int:
 
     brief = handled_errors()
     failfast.install(brief)
-    world_size_and_rank()  # MPI_Init, which installs MPICH's own SIGUSR1 handler; then ours
-    with StopSignals():  # a preemption signal during the start is honoured after step 1
+    with StopSignals() as signals:  # a preemption signal during the start: stop after step 1
+        world_size_and_rank()  # MPI_Init, which installs MPICH's own SIGUSR1 handler
+        signals.reinstall()
         return _run(args, brief)
 
 

@@ -6,10 +6,10 @@ not act on it alone: once per step every rank contributes its flag to one all-re
 (``failfast.world_max``) and all stop after the same step, then write a checkpoint, flush the
 dump and exit with ``failfast.EXIT_PREEMPTED``.
 
-When: ``mpipar train`` installs the handlers right after ``MPI_Init`` (MPICH's own ``MPI_Init``
-installs a SIGUSR1 handler, so a handler installed before it would be replaced and a Slurm
-warning arriving during a slow start lost); a signal received during the start is honoured
-after the first step. They stay installed until the preemption checkpoint and the dump are on
+When: ``mpipar train`` installs the handlers before ``MPI_Init`` and again right after it
+(MPICH's own ``MPI_Init`` installs a SIGUSR1 handler, so a handler installed only before it
+would be replaced and a Slurm warning arriving during a slow start lost); a signal received
+during the start is honoured after the first step. They stay installed until the preemption checkpoint and the dump are on
 disk: a real preemption often sends TERM twice (or TERM, then KILL after a grace period), and
 the grace period must be spent writing the checkpoint, so a repeated signal is logged and
 ignored. Handlers live in the main thread only.
@@ -54,6 +54,13 @@ class StopSignals:
                 self._previous[s] = signal.signal(s, self._handler)
             StopSignals.active, self._owner = self, True
         return self
+
+    def reinstall(self) -> None:
+        """Put the handlers back after ``MPI_Init``, which replaces MPICH's SIGUSR1 handler
+        (a signal received before keeps its flag)."""
+        if self._owner:
+            for s in STOP_SIGNALS:
+                signal.signal(s, self._handler)
 
     def __exit__(self, *exc):
         if self._owner:
