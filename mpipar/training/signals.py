@@ -9,10 +9,10 @@ dump and exit with ``failfast.EXIT_PREEMPTED``.
 When: ``mpipar train`` installs the handlers before ``MPI_Init`` and again right after it
 (MPICH's own ``MPI_Init`` installs a SIGUSR1 handler, so a handler installed only before it
 would be replaced and a Slurm warning arriving during a slow start lost); a signal received
-during the start is honoured after the first step. They stay installed until the preemption checkpoint and the dump are on
-disk: a real preemption often sends TERM twice (or TERM, then KILL after a grace period), and
-the grace period must be spent writing the checkpoint, so a repeated signal is logged and
-ignored. Handlers live in the main thread only.
+during the start is honoured after the first step. They stay installed until the preemption
+checkpoint and the dump are on disk: a real preemption often sends TERM twice (or TERM, then
+KILL after a grace period), and the grace period must be spent writing the checkpoint, so a
+repeated signal is logged and ignored. Handlers live in the main thread only.
 """
 
 from __future__ import annotations
