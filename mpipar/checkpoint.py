@@ -138,10 +138,20 @@ def save_checkpoint(trainer, directory) -> Path | None:
 
 
 def _write(directory: Path, trainer, tensors: dict) -> Path:
-    cfg = trainer.cfg
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"step_{trainer.step:06d}.h5"
-    with atomic_h5(path, durable=True) as f:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        _write_file(path, trainer, tensors)
+    except OSError as exc:  # a full disk, a quota: said with the file, `latest` untouched
+        raise OSError(f"checkpoint not saved: {exc} (the earlier checkpoints and "
+                      f"{directory / 'latest'} are intact)") from None
+    write_text_atomic(directory / "latest", path.name + "\n", durable=True)
+    return path
+
+
+def _write_file(path: Path, trainer, tensors: dict) -> None:
+    cfg = trainer.cfg
+    with atomic_h5(path, durable=True, in_memory=True) as f:
         for name, a in sorted(tensors.items()):
             a = np.ascontiguousarray(a)
             f.create_dataset(name, data=a).attrs["sha256"] = digest(a)
@@ -154,20 +164,36 @@ def _write(directory: Path, trainer, tensors: dict) -> Path:
                                       "tp": cfg.parallel.tp})
         f.attrs["dtype"] = cfg.train.dtype
         f.attrs["complete"] = True
-    write_text_atomic(directory / "latest", path.name + "\n", durable=True)
-    return path
 
 
 # ----- load -----------------------------------------------------------------------------------
 
 def resolve(resume: str, out_dir: Path) -> Path:
-    if resume == "latest":
+    """The checkpoint file ``run.resume`` names: a file, ``latest`` (the run directory's
+    ``checkpoints/latest``) or ``auto`` (the same; ``find_resume`` falls back on damage)."""
+    if resume in ("latest", "auto"):
         pointer = Path(out_dir) / "checkpoints" / "latest"
         if not pointer.is_file():
-            raise CheckpointError(f"run.resume = latest but {pointer} does not exist: no "
-                                  f"checkpoint was saved in this run directory")
-        return pointer.parent / pointer.read_text().strip()
+            raise CheckpointError(f"run.resume = {resume} but {pointer} does not exist: no "
+                                  f"checkpoint was saved in this run directory; drop --resume "
+                                  f"or pass --out with the directory of the run to resume")
+        try:
+            name = pointer.read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"{pointer} cannot be read ({exc}): pass --resume "
+                                  f"{pointer.parent}/step_NNNNNN.h5 instead") from None
+        if not name or "/" in name:
+            raise CheckpointError(f"{pointer} is {'empty' if not name else 'damaged'} (an "
+                                  f"interrupted write?): pass --resume {pointer.parent}/"
+                                  f"step_NNNNNN.h5 with the checkpoint to resume, or --resume "
+                                  f"auto to take the newest intact one")
+        return pointer.parent / name
     return Path(resume)
+
+
+def _step_files(directory: Path) -> list:
+    """The run directory's checkpoint files, newest (highest step) first."""
+    return sorted(directory.glob("step_*.h5"), reverse=True)
 
 
 def digest(a) -> str:
@@ -181,8 +207,13 @@ def read_checkpoint(path) -> tuple[dict, dict]:
     import h5py
 
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"run.resume = {path} is a folder: pass a checkpoint file "
+                              f"(<run dir>/checkpoints/step_NNNNNN.h5), or --resume latest / "
+                              f"auto with --out <run dir>")
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist: check run.resume")
+        raise CheckpointError(f"checkpoint {path} does not exist: check run.resume (--resume "
+                              f"auto takes the newest checkpoint of the run directory)")
     try:
         with h5py.File(path, "r") as f:
             attrs = dict(f.attrs)
@@ -250,25 +281,40 @@ def check_contents(path, tensors: dict, shapes: dict, buffers) -> None:
                                   f"{tuple(shape)}: the model settings differ from the saved run")
 
 
-def load_into(trainer, path) -> int:
-    """Load params and optimizer state onto this rank's shards. Returns the step to resume at."""
+def check_checkpoint(trainer, path) -> tuple[dict, dict]:
+    """(tensors, attrs) of ``path``, read, verified and checked against the trainer's model and
+    optimizer. No MPI traffic: every rank runs it before the ranks agree (``find_resume``)."""
     tensors, attrs = read_checkpoint(path)
     cfg = trainer.cfg
     if attrs.get("optimizer") != cfg.train.optimizer:
         raise CheckpointError(f"{path} holds {attrs.get('optimizer')} state but the run uses "
                               f"train.optimizer = {cfg.train.optimizer}")
-    # check everything before changing anything
-    buffers = [k for k in trainer.opt.BUFFERS]
     # the whole model (every stage's tensors), not only this rank's: every rank builds it
     check_contents(path, tensors, {p.name: p.full_shape for p in trainer.model.params()},
-                   buffers)
+                   list(trainer.opt.BUFFERS))
+    if _older_names(trainer, tensors):
+        for p in trainer.params:
+            n = f"older/{p.name}"
+            if tuple(tensors[n].shape) != tuple(p.full_shape):
+                raise CheckpointError(f"{path}: {n} has shape {tuple(tensors[n].shape)}, the "
+                                      f"model needs {tuple(p.full_shape)}")
+    return tensors, attrs
+
+
+def load_into(trainer, path, checked: tuple | None = None) -> int:
+    """Load params and optimizer state onto this rank's shards. Returns the step to resume at.
+    ``checked``: what ``check_checkpoint`` returned for ``path`` (read here when not given)."""
+    tensors, attrs = checked or check_checkpoint(trainer, path)
+    buffers = list(trainer.opt.BUFFERS)
     xp = trainer.backend.xp
     for p in trainer.params:
         p.data[...] = xp.asarray(take_shard(tensors[f"params/{p.name}"], p.spec, p.tp_rank,
                                             p.tp_size), dtype=p.data.dtype)
     per_param = {p.name: {b: take_shard(tensors[f"optim/{p.name}/{b}"], p.spec, p.tp_rank,
                                         p.tp_size) for b in buffers} for p in trainer.params}
-    _load_older(trainer, tensors, path)
+    if _older_names(trainer, tensors):
+        trainer.load_older({p.name: take_shard(tensors[f"older/{p.name}"], p.spec, p.tp_rank,
+                                               p.tp_size) for p in trainer.params})
     step = int(attrs["optimizer_step"])
     if trainer.sync.zero1:
         shard_state = trainer.sync.scatter_state(per_param, buffers)
@@ -278,27 +324,64 @@ def load_into(trainer, path) -> int:
     return int(attrs["step"])
 
 
-def _load_older(trainer, tensors, path) -> None:
-    """PipeDream-2BW's older buffer, when the run uses one and the file has it (a file from a
-    run without it: the older buffer starts equal to the weights, as at step 0)."""
+def _older_names(trainer, tensors) -> bool:
+    """PipeDream-2BW's older buffer is loaded when the run uses one and the file has it (a file
+    from a run without it: the older buffer starts equal to the weights, as at step 0)."""
     if not hasattr(trainer, "older_weights") or trainer.older_weights() is None:
-        return
-    names = [f"older/{p.name}" for p in trainer.params]
-    if not all(n in tensors for n in names):
-        return
-    for p, n in zip(trainer.params, names):
-        if tuple(tensors[n].shape) != tuple(p.full_shape):
-            raise CheckpointError(f"{path}: {n} has shape {tuple(tensors[n].shape)}, the model "
-                                  f"needs {tuple(p.full_shape)}")
-    trainer.load_older({p.name: take_shard(tensors[n], p.spec, p.tp_rank, p.tp_size)
-                        for p, n in zip(trainer.params, names)})
+        return False
+    return all(f"older/{p.name}" in tensors for p in trainer.params)
 
 
-def maybe_resume(trainer) -> None:
+def find_resume(trainer) -> tuple | None:
+    """The checkpoint to resume from, read and checked: (path, (tensors, attrs)), or None when
+    ``run.resume`` is empty. No MPI traffic (the caller makes the ranks agree on failure).
+
+    ``run.resume = auto``: a damaged newest checkpoint is named and the newest intact one of
+    the same directory taken instead (said in one line by world rank 0)."""
     cfg = trainer.cfg
     if not cfg.run.resume:
+        return None
+    if cfg.run.resume != "auto":
+        path = resolve(cfg.run.resume, cfg.out_dir)
+        return path, _within_steps(check_checkpoint(trainer, path), path, cfg)
+    directory = Path(cfg.out_dir) / "checkpoints"
+    try:
+        path = resolve("auto", cfg.out_dir)
+        if not path.exists():
+            raise CheckpointError(f"{directory / 'latest'} names {path.name}, which does not "
+                                  f"exist (deleted?)")
+        return path, _within_steps(check_checkpoint(trainer, path), path, cfg)
+    except CheckpointError as exc:
+        first = exc
+    for other in _step_files(directory):
+        try:
+            checked = check_checkpoint(trainer, other)
+        except CheckpointError:
+            continue
+        if trainer.grid.rank == 0:
+            print(f"mpipar: warning: {' '.join(str(first).split())}; resuming from the newest "
+                  f"intact checkpoint instead, {other}", file=sys.stderr, flush=True)
+        return other, _within_steps(checked, other, cfg)
+    raise CheckpointError(f"{first}; no other checkpoint in {directory} is intact: remove "
+                          f"that folder (or drop --resume) to start afresh") from None
+
+
+def _within_steps(checked: tuple, path, cfg) -> tuple:
+    step = int(checked[1]["step"])
+    if step > cfg.train.steps:
+        raise CheckpointError(f"{path} is at step {step} but train.steps = {cfg.train.steps}: "
+                              f"nothing to train; train.steps counts from step 0, so pass "
+                              f"--steps above {step}")
+    return checked
+
+
+def maybe_resume(trainer, found: tuple | None = None) -> None:
+    """Resume as ``run.resume`` says. ``found``: what ``find_resume`` returned (looked up here
+    when not given)."""
+    found = found if found is not None else find_resume(trainer)
+    if found is None:
         return
-    path = resolve(cfg.run.resume, cfg.out_dir)
-    trainer.step = load_into(trainer, path)
+    path, checked = found
+    trainer.step = load_into(trainer, path, checked)
     if trainer.grid.rank == 0:
         print(f"mpipar: resumed from {path} at step {trainer.step}", flush=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # subcommand name -> module under mpipar.commands
@@ -28,9 +29,27 @@ def _load(name: str):
     return importlib.import_module(f"mpipar.commands.{COMMANDS[name]}")
 
 
+def launcher_rank() -> str | None:
+    """This process's rank as the launcher set it (before MPI starts), or None alone."""
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if var in os.environ:
+            return os.environ[var]
+    return None
+
+
+class Parser(argparse.ArgumentParser):
+    """Under mpiexec / srun every rank parses the same command line: a usage error (or
+    --help) is printed by rank 0 alone, once per job; every rank exits with status 2."""
+
+    def _print_message(self, message, file=None):
+        if launcher_rank() in (None, "0"):
+            super()._print_message(message, file)
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mpipar", description=__doc__.splitlines()[0])
+    parser = Parser(prog="mpipar", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.commands = {}  # name -> its parser (a usage error names the command's usage)
     for name in COMMANDS:
         if only is not None and name != only:
             sub.add_parser(name, help="")  # placeholder so the name is listed
@@ -43,6 +62,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             raise
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
+        parser.commands[name] = p
     return parser
 
 
@@ -59,7 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     # Load only the module of the chosen command (fast start, no MPI import for analysis).
     chosen = argv[0] if argv and argv[0] in COMMANDS else None
     parser = build_parser(only=chosen)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the command's usage, not mpipar's
+        parser.commands.get(args.command, parser).error(
+            f"unrecognized arguments: {' '.join(unknown)}")
     if not args.command:
         parser.print_help()
         return 2

@@ -232,6 +232,9 @@ def load_config(path=None, overrides: dict | None = None) -> Config:
     cfg = Config()
     if path:
         p = Path(path)
+        if p.is_dir():
+            raise ConfigError(f"config file {p} is a folder: pass a TOML file to --config "
+                              f"(see experiments/configs/)")
         if not p.is_file():
             raise ConfigError(f"config file {p} not found: pass an existing file to --config "
                               f"(see experiments/configs/)")

@@ -76,6 +76,7 @@ def validate(cfg, world_size: int | None = None) -> None:
     check_fields(cfg)
     _validate_model(cfg.model, cfg.parallel, cfg.train)
     _validate_train(cfg.train)
+    _validate_name(cfg.run.name)
     _validate_parallel(cfg.parallel, cfg.train, world_size)
 
 
@@ -98,7 +99,17 @@ def _grid_rule(check, *args) -> None:
         raise ConfigError(str(exc)) from None
 
 
+def _validate_name(name: str) -> None:
+    """run.name is a folder under runs/ (the default run directory): it must stay inside."""
+    if Path(name).is_absolute() or ".." in Path(name).parts:
+        raise ConfigError(f"run.name = {name!r} would put the run directory outside runs/: "
+                          f"use a plain name (pass --out DIR to choose any directory)")
+
+
 def _validate_model(m, p, t) -> None:
+    if m.kind == "mlp" and m.task == "classification" and m.sizes[-1] < 2:
+        raise ConfigError(f"model.sizes = {list(m.sizes)}: a classifier's last size is its "
+                          f"number of classes, at least 2 (or set model.task = regression)")
     if m.kind != "gpt":
         if p.tp_mode != "1d" and p.tp > 1:
             raise ConfigError(f"parallel.tp_mode = {p.tp_mode} builds the GPT only (model.kind "
@@ -133,7 +144,13 @@ def _validate_parallel(p, t, world_size: int | None) -> None:
             f"microbatches = {p.microbatches}: use a batch size that is a multiple of "
             f"{p.dp * p.microbatches}")
     if p.schedule_file and not Path(p.schedule_file).is_file():
-        raise ConfigError(f"parallel.schedule_file {p.schedule_file} not found")
+        what = "is a folder" if Path(p.schedule_file).is_dir() else "not found"
+        raise ConfigError(f"parallel.schedule_file {p.schedule_file} {what}: pass a schedule "
+                          f"file (mpipar schedule --help shows the format)")
+    if p.schedule_file and p.schedule != "1f1b":
+        raise ConfigError(f"parallel.schedule = {p.schedule} and parallel.schedule_file = "
+                          f"{p.schedule_file} contradict: the file is the schedule; drop "
+                          f"--schedule (or the file)")
     if p.zero1 and p.schedule in ("pipedream", "pipedream-2bw"):
         raise ConfigError(f"ZeRO-1 with {p.schedule} is not supported: drop zero1")
     _validate_continuous(p)

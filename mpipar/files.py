@@ -77,7 +77,11 @@ def atomic_path(path, durable: bool = False):
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     remove_stale_temporaries(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                                   dir=directory)
+    except OSError as exc:  # name the user's path, not the temporary nobody asked for
+        raise write_error(path, exc) from None
     try:
         os.fchmod(fd, 0o666 & ~_umask())
     finally:
@@ -90,23 +94,61 @@ def atomic_path(path, durable: bool = False):
         os.replace(tmp, path)
         if durable:
             _fsync_dir(directory)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError) and not getattr(exc, "written", False):
+            raise write_error(path, exc) from None
         raise
 
 
+def _parents(folder: str):
+    while True:
+        yield folder
+        up = os.path.dirname(folder)
+        if up == folder:
+            return
+        folder = up
+
+
+def write_error(path, exc: BaseException) -> OSError:
+    """An OSError naming ``path`` (what the user asked for) and what to do, for a failed write
+    (a read-only or missing folder, a full disk, a quota)."""
+    why = getattr(exc, "strerror", None) or " ".join(str(exc).split())
+    folder = os.path.dirname(os.path.abspath(os.fspath(path)))
+    parent = next((p for p in _parents(folder) if os.path.lexists(p)), folder)
+    if not os.path.isdir(parent):
+        why = f"{parent} is a file, not a folder"
+    err = OSError(f"could not write {os.fspath(path)}: {why}; check that {folder} exists, "
+                  f"is writable and has free space, or choose another location")
+    err.errno, err.written = getattr(exc, "errno", None), True  # said once, not re-wrapped
+    return err
+
+
 @contextmanager
-def atomic_h5(path, durable: bool = False):
+def atomic_h5(path, durable: bool = False, in_memory: bool = False):
     """An h5py File open for writing at a temporary name beside ``path``, renamed over ``path``
-    only when the block ends normally: a crash or an error never leaves a half-written file."""
+    only when the block ends normally: a crash or an error never leaves a half-written file.
+
+    ``in_memory``: the file is built in memory and its bytes written with plain file I/O, so a
+    full disk or a quota is an ``OSError`` naming ``path``. (HDF5 itself reports a failed write
+    from inside an object's deallocation, through ``sys.excepthook``, and may crash closing the
+    file after it.) For files whose contents are in memory anyway: checkpoints, token files."""
     import h5py
 
     with atomic_path(path, durable) as tmp:
-        with h5py.File(tmp, "w") as f:
+        if not in_memory:
+            with h5py.File(tmp, "w") as f:
+                yield f
+            return
+        with h5py.File(tmp, "w", driver="core", backing_store=False) as f:
             yield f
+            f.flush()
+            image = f.id.get_file_image()
+        with open(tmp, "wb") as fh:
+            fh.write(image)
 
 
 def write_text_atomic(path, text: str, durable: bool = False) -> None:
@@ -121,8 +163,10 @@ def write_json_atomic(path, obj) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, default=float) + "\n")
 
 
-def check_writable(path) -> None:
-    """Fail early (before training) if the dump cannot be written where asked.
+def check_writable(path, what: str = "the timing dump",
+                   fix: str = "pass --out DIR with a writable directory") -> None:
+    """Fail early (before the work) if ``what`` cannot be written at ``path``: ``ValueError``
+    naming it and saying ``fix``.
 
     Probes by creating and deleting a file next to ``path``: permission bits lie for root and
     on some network file systems.
@@ -142,7 +186,4 @@ def check_writable(path) -> None:
         except OSError as exc:
             why = exc.strerror or str(exc)
     if why is not None:
-        raise ValueError(
-            f"cannot write the timing dump to {path}: {why}; "
-            f"pass --out DIR with a writable directory"
-        )
+        raise ValueError(f"cannot write {what} to {path}: {why}; {fix}")

@@ -11,12 +11,14 @@ import time
 
 
 class Progress:
-    __slots__ = ("last", "what", "step")
+    __slots__ = ("last", "what", "step", "peer_of")
 
     def __init__(self):
         self.last = time.monotonic()
         self.what: object = "start-up"
         self.step = -1
+        # what -> the world rank (and host) that ``what`` waits for, or None; set by the loop
+        self.peer_of = None
 
 
 state = Progress()

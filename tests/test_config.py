@@ -235,3 +235,56 @@ def test_cli_exits_2_with_one_line(setting):
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and setting.split("=")[0] in lines[0], res.stderr
+
+
+# ----- settings that were silently accepted or failed deep inside -----------------------------
+
+SCHEDULE_2x2 = ("schedule kind=1f1b pp=2 virtual=1 microbatches=2 asynchronous=false "
+                "placement=loop\n"
+                "rank 0: F0.0 SEND_F0.0 F1.0 SEND_F1.0 RECV_B0.0 BW0.0 RECV_B1.0 BW1.0\n"
+                "rank 1: RECV_F0.1 F0.1 BW0.1 RECV_F1.1 SEND_B0.1 F1.1 BW1.1 SEND_B1.1\n")
+
+
+def _preflight(over, world=2):
+    from mpipar.training import preflight
+
+    return preflight(load_config(None, over), world)
+
+
+def test_a_schedule_file_contradicted_by_schedule_or_virtual_stages_is_refused(tmp_path):
+    f = tmp_path / "a_1f1b.txt"
+    f.write_text(SCHEDULE_2x2)
+    base = {"parallel.pp": "2", "parallel.microbatches": "2", "parallel.schedule_file": str(f),
+            "model.n_layer": "4"}
+    assert _preflight(base).schedule.pp == 2  # the file alone is fine
+    with pytest.raises(ConfigError, match="parallel.schedule = interleaved and parallel."
+                                          "schedule_file .* contradict"):
+        load_config(None, {**base, "parallel.schedule": "interleaved"})
+    with pytest.raises(ConfigError, match="virtual_stages = 2 but the schedule file .* has 1 "
+                                          "chunk.* the file wins"):
+        _preflight({**base, "parallel.virtual_stages": "2"})
+    with pytest.raises(ConfigError, match="is a folder"):
+        load_config(None, {**base, "parallel.schedule_file": str(tmp_path)})
+
+
+@pytest.mark.parametrize("name", ["../../x", "/tmp/x", "a/../../b"])
+def test_a_run_name_escaping_the_run_root_is_refused(name):
+    with pytest.raises(ConfigError, match="outside runs/"):
+        load_config(None, {"run.name": name})
+    assert load_config(None, {"run.name": "sweep/a"}).out_dir.as_posix() == "runs/sweep/a"
+
+
+def test_a_one_class_mlp_is_refused_before_start():
+    with pytest.raises(ConfigError, match=r"model.sizes = \[32, 64, 1\]: a classifier's last"):
+        load_config(None, {"model.kind": "mlp", "model.sizes": "[32, 64, 1]"})
+
+
+def test_explicit_boundaries_past_the_model_are_refused_before_start():
+    with pytest.raises(ConfigError, match=r"boundaries = \[0, 9\]: the model has 6 units"):
+        _preflight({"parallel.pp": "2", "parallel.microbatches": "2", "model.n_layer": "4",
+                    "parallel.partition": "explicit", "parallel.boundaries": "[0, 9]"})
+
+
+def test_a_folder_given_as_config_says_so(tmp_path):
+    with pytest.raises(ConfigError, match="is a folder: pass a TOML file"):
+        load_config(tmp_path)

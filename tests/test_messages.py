@@ -133,3 +133,60 @@ def test_plots_into_an_unwritable_folder(capfd, dump, tmp_path):
 
     with pytest.raises(ValueError, match="cannot write plots into"):
         plots.timeline(dump, blocker / "plots" / "t.png")
+
+
+# ----- schedule files: absurd headers and binary files -----------------------------------------
+
+def test_a_tiny_schedule_file_claiming_a_huge_pp_is_refused_at_once(tmp_path):
+    """65 bytes claiming pp=10**9: refused after looking for rank 1's line, not after listing
+    10**9 ranks (a subprocess, so the old behaviour fails by its timeout, not by a hang)."""
+    f = tmp_path / "big.txt"
+    f.write_text("schedule kind=1f1b pp=1000000000 virtual=1 microbatches=2\nrank 0: F0.0\n")
+    res = subprocess.run([sys.executable, "-m", "mpipar.cli", "schedule", "--file", str(f)],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, **ONE_THREAD, "PYTHONPATH": str(REPO)})
+    assert res.returncode == 2 and "no 'rank 1:' line" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("name, words", [("s.txt", "schedule file "), ("s.csv", "torch CSV ")])
+def test_a_binary_schedule_file_names_the_file(capfd, tmp_path, name, words):
+    f = tmp_path / name
+    f.write_bytes(bytes(range(256)) * 4)
+    err = _error(capfd, ["schedule", "--file", str(f)])
+    assert f"{words}{f} is not text" in err, err
+
+
+# ----- prepare-data: absurd sizes and unwritable places -----------------------------------------
+
+def test_prepare_data_refuses_a_huge_vocabulary(capfd, tmp_path):
+    err = _error(capfd, ["prepare-data", "--synthetic", "pattern", "--tokens", "1000",
+                         "--vocab", "5000000000", "--out", str(tmp_path / "t.h5")])
+    assert "--vocab 5000000000: a synthetic vocabulary must be from 2 to" in err, err
+
+
+def test_prepare_data_into_an_unwritable_place_names_the_users_path(capfd, tmp_path):
+    """(A folder under a file: unwritable even for root, unlike a chmod-ed folder.)"""
+    (tmp_path / "afile").write_text("x")
+    target = tmp_path / "afile" / "t.h5"
+    err = _error(capfd, ["prepare-data", "--synthetic", "pattern", "--tokens", "1000",
+                         "--out", str(target)])
+    assert f"could not write {target}: {tmp_path / 'afile'} is a file, not a folder" in err, err
+    assert ".tmp" not in err
+
+
+def test_a_failed_write_names_the_file_not_the_temporary(tmp_path):
+    from mpipar.files import write_text_atomic
+
+    target = tmp_path / "sub"
+    target.mkdir()
+    with pytest.raises(OSError, match=f"could not write {target}: Is a directory") as exc:
+        write_text_atomic(target, "x")
+    assert ".tmp" not in str(exc.value)
+
+
+def test_an_unwritable_chrome_trace_is_refused_before_the_analysis(capfd, tmp_path):
+    """Checked with the arguments, as --plots is: the dump (here absent) is not even read."""
+    (tmp_path / "afile").write_text("x")
+    target = tmp_path / "afile" / "t.json"
+    err = _error(capfd, ["analyze", str(tmp_path / "missing.h5"), "--chrome-trace", str(target)])
+    assert f"cannot write the chrome trace to {target}" in err and "--chrome-trace" in err, err

@@ -129,6 +129,94 @@ def test_template_refuses_a_grid_larger_than_the_allocation(tmp_path):
     assert "needs 4 ranks but this allocation has 2 tasks" in proc.stderr
 
 
+def _fake_job(tmp_path, run_name="", restart="0", srun_rc=0, **env):
+    """train.sbatch outside Slurm with a fake srun that records what it was given: the
+    script's own logic (run directory, stale exit codes, NOLOCAL detection, messages)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "srun").write_text(f'#!/bin/bash\necho "NOLOCAL=${{MPIR_CVAR_NOLOCAL:-0}} $*" '
+                                  f'> "{tmp_path}/srun.txt"\nexit {srun_rc}\n')
+    (bin_dir / "srun").chmod(0o755)
+    full = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "CONFIG": "c.toml",
+            "RUN_ROOT": str(tmp_path / "runs"), "RUN_NAME": run_name, "SLURM_JOB_ID": "77",
+            "SLURM_RESTART_COUNT": restart, "MPIPAR": f"{sys.executable} -m mpipar.cli",
+            "PYTHONPATH": str(REPO), **env}
+    return subprocess.run(["bash", str(REPO / "slurm" / "train.sbatch")], env=full,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_srun_nolocal_auto_asks_the_python_of_mpipar(tmp_path):
+    """A shell without the venv: python3 on PATH is the system's; the wheel is in $MPIPAR's."""
+    import importlib.metadata as md
+
+    try:
+        md.distribution("mpich")
+    except md.PackageNotFoundError:
+        pytest.skip("this python has no PyPI mpich wheel")
+    proc = _fake_job(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "srun.txt").read_text().startswith("NOLOCAL=1 ")
+
+
+def test_a_named_run_directory_is_found_again_and_its_old_exit_code_cleared(tmp_path):
+    run_dir = tmp_path / "runs" / "exp1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "slurm_exit").write_text("75\n")  # the previous incarnation's
+    proc = _fake_job(tmp_path, run_name="exp1", srun_rc=3, restart="1")
+    assert proc.returncode == 3
+    assert f"--out {run_dir}\n" in (tmp_path / "srun.txt").read_text()
+    assert (run_dir / "slurm_exit").read_text().strip() == "3"
+    assert json.loads((run_dir / "slurm_job.json").read_text())["job"] == "77"
+    assert "Job credential revoked" in proc.stderr and "resubmit it with RUN_NAME=exp1" \
+        in proc.stderr, proc.stderr
+    bad = _fake_job(tmp_path, run_name="../x")
+    assert bad.returncode == 2 and "RUN_NAME must be a plain name" in bad.stderr
+
+
+def test_dry_run_writes_the_script_it_prints(tmp_path, capsys):
+    rc, out, err = _cli(capsys, "submit", "--config", "c.toml", "--dp", 2, "--dry-run",
+                        "--run-root", tmp_path / "runs", "--name", "exp1")
+    path = Path(err.split("sbatch --parsable ")[1].split()[0])
+    assert rc == 0 and path.read_text() == out and "RUN_NAME=exp1" in out
+
+
+def _state(job, state, reason=""):
+    return slurm.JobState(job, state, "", reason)
+
+
+def test_collect_lists_every_task_with_a_reason_and_fails_when_one_failed(tmp_path, capsys,
+                                                                          monkeypatch):
+    root = tmp_path / "runs"
+    for task, code in ((0, 0), (1, 2), (3, 75), (4, None)):
+        d = root / f"9_{task}"
+        d.mkdir(parents=True)
+        (d / "slurm_job.json").write_text(json.dumps({"job": f"9_{task}", "dp": 1}))
+        if code is not None:  # task 4 was cancelled before the script could write one
+            (d / "slurm_exit").write_text(f"{code}\n")
+    (root / "9_0" / "metrics.json").write_text(json.dumps({"final_loss": 1.5}))
+    (root / "slurm-9_1.out").write_text("mpipar train: error: model.kind = 'x' is unknown\n")
+    states = [_state("9_0", "COMPLETED"), _state("9_1", "FAILED"),
+              _state("9_2", "FAILED", "NonZeroExitCode"), _state("9_3", "PENDING", "BeginTime"),
+              _state("9_4", "CANCELLED")]
+    rows = slurm.collect(root, "9", states)
+    by = {r["job"]: r for r in rows}
+    assert [r["job"] for r in rows] == ["9_0", "9_1", "9_2", "9_3", "9_4"]
+    assert by["9_4"]["state"] == "CANCELLED"  # not RUNNING?
+    assert by["9_1"]["reason"] == "mpipar train: error: model.kind = 'x' is unknown"
+    assert by["9_2"]["run_dir"] is None and "never started" in by["9_2"]["reason"]
+    assert by["9_3"]["state"] == "PENDING"  # requeued: its old exit code 75 is not the state
+    assert [r["job"] for r in slurm.failed_rows(rows)] == ["9_1", "9_2", "9_4"]
+    # the CLI: the run root submit noted, several jobs, exit 1 when a task failed
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setattr(slurm, "job_states", lambda job, env=None: states if job == "9" else [])
+    slurm.remember("9", root)
+    (root / "10").mkdir()
+    (root / "10" / "slurm_exit").write_text("0\n")
+    slurm.remember("10", root)
+    rc, out, _ = _cli(capsys, "collect", "9", "10")
+    assert rc == 1 and len(out.strip().splitlines()) == 7 and "never started" in out
+
+
 # ---- a real cluster ----------------------------------------------------------------------
 
 def _train_available() -> str | None:
@@ -306,8 +394,57 @@ def test_preempted_job_requeues_and_resumes_exactly(cluster, train_ready, tmp_pa
                 *extra.split(), "--out", ref], timeout=JOB_TIMEOUT, check=True)
     whole = json.loads((ref / "metrics.json").read_text())
     assert resumed["steps"] == whole["steps"] == steps
-    assert resumed["losses"] == whole["losses"][stopped:]  # float64, bitwise
+    assert resumed["losses"] == whole["losses"]  # float64, bitwise, the predecessor's kept
     assert resumed["final_loss"] == whole["final_loss"]
+
+
+def test_a_resubmitted_named_job_resumes_where_its_predecessor_stopped(cluster, train_ready,
+                                                                       tmp_path):
+    """No requeue: the stopped job ends (exit 75); the same submission with the same --name
+    resumes from its checkpoint, and metrics.json holds the whole curve."""
+    steps = 120
+    args = ("--dp", 1, "--pp", 2, "--microbatches", 2, "--steps", steps, "--name", "exp",
+            "--no-requeue", "--launcher", "mpiexec", "--extra-args",
+            "--dtype float64 --set train.eval_interval=0 --set run.flush_interval=2")
+    first = _submit(cluster, tmp_path / "runs", *args)
+    run_dir = tmp_path / "runs" / "exp"
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while not (run_dir / "trace.h5").exists():
+        assert time.monotonic() < deadline, "the job never flushed its dump"
+        time.sleep(0.1)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", first], env=cluster.env, timeout=30)
+    _wait(cluster, first)
+    assert (run_dir / "slurm_exit").read_text().strip() == "75"
+    second = _submit(cluster, tmp_path / "runs", *args)
+    assert [s.state for s in _wait(cluster, second)] == ["COMPLETED"]
+    log = (tmp_path / "runs" / f"slurm-{second}.out").read_text()
+    assert f"resumed from {run_dir}" in log, log[-3000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["steps"] == steps and len(metrics["losses"]) == steps
+    assert metrics["first_step"] == 0
+
+
+def test_collect_shows_an_array_task_that_never_started(cluster, train_ready, tmp_path, capsys,
+                                                        monkeypatch):
+    """--array=0-2 over a 2-line sweep: task 2 dies before it creates its run directory."""
+    sweep = tmp_path / "grids.txt"
+    sweep.write_text("dp=1\ndp=2\n")
+    script = tmp_path / "sweep.sbatch"
+    assert cli_main(["slurm", "render", "--config", str(TINY), "--sweep", str(sweep),
+                     "--steps", "1", "--launcher", "mpiexec", "--run-root",
+                     str(tmp_path / "runs"), "-o", str(script)]) == 0
+    (tmp_path / "runs").mkdir()
+    proc = subprocess.run(["sbatch", "--parsable", "--array=0-2", str(script)],
+                          capture_output=True, text=True, env=cluster.env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip().split(";")[0]
+    _wait(cluster, job)
+    capsys.readouterr()
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])  # collect asks this cluster
+    rc = cli_main(["slurm", "collect", job, "--run-root", str(tmp_path / "runs")])
+    out = capsys.readouterr().out
+    assert rc == 1 and len(out.strip().splitlines()) == 4, out  # header + 3 tasks
+    assert f"{job}_2" in out and "has no line in the sweep" in out, out
 
 
 def _preempt(cluster, root, grid, extra):

@@ -93,6 +93,12 @@ def check_arguments(args) -> None:
         from mpipar.analysis.plots import check_plot_dir
 
         check_plot_dir(args.plots)
+    from mpipar.files import check_writable
+
+    for flag in ("chrome_trace", "chrome_trace_predicted"):  # at once, not after the analysis
+        if getattr(args, flag):
+            check_writable(getattr(args, flag), "the chrome trace", f"pass --"
+                           f"{flag.replace('_', '-')} a file in a writable directory")
 
 
 def run(args) -> int:

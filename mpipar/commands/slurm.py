@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,6 +32,9 @@ def _job_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-root", default="runs/slurm",
                    help="each job writes RUN_ROOT/<jobid>/ (arrays <jobid>_<task>); default "
                         "runs/slurm")
+    p.add_argument("--name", default="",
+                   help="write RUN_ROOT/NAME/ (arrays NAME_<task>) instead of RUN_ROOT/<jobid>/: "
+                        "a job resubmitted with the same name resumes there")
     p.add_argument("--gpus-per-node", type=int,
                    help="GPU job: one rank per GPU (--gpus-per-task=1, --device cuda)")
     p.add_argument("--tasks-per-node", type=int, help="ranks per node (CPU jobs)")
@@ -74,9 +78,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p = sub.add_parser("cancel", help="scancel a job")
     p.add_argument("job_id")
-    p = sub.add_parser("collect", help="list the results (metrics.json) of a job or job array")
-    p.add_argument("job_id")
-    p.add_argument("--run-root", default="runs/slurm", help="as given to submit")
+    p = sub.add_parser("collect", help="list the results (metrics.json) of jobs or job arrays; "
+                                       "exit 1 when a task failed or never ran")
+    p.add_argument("job_id", nargs="+")
+    p.add_argument("--run-root", default=None,
+                   help="as given to submit (default: the one submit noted, else runs/slurm)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -89,7 +95,7 @@ def _spec(args) -> slurm.JobSpec:
     return slurm.JobSpec(
         config=args.config, dp=args.dp, pp=args.pp, tp=args.tp, schedule=args.schedule,
         microbatches=args.microbatches, steps=args.steps, extra_args=args.extra_args,
-        run_root=args.run_root, gpus_per_node=args.gpus_per_node,
+        run_root=args.run_root, name=args.name, gpus_per_node=args.gpus_per_node,
         tasks_per_node=args.tasks_per_node, nodes=args.nodes, cpus_per_task=args.cpus_per_task,
         partition=args.partition, time=args.time, job_name=args.job_name,
         launcher=args.launcher, srun_nolocal=args.srun_nolocal, sweep=sweep,
@@ -132,12 +138,15 @@ def _run(args) -> int:
             return 0
         stamp = time.strftime("%Y%m%d-%H%M%S")
         path = Path(spec.run_root) / "scripts" / f"{spec.job_name or 'mpipar'}-{stamp}.sbatch"
-        if args.dry_run:
+        if args.dry_run:  # the script is written, so the printed command works as it stands
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(script)
             sys.stdout.write(script)
-            print(f"# would run: sbatch --parsable {path}", file=sys.stderr)
+            print(f"# wrote {path}; to submit it: sbatch --parsable {path}", file=sys.stderr)
             return 0
         Path(spec.run_root).mkdir(parents=True, exist_ok=True)  # the log (#SBATCH --output) dir
         job_id = slurm.submit(script, path)
+        slurm.remember(job_id, spec.run_root)
         print(job_id, flush=True)
         if not args.wait:
             return 0
@@ -157,23 +166,42 @@ def _run(args) -> int:
         slurm.cancel(args.job_id)
         return 0
     if action == "collect":
-        rows = slurm.collect(args.run_root, args.job_id)
-        if not rows:
-            raise slurm.SlurmError(f"no results for job {args.job_id} under {args.run_root}")
-        if args.json:
-            print(json.dumps(rows, indent=1))
-            return 0
-        print(f"{'JOB':<14} {'state':<10} {'exit':>4} {'dp':>3} {'pp':>3} {'tp':>3} "
-              f"{'schedule':<12} {'mb':>4} {'final_loss':>12} {'tokens/s':>10}")
-        for r in rows:
-            loss = r.get("final_loss")
-            tps = r.get("tokens_per_s")
-            code = "-" if r["exit_code"] is None else r["exit_code"]
-            print(f"{r.get('job', Path(r['run_dir']).name):<14} {r['state']:<10} {code:>4} "
-                  f"{r.get('dp', ''):>3} "
-                  f"{r.get('pp', ''):>3} {r.get('tp', ''):>3} {r.get('schedule') or '-':<12} "
-                  f"{r.get('microbatches') or '-':>4} "
-                  f"{'-' if loss is None else f'{loss:.6f}':>12} "
-                  f"{'-' if tps is None else f'{tps:.0f}':>10}")
-        return 0
+        return _collect(args)
     raise slurm.SlurmError(f"unknown action {action}")
+
+
+def _slurm_states(job_id: str) -> list:
+    """What Slurm still knows of the job (nothing where Slurm cannot be asked)."""
+    try:
+        return slurm.job_states(job_id)
+    except (slurm.SlurmError, OSError, subprocess.SubprocessError):
+        return []
+
+
+def _collect(args) -> int:
+    rows = []
+    for job in args.job_id:
+        root = args.run_root or slurm.run_root_of(job) or "runs/slurm"
+        found = slurm.collect(root, job, _slurm_states(job))
+        if not found:
+            raise slurm.SlurmError(f"no results for job {job} under {root} (pass --run-root as "
+                                   f"given to submit)")
+        rows += found
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        _print_rows(rows)
+    return 1 if slurm.failed_rows(rows) else 0
+
+
+def _print_rows(rows: list[dict]) -> None:
+    print(f"{'JOB':<14} {'state':<10} {'exit':>4} {'dp':>3} {'pp':>3} {'tp':>3} "
+          f"{'schedule':<12} {'mb':>4} {'final_loss':>12} {'tokens/s':>10}  reason")
+    for r in rows:
+        loss, tps = r.get("final_loss"), r.get("tokens_per_s")
+        code = "-" if r["exit_code"] is None else r["exit_code"]
+        print(f"{r['job']:<14} {r['state']:<10} {code:>4} {r.get('dp', ''):>3} "
+              f"{r.get('pp', ''):>3} {r.get('tp', ''):>3} {r.get('schedule') or '-':<12} "
+              f"{r.get('microbatches') or '-':>4} "
+              f"{'-' if loss is None else f'{loss:.6f}':>12} "
+              f"{'-' if tps is None else f'{tps:.0f}':>10}  {r.get('reason', '')}")

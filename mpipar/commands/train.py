@@ -65,9 +65,19 @@ def run(args) -> int:
     75 preempted (SIGTERM/SIGUSR1: checkpoint written, resume with --resume auto), 124 the
     watchdog (no progress for run.watchdog_s), n for sys.exit(n) on a rank (failfast.EXIT_*)."""
     from mpipar.mpi import failfast, world_size_and_rank
+    from mpipar.training.signals import StopSignals
 
     brief = handled_errors()
     failfast.install(brief)
+    with StopSignals() as signals:  # a preemption signal during the start: stop after step 1
+        world_size_and_rank()  # MPI_Init, which installs MPICH's own SIGUSR1 handler
+        signals.reinstall()
+        return _run(args, brief)
+
+
+def _run(args, brief) -> int:
+    from mpipar.mpi import failfast, world_size_and_rank
+
     # Start: the deterministic checks, on every rank, before any MPI traffic. The ranks then
     # agree: one message (not one per rank), the same exit code everywhere, no rank left waiting.
     error = cfg = resolved = None
@@ -86,7 +96,7 @@ def run(args) -> int:
     if code:
         return code
     # After the start any failure on any rank aborts the whole job (failfast.guard).
-    from mpipar.training.loop import Preempted
+    from mpipar.training.loop import Preempted, StartFailed
     from mpipar.training.loop import run as train_run
 
     with failfast.guard(brief):
@@ -94,4 +104,6 @@ def run(args) -> int:
             train_run(cfg, resolved)
         except Preempted:
             return failfast.EXIT_PREEMPTED
+        except StartFailed as exc:  # said once already, the same code on every rank
+            return exc.code
     return 0

@@ -38,6 +38,11 @@ def _synthetic_stream(kind: str, n: int, vocab: int, rng, noise: float, period: 
     raise ValueError(f"unknown synthetic kind {kind!r}; choose one of {SYNTHETIC_KINDS}")
 
 
+# the largest synthetic vocabulary: uint32 tokens, and the generators' per-token tables (a
+# permutation, counts) stay within a few hundred MB
+MAX_VOCAB = 2**24
+
+
 def prepare_synthetic(out_path, kind: str, n_tokens: int, vocab: int, seed: int, *,
                       val_fraction: float = 0.1, noise: float = 0.1, period: int = 16) -> dict:
     """Write a synthetic token set (same format as the corpus): ``kind`` is "pattern" (noisy
@@ -46,8 +51,10 @@ def prepare_synthetic(out_path, kind: str, n_tokens: int, vocab: int, seed: int,
     achievable loss (for "pattern": given the position in the period)."""
     if kind not in SYNTHETIC_KINDS:
         raise ValueError(f"unknown synthetic kind {kind!r}; choose one of {SYNTHETIC_KINDS}")
-    if vocab < 2:
-        raise ValueError(f"vocab must be at least 2, got {vocab}")
+    if not 2 <= vocab <= MAX_VOCAB:
+        raise ValueError(f"--vocab {vocab}: a synthetic vocabulary must be from 2 to "
+                         f"{MAX_VOCAB:,} (its tables take memory in proportion): pick a "
+                         f"smaller one")
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     if not 0.0 <= noise <= 1.0:

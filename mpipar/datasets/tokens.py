@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..files import atomic_h5
+from ..files import atomic_h5, write_error
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "val")
@@ -83,8 +83,11 @@ def write_token_file(out_path, train, val, attrs: dict,
     import h5py
 
     out = Path(out_path).expanduser()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_h5(out, durable=True) as f:
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise write_error(out, exc) from None
+    with atomic_h5(out, durable=True, in_memory=True) as f:
         f.create_dataset("train", data=train)
         f.create_dataset("val", data=val)
         for name, values in (extra_datasets or {}).items():
@@ -117,6 +120,9 @@ class TokenDataset:
         self.path = Path(path).expanduser()
         if not self.path.exists():
             raise FileNotFoundError(f"token file {self.path} does not exist; {FIX_HINT}")
+        if self.path.is_dir():
+            raise DataError(f"token file {self.path} is a folder: pass the .h5 file that "
+                            f"`mpipar prepare-data --out FILE` wrote to --data / data.path")
         redo = f"recreate it with `mpipar prepare-data --out {self.path}`"
         try:
             f = _open_h5(self.path)

@@ -11,7 +11,18 @@ means the checked-in files cannot drift from what the CLI submits (a test compar
 No MPI here: this package only writes text and calls sbatch / scontrol / squeue / scancel.
 """
 
-from .jobs import JobState, cancel, collect, error_text, job_states, submit, wait
+from .jobs import (
+    JobState,
+    cancel,
+    collect,
+    error_text,
+    failed_rows,
+    job_states,
+    remember,
+    run_root_of,
+    submit,
+    wait,
+)
 from .render import render, render_static, write_static
 from .spec import (
     ACTIVE_STATES,
@@ -28,6 +39,7 @@ from .spec import (
 
 __all__ = [
     "ACTIVE_STATES", "NO_SBATCH", "OK_STATES", "SWEEP_KEYS", "Allocation", "JobSpec", "JobState",
-    "SlurmError", "allocation", "cancel", "collect", "error_text", "job_states", "parse_sweep",
-    "render", "render_static", "submit", "sweep_line", "wait", "write_static",
+    "SlurmError", "allocation", "cancel", "collect", "error_text", "failed_rows", "job_states",
+    "parse_sweep", "remember", "render", "render_static", "run_root_of", "submit", "sweep_line",
+    "wait", "write_static",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -33,6 +34,38 @@ def submit(script: str, script_path: Path, env: dict | None = None) -> str:
     if proc.returncode != 0:
         raise SlurmError(f"sbatch failed ({proc.returncode}): {proc.stderr.strip()}")
     return proc.stdout.strip().split(";")[0]  # --parsable prints "jobid[;cluster]"
+
+
+def _registry() -> Path:
+    """Where `submit` notes each job's run root, so `collect JOB` needs no --run-root again."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(base) / "mpipar" / "slurm_jobs.tsv"
+
+
+def remember(job_id: str, run_root) -> None:
+    """Note that job ``job_id`` writes under ``run_root`` (best effort: a read-only home only
+    means `collect` needs --run-root)."""
+    try:
+        path = _registry()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as fh:
+            fh.write(f"{job_id}\t{Path(run_root).resolve()}\n")
+    except OSError:
+        pass
+
+
+def run_root_of(job_id: str) -> str | None:
+    """The run root `submit` noted for ``job_id`` (an array task: its array job's), or None."""
+    job = str(job_id).split("_")[0]
+    try:
+        lines = _registry().read_text().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        jid, _, root = line.partition("\t")
+        if jid == job and root:
+            return root
+    return None
 
 
 @dataclass
@@ -149,27 +182,96 @@ def error_text(state: JobState, lines: int = 15) -> str:
         return ""
 
 
-def collect(run_root: str | Path, job_id: str) -> list[dict]:
-    """Results of a job (or each task of an array) under run_root: slurm_job.json+metrics.json."""
-    root = Path(run_root)
-    dirs = sorted([p for p in root.glob(f"{job_id}_*") if p.is_dir()],
-                  key=lambda p: int(p.name.split("_")[-1]))
-    if (root / str(job_id)).is_dir():
-        dirs.insert(0, root / str(job_id))
+def collect(run_root: str | Path, job_id: str, states: list | None = None) -> list[dict]:
+    """Results of a job (or each task of an array) under run_root: slurm_job.json+metrics.json,
+    the exit code the script recorded, and a state and reason. ``states``: what Slurm knows of
+    the job (``job_states``), when it can be asked: a task that never created its run directory
+    still gets a row, and a job killed before writing its exit code (cancelled, timed out)
+    shows Slurm's state instead of RUNNING?."""
+    known = {s.job_id: s for s in states or []}
     rows = []
-    for d in dirs:
-        row: dict = {"run_dir": str(d)}
+    for tag, d in _run_dirs(Path(run_root), str(job_id)):
+        row: dict = {"job": tag, "run_dir": str(d)}
         for name in ("slurm_job.json", "metrics.json"):
             if (d / name).exists():
-                row.update(json.loads((d / name).read_text()))
+                try:
+                    row.update(json.loads((d / name).read_text()))
+                except (OSError, ValueError):
+                    pass
+        row["job"] = tag
         row["trace"] = str(d / "trace.h5") if (d / "trace.h5").exists() else None
         row["exit_code"], row["state"] = _exit_state(d)
+        slurm_state = known.pop(tag, None)
+        if slurm_state is not None and (slurm_state.active or row["exit_code"] is None):
+            row["state"] = slurm_state.state  # running again (requeued), or killed by Slurm
+        row["reason"] = _reason(Path(run_root), tag, row, slurm_state)
         rows.append(row)
-    return rows
+    for tag, st in known.items():  # never created its run directory
+        rows.append({"job": tag, "run_dir": None, "trace": None, "exit_code": None,
+                     "state": st.state, "reason": ("" if st.active else
+                                                   _log_error(Path(run_root), tag, st))
+                     or _never_started(st)})
+    return sorted(rows, key=lambda r: _task_order(JobState(r["job"], "", "")))
+
+
+def _run_dirs(root: Path, job_id: str):
+    """(job tag, run directory) of the job's runs: RUN_ROOT/<jobid>[_<task>] or a RUN_NAME
+    directory whose slurm_job.json names the job."""
+    found = {}
+    for d in sorted(root.iterdir()) if root.is_dir() else []:
+        if not d.is_dir():
+            continue
+        tag = d.name
+        try:
+            tag = str(json.loads((d / "slurm_job.json").read_text()).get("job", tag))
+        except (OSError, ValueError, AttributeError):
+            pass
+        if tag == job_id or tag.startswith(f"{job_id}_"):
+            found[tag] = d
+    return found.items()
+
+
+def _never_started(st: JobState) -> str:
+    if st.active:
+        return st.reason if st.reason not in ("", "None") else "not started yet"
+    return f"never started its run directory ({st.reason or 'no reason given'})"
+
+
+def failed_rows(rows: list[dict]) -> list[dict]:
+    """The rows of tasks that ended without completing (exit non-zero, killed, never ran)."""
+    return [r for r in rows if r["state"] not in OK_STATES | ACTIVE_STATES | {"RUNNING?"}]
+
+
+def _reason(root: Path, tag: str, row: dict, st: JobState | None) -> str:
+    """Why a task did not complete: the last error line of its log, else Slurm's reason."""
+    if row["state"] in OK_STATES or row["state"] in ACTIVE_STATES or row["state"] == "RUNNING?":
+        return ""
+    text = _log_error(root, tag, st)
+    if text:
+        return text
+    if st is not None and st.reason not in ("", "None"):
+        return st.reason
+    return EXIT_REASONS.get(row["exit_code"], "")
+
+
+def _log_error(root: Path, tag: str, st: JobState | None) -> str:
+    """The last error line of the task's log (the rendered scripts' RUN_ROOT/slurm-<tag>.out,
+    else the StdErr Slurm names), or ""."""
+    for log in (root / f"slurm-{tag}.out", Path(st.stderr) if st and st.stderr else None):
+        try:
+            lines = log.read_text(errors="replace").splitlines() if log else []
+        except OSError:
+            continue
+        for line in reversed(lines):
+            if "error" in line.lower() or line.startswith("[mpipar] rank"):
+                return " ".join(line.split())
+    return ""
 
 
 # the codes of `mpipar train` (mpipar.mpi.job.failfast.EXIT_*) as a state a table can show
 EXIT_STATES = {0: "COMPLETED", 75: "PREEMPTED", 124: "STALLED"}
+EXIT_REASONS = {75: "stopped by the warning signal, checkpoint written: resubmit to resume",
+                124: "the watchdog: no progress for run.watchdog_s", 2: "bad input"}
 
 
 def _exit_state(run_dir: Path) -> tuple[int | None, str]:

@@ -22,6 +22,8 @@ _SETTINGS_DOC = """\
 # SCHEDULE      pipeline schedule (empty: config's)  MICROBATCHES, STEPS (empty: config's)
 # EXTRA_ARGS    more `mpipar train` flags; arguments after the script name are appended too
 # RUN_ROOT      each job writes RUN_ROOT/<jobid> (arrays: RUN_ROOT/<arrayjobid>_<taskid>)
+# RUN_NAME      write RUN_ROOT/<RUN_NAME> (arrays: <RUN_NAME>_<taskid>) instead: a resubmitted
+#               job with the same name resumes there (--resume auto); empty: the job id
 # LAUNCHER      srun (PMI-2, default) or mpiexec (MPICH Hydra / Open MPI inside the allocation)
 # DEVICE        empty (config's device) or cuda (one rank per GPU: --gpus-per-task=1)
 # MPIPAR_CUDA_AWARE=1  CuPy arrays go straight to a CUDA-aware MPI (also sets
@@ -37,7 +39,7 @@ _SETTINGS_DOC = """\
 #               under Slurm's PMI-2 disagrees between ranks on which peers share the node and
 #               aborts in MPI_Init ("Message truncated") or hangs; NOLOCAL sends all traffic
 #               through the network module (UCX still uses shared memory on one node).
-#               auto: 1 when python3 has the PyPI `mpich` package, else 0 (site MPI libraries)
+#               auto: 1 when the python of MPIPAR has the PyPI `mpich` package, else 0
 # SWEEP_FILE    (job arrays) one grid per line, e.g. "dp=2 pp=2 tp=1 schedule=1f1b microbatches=4";
 #               array task i runs line i (0-based, blank and '#' lines skipped)
 """
@@ -102,8 +104,12 @@ else
     JOB_TAG=${SLURM_JOB_ID:-local$$}
 fi
 case $RUN_ROOT in /*) ;; *) RUN_ROOT=${SLURM_SUBMIT_DIR:-$PWD}/$RUN_ROOT ;; esac
-RUN_DIR=$RUN_ROOT/$JOB_TAG
+# RUN_NAME: a directory a resubmitted job finds again (--resume auto continues there)
+case $RUN_NAME in */*|..) die "RUN_NAME must be a plain name, got '$RUN_NAME'" ;; esac
+RUN_DIR=$RUN_ROOT/${RUN_NAME:-$JOB_TAG}
+[ -z "$RUN_NAME" ] || RUN_DIR=$RUN_DIR${SLURM_ARRAY_TASK_ID:+_$SLURM_ARRAY_TASK_ID}
 mkdir -p "$RUN_DIR"
+rm -f "$RUN_DIR/slurm_exit"  # a requeued or resubmitted incarnation: the old code is stale
 
 # ---- per-rank threads: BLAS uses the CPUs Slurm gave each task, no more -------------------------
 CPUS=${SLURM_CPUS_PER_TASK:-1}
@@ -148,10 +154,16 @@ trap forward USR1
 set +e
 case $LAUNCHER in
     srun)  # PMI-2: MPICH (incl. the PyPI wheel, see SRUN_NOLOCAL) and Slurm-aware Open MPI
-        if [ "$SRUN_NOLOCAL" = auto ]; then
+        if [ "$SRUN_NOLOCAL" = auto ]; then  # asks the python that runs mpipar ($MPIPAR)
             SRUN_NOLOCAL=0
-            if python3 -c 'import importlib.metadata as m; m.distribution("mpich")' 2>/dev/null
-            then SRUN_NOLOCAL=1; fi
+            py=$(command -v "${MPIPAR%% *}" || echo "${MPIPAR%% *}")
+            case ${py##*/} in
+                python*) ;;
+                *) py=$(awk 'NR==1 { sub(/^#![ \t]*/, ""); print ($1 ~ /\/env$/ ? $2 : $1)
+                             exit }' "$py" 2>/dev/null || true) ;;  # a script: its shebang
+            esac
+            if [ -n "$py" ] && "$py" -c 'import importlib.metadata as m; m.distribution("mpich")' \
+                2>/dev/null; then SRUN_NOLOCAL=1; fi
         fi
         [ "$SRUN_NOLOCAL" = 0 ] || export MPIR_CVAR_NOLOCAL=1
         srun --mpi="${SRUN_MPI:-pmi2}" --ntasks="$NP" --cpus-per-task="$CPUS" \
@@ -170,6 +182,10 @@ while :; do
 done
 set -e
 echo "$rc" > "$RUN_DIR/slurm_exit"
+name=${RUN_NAME:-${SLURM_ARRAY_JOB_ID:-$JOB_TAG}}
+RESUBMIT="resubmit it with RUN_NAME=$name (sbatch --export=ALL,RUN_NAME=$name"
+RESUBMIT+="${SLURM_ARRAY_TASK_ID:+ --array=$SLURM_ARRAY_TASK_ID} ..., or mpipar slurm submit"
+RESUBMIT+=" --name $name ...): it resumes from $RUN_DIR"
 echo "mpipar-slurm: job $JOB_TAG finished with exit code $rc"
 if [ "$rc" = 75 ] && [ "$PREEMPTED" = 1 ] && [ "$REQUEUE" = 1 ]; then
     echo "mpipar-slurm: job $JOB_TAG stopped before its time limit: requeueing it (it resumes)"
@@ -178,7 +194,11 @@ if [ "$rc" = 75 ] && [ "$PREEMPTED" = 1 ] && [ "$REQUEUE" = 1 ]; then
         scontrol requeue "$JOB_TAG" 2>/dev/null && exit 0
         sleep 1
     done
-    echo "mpipar-slurm: job $JOB_TAG could not be requeued: resubmit it (it resumes)" >&2
+    echo "mpipar-slurm: job $JOB_TAG could not be requeued: $RESUBMIT" >&2
+elif [ "$rc" != 0 ] && [ "$rc" != 2 ] && [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then
+    echo "mpipar-slurm: requeued job $JOB_TAG (restart ${SLURM_RESTART_COUNT}) failed with exit" \
+        "code $rc; if srun said 'Job credential revoked', the job was released before the" \
+        "steps of its previous run had ended (wait, do not force StartTime=now): $RESUBMIT" >&2
 fi
 exit $rc
 """
@@ -230,6 +250,9 @@ def render(spec: JobSpec, mpipar: str | None = None) -> str:
         value = getattr(spec, name)
         if value is not None and (not isinstance(value, int) or value < 1):
             raise SlurmError(f"--{name} must be a positive integer, got {value!r}")
+    if spec.name and (not re.fullmatch(r"[\w.+-]+", spec.name) or spec.name in (".", "..")):
+        raise SlurmError(f"--name must be a plain name (letters, digits, . _ + -), got "
+                         f"{spec.name!r}")
     if spec.time is not None and not re.fullmatch(r"(\d+-)?\d+(:\d{2}){0,2}", spec.time):
         raise SlurmError(f"--time must look like HH:MM:SS (or D-HH:MM:SS), got {spec.time!r}")
     alloc = allocation(spec.ranks, spec.gpus_per_node, spec.tasks_per_node, spec.nodes)
@@ -265,6 +288,7 @@ def render(spec: JobSpec, mpipar: str | None = None) -> str:
         "CONFIG": spec.config, "DP": spec.dp, "PP": spec.pp, "TP": spec.tp,
         "SCHEDULE": spec.schedule or "", "MICROBATCHES": spec.microbatches or "",
         "STEPS": spec.steps or "", "EXTRA_ARGS": spec.extra_args, "RUN_ROOT": spec.run_root,
+        "RUN_NAME": spec.name,
         "LAUNCHER": spec.launcher, "DEVICE": "cuda" if gpu else "",
         "MPIPAR": mpipar or _default_mpipar(), "SRUN_NOLOCAL": spec.srun_nolocal,
         "VENV": "", "MPIEXEC": _default_mpiexec(), "REQUEUE": int(spec.requeue),
@@ -297,6 +321,7 @@ def render_static(kind: str) -> str:
     text += "\n" + _SETTINGS_DOC.format(how="(a variable set in the environment wins)")
     text += _settings(fixed=False, values={"CONFIG": "", "DP": 1, "PP": 1, "TP": 1, "SCHEDULE": "",
                        "MICROBATCHES": "", "STEPS": "", "EXTRA_ARGS": "", "RUN_ROOT": "runs/slurm",
+                       "RUN_NAME": "",
                        "LAUNCHER": "srun", "DEVICE": "", "MPIPAR": "python3 -m mpipar.cli",
                        "SRUN_NOLOCAL": "auto", "VENV": "", "MPIEXEC": "mpiexec",
                        "REQUEUE": 1})

@@ -33,6 +33,7 @@ class JobSpec:
     steps: int | None = None
     extra_args: str = ""
     run_root: str = "runs/slurm"
+    name: str = ""  # RUN_ROOT/<name> instead of RUN_ROOT/<jobid>: a resubmission finds it
     gpus_per_node: int | None = None  # set: one rank per GPU, --device cuda
     tasks_per_node: int | None = None
     nodes: int | None = None

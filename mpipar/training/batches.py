@@ -18,12 +18,7 @@ class Batches:
         self.cfg = cfg
         m = cfg.model
         if m.kind == "gpt":
-            from ..datasets import TokenDataset
-
-            self.ds = TokenDataset(path)
-            if self.ds.vocab_size > m.vocab_size:
-                raise ConfigError(f"data file {path} has vocabulary {self.ds.vocab_size} but "
-                                  f"model.vocab_size = {m.vocab_size}: raise vocab_size")
+            self.ds = open_tokens(cfg, path)
         else:
             from ..datasets import synthetic_classification, synthetic_regression
 
@@ -45,6 +40,20 @@ class Batches:
         rng = np.random.default_rng([t.seed, step, 0 if split == "train" else 1])
         rows = rng.integers(0, len(X), size=batch_size)
         return X[rows], Y[rows]
+
+
+def open_tokens(cfg: Config, path):
+    """The token file of a GPT run, read, verified and checked against model.vocab_size (no
+    MPI traffic: the training loop opens it on every rank before the ranks agree). ``path``
+    may be the opened ``TokenDataset`` already."""
+    from ..datasets import TokenDataset
+
+    ds = path if isinstance(path, TokenDataset) else TokenDataset(path)
+    if ds.vocab_size > cfg.model.vocab_size:
+        raise ConfigError(f"data file {ds.path} has vocabulary {ds.vocab_size} but "
+                          f"model.vocab_size = {cfg.model.vocab_size}: raise vocab_size (or "
+                          f"prepare the file with a smaller --vocab)")
+    return ds
 
 
 def split_rows(a, parts, index=None):

@@ -13,6 +13,7 @@ import sys
 import time
 from array import array
 
+from .. import progress
 from ..backend import Backend
 from ..config import Config
 from ..files import write_json_atomic
@@ -21,6 +22,16 @@ from ..trace import Tracer, rewind_dump
 from .preflight import preflight
 from .signals import StopSignals
 from .trainer import Trainer
+
+
+class StartFailed(Exception):
+    """Every rank ran the same set-up step after MPI started (the checkpoint to resume, the
+    token file) and at least one failed: the lowest failing rank has said why, once, and every
+    rank raises this with the same exit ``code`` (``failfast.agree_on_start``)."""
+
+    def __init__(self, code: int):
+        super().__init__(f"the run did not start (exit {code}): see the message above")
+        self.code = code
 
 
 class Preempted(Exception):
@@ -33,18 +44,46 @@ class Preempted(Exception):
 
 
 def check_run_settings(cfg: Config) -> None:
-    """Resolve ``run.resume = "auto"`` (the latest checkpoint of the run directory, if any),
-    before any work. (Every field's range, run.watchdog_s's included, is config.RULES'.)"""
+    """Resolve ``run.resume = "auto"``: kept when the run directory has a checkpoint (which
+    one is ``checkpoint.find_resume``'s choice), else a start from scratch. Before any work.
+    (Every field's range, run.watchdog_s's included, is config.RULES'.)"""
     if cfg.run.resume == "auto":
-        latest = cfg.out_dir / "checkpoints" / "latest"
-        cfg.run.resume = "latest" if latest.is_file() else ""
+        ck = cfg.out_dir / "checkpoints"
+        found = (ck / "latest").is_file() or any(ck.glob("step_*.h5"))
+        cfg.run.resume = "auto" if found else ""
+
+
+def agreed(step, *args):
+    """``step(*args)`` on every rank, then the ranks agree as at the start: when any failed,
+    the lowest failing rank says why in one line (not one line per rank) and every rank raises
+    ``StartFailed``. ``step`` must do no MPI traffic (a rank that failed takes no part in it)."""
+    from ..mpi import failfast
+
+    error = result = None
+    try:
+        result = step(*args)
+    except Exception as exc:
+        error = exc
+    code = failfast.agree_on_start(error, prefix="mpipar train: error: ")
+    if code:
+        raise StartFailed(code)
+    return result
 
 
 def run(cfg: Config, resolved=None) -> dict:
     """Train as the config says, on whatever MPI world this process belongs to.
-    ``resolved``: the run ``preflight`` resolved (``mpipar train`` runs preflight before this)."""
-    from ..checkpoint import maybe_resume, save_checkpoint
-    from ..mpi import ProcessGrid, bind_gpu, dump_trace, failfast, world_size_and_rank
+    ``resolved``: the run ``preflight`` resolved (``mpipar train`` runs preflight before this).
+    The stop signals are handled from here (or from ``mpipar train``'s start, right after
+    ``MPI_Init``) until the preemption checkpoint and dump are on disk."""
+    with StopSignals() as signals:
+        return _run(cfg, resolved, signals)
+
+
+def _build(cfg: Config, resolved):
+    """This rank's trainer on the grid, resumed as run.resume says: (trainer, resolved run)."""
+    from ..checkpoint import find_resume, maybe_resume
+    from ..mpi import ProcessGrid, bind_gpu, failfast, world_size_and_rank
+    from .batches import open_tokens
 
     world_size, world_rank = world_size_and_rank()
     if resolved is None:  # every rank checks; all fail alike, before any MPI traffic
@@ -57,11 +96,27 @@ def run(cfg: Config, resolved=None) -> dict:
     tracer = Tracer(enabled=cfg.run.trace, backend=backend, rank=world_rank)
     p = cfg.parallel
     grid = ProcessGrid(p.dp, p.pp, p.tp, order=p.order, tracer=tracer, backend=backend)
-    out = cfg.out_dir
-    data_path = prepare_data(cfg, grid) if cfg.model.kind == "gpt" else None
-    trainer = Trainer(cfg, grid, tracer, backend, data_path, resolved=resolved)
-    maybe_resume(trainer)
+    data = None
+    if cfg.model.kind == "gpt":  # read and checked on every rank; one message if it fails
+        data = agreed(open_tokens, cfg, prepare_data(cfg, grid))
+    trainer = Trainer(cfg, grid, tracer, backend, data, resolved=resolved)
+    maybe_resume(trainer, agreed(find_resume, trainer))
     grid.world_comm.barrier()
+    return trainer, resolved
+
+
+def _run(cfg: Config, resolved, signals) -> dict:
+    from ..checkpoint import save_checkpoint
+    from ..mpi import dump_trace
+
+    trainer, resolved = _build(cfg, resolved)
+    grid, tracer, backend, p, out = (trainer.grid, trainer.tracer, trainer.backend,
+                                     cfg.parallel, cfg.out_dir)
+    if trainer.step == cfg.train.steps and trainer.step > 0:
+        if grid.rank == 0:
+            print(f"mpipar: the checkpoint is at step {trainer.step} = train.steps: nothing "
+                  f"left to train (pass a larger --steps to train on)", flush=True)
+        return {"steps": trainer.step}
     tracer.reset_clock()
     lead = grid.rank == 0
     if lead and cfg.run.trace and trainer.step > 0:
@@ -72,11 +127,13 @@ def run(cfg: Config, resolved=None) -> dict:
     if lead:
         out.mkdir(parents=True, exist_ok=True)
         print(f"mpipar: {cfg.model.kind} with {trainer.model.n_params_full:,} parameters on "
-              f"dp={p.dp} pp={p.pp} tp={p.tp} ({p.schedule}, {resolved.microbatches} "
-              f"micro-batches), "
+              f"dp={p.dp} pp={p.pp} tp={p.tp} ({p.schedule_file or p.schedule}, "
+              f"{resolved.microbatches} micro-batches), "
               f"{cfg.train.dtype} on {cfg.train.device}; run dir {out}", flush=True)
         for line in grid.placement():  # several nodes: the grid with hosts, a tp warning
             print(line, flush=True)
+    # a resumed run's metrics.json continues its predecessor's loss curve
+    prior = _prior_losses(out / "metrics.json", trainer.step) if lead and trainer.step else None
     file_attrs = {"config": cfg.to_dict(),
                   "peak_flops": _device_peak(grid, backend) if cfg.run.trace else float("nan")}
 
@@ -89,12 +146,17 @@ def run(cfg: Config, resolved=None) -> dict:
                           f"that the run directory exists and is writable") from exc
 
     history, val_loss, stopped = _steps(cfg, trainer, lead, flush,
-                                        lambda: save_checkpoint(trainer, out / "checkpoints"))
-    if stopped:
+                                        lambda: save_checkpoint(trainer, out / "checkpoints"),
+                                        signals)
+    if stopped:  # the curve so far, kept for the resumed run
+        if lead:
+            write_json_atomic(out / "metrics.json",
+                              dict(_summary(cfg, trainer, history, val_loss, prior),
+                                   preempted=True))
         _stop(cfg, trainer, lead, flush, stopped)
     if cfg.run.checkpoint_final or cfg.run.checkpoint_interval:
         save_checkpoint(trainer, out / "checkpoints")
-    summary = _summary(cfg, trainer, history, val_loss)
+    summary = _summary(cfg, trainer, history, val_loss, prior)
     if cfg.run.trace:
         flush(complete=True)
     if lead:
@@ -129,7 +191,7 @@ class History:
         return tokens / max(seconds, 1e-9)
 
 
-def _steps(cfg: Config, trainer: Trainer, lead: bool, flush, checkpoint):
+def _steps(cfg: Config, trainer: Trainer, lead: bool, flush, checkpoint, signals):
     """The training steps left, with evaluation, progress, checkpoints and dump flushes.
     Returns (History of the steps, last validation loss, the stop signal or 0)."""
     from ..mpi import Watchdog
@@ -137,31 +199,50 @@ def _steps(cfg: Config, trainer: Trainer, lead: bool, flush, checkpoint):
     history, val_loss = History(), float("nan")
     start = time.perf_counter()
     n = cfg.train.steps
+    progress.state.peer_of = _peer_of(trainer)
     dog = Watchdog(cfg.run.watchdog_s, first_step=trainer.step).start()
     pending = 0  # a stop agreed while a continuous run is in flight waits for its drain
     try:
-        with StopSignals() as signals:
-            for i in range(trainer.step, n):
-                begin_step(i)
-                rec = trainer.train_step(until=drain_point(cfg, i))
-                last = i + 1 == n
-                val = float("nan")
-                if cfg.train.eval_interval and ((i + 1) % cfg.train.eval_interval == 0 or last):
-                    beat("evaluation")
-                    val = val_loss = trainer.evaluate()
-                rec["val_loss"] = val
-                trainer.tracer.add_metrics(**rec)
-                history.append(rec)
-                if lead and cfg.run.progress:
-                    _maybe_progress(cfg, i, n, rec, start)
-                # every rank stops after the same step (the last one needs no agreement)
-                pending = pending or (0 if last else signals.agree())
-                if pending and trainer.drained:
-                    return history, val_loss, pending
-                _periodic(cfg, i + 1, last, flush, checkpoint)
+        for i in range(trainer.step, n):
+            begin_step(i)
+            rec = trainer.train_step(until=drain_point(cfg, i))
+            last = i + 1 == n
+            val = float("nan")
+            if cfg.train.eval_interval and ((i + 1) % cfg.train.eval_interval == 0 or last):
+                beat("evaluation")
+                val = val_loss = trainer.evaluate()
+            rec["val_loss"] = val
+            trainer.tracer.add_metrics(**rec)
+            history.append(rec)
+            if lead and cfg.run.progress:
+                _maybe_progress(cfg, i, n, rec, start)
+            # every rank stops after the same step (the last one needs no agreement)
+            pending = pending or (0 if last else signals.agree())
+            if pending and trainer.drained:
+                return history, val_loss, pending
+            _periodic(cfg, i + 1, last, flush, checkpoint)
     finally:
         dog.stop()
     return history, val_loss, 0
+
+
+# the neighbouring chunk a pipeline action needs data from (or sends to): -1 before, +1 after
+_PEER_STEP = {"F": -1, "RECV_F": -1, "SEND_B": -1, "B": +1, "BW": +1, "RECV_B": +1, "SEND_F": +1}
+
+
+def _peer_of(trainer):
+    """For the watchdog: the world rank (and host) a pipeline action waits for, or None."""
+    g, run, n = trainer.grid, trainer.run, trainer.schedule.n_chunks
+
+    def peer_of(what):
+        other = getattr(what, "chunk", -1) + _PEER_STEP.get(getattr(what, "op", ""), n)
+        if not 0 <= other < n or run.rank_of(other) == g.pp_rank:
+            return None
+        r = g.world_rank_of(g.dp_rank, run.rank_of(other), g.tp_rank)
+        host = g.hostnames[r] if len(getattr(g, "hostnames", ())) > r else "?"
+        return f"rank {r} (host {host}, pipeline stage of chunk {other})"
+
+    return peer_of
 
 
 def drain_point(cfg: Config, i: int) -> int:
@@ -241,10 +322,28 @@ def prepare_data(cfg: Config, grid):
     return path
 
 
-def _summary(cfg, trainer, history: History, val_loss):
+def _prior_losses(path, step: int):
+    """(first step, losses of the steps before ``step``) of the predecessor's metrics.json (a
+    preempted or finished run in the same directory), or None when there is none to continue."""
+    import json
+
+    try:
+        d = json.loads(path.read_text())
+        losses = list(d["losses"])
+        first = int(d.get("first_step", int(d["steps"]) - len(losses)))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not 0 <= first <= step or first + len(losses) < step:
+        return None  # not the curve that led to this checkpoint
+    return first, losses[:step - first]
+
+
+def _summary(cfg, trainer, history: History, val_loss, prior=None):
+    first, before = prior or (trainer.step - len(history.losses), [])
     s = {
         "final_loss": history.losses[-1] if history.losses else float("nan"),
-        "losses": history.losses.tolist(),
+        "losses": before + history.losses.tolist(),
+        "first_step": first,
         "val_loss": val_loss,
         "tokens_per_s": history.tokens_per_s(),
         "steps": trainer.step,

@@ -30,6 +30,10 @@ def check_model(cfg: Config) -> None:
     if p.layout:
         _check_layout(cfg)
     n_units = unit_count(m)
+    if p.partition == "explicit" and p.boundaries and max(p.boundaries) >= n_units:
+        raise ConfigError(f"parallel.boundaries = {list(p.boundaries)}: the model has "
+                          f"{n_units} units (0 to {n_units - 1}) to cut between: keep every "
+                          f"boundary below {n_units}")
     stages = p.pp * p.virtual_stages
     if stages > n_units:
         raise ConfigError(f"pp * virtual_stages = {p.pp} * {p.virtual_stages} = {stages} "
@@ -86,5 +90,10 @@ def preflight(cfg: Config, world_size: int) -> ResolvedRun:
         run = resolve(cfg)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    p = cfg.parallel
+    if p.schedule_file and p.virtual_stages not in (1, run.schedule.virtual_stages):
+        raise ConfigError(f"parallel.virtual_stages = {p.virtual_stages} but the schedule file "
+                          f"{p.schedule_file} has {run.schedule.virtual_stages} chunk(s) per "
+                          f"rank: the file wins; drop --virtual-stages")
     _check_run_dir(cfg)
     return run

@@ -108,6 +108,8 @@ def fail_with(exc: BaseException) -> None:
         code = exc.code
         fail(f"exited with status {code!r}", code=code if isinstance(code, int) else EXIT_ERROR)
     if isinstance(exc, KeyboardInterrupt):
+        if _rank() not in ("0", "?"):  # Ctrl-C reaches every rank of the process group: rank 0
+            time.sleep(SECONDARY_DELAY_S)  # says it, its abort ends the others before they do
         fail("interrupted (SIGINT)", code=EXIT_INTERRUPT)
     if _brief and isinstance(exc, _brief):
         fail(str(exc) or type(exc).__name__, code=EXIT_INPUT)

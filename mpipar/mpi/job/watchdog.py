@@ -52,7 +52,17 @@ class Watchdog:
             idle = time.monotonic() - s.last
             if idle > self.limit() and not self._stop.is_set():
                 fail(f"no progress for {idle:.0f} s (run.watchdog_s = {self.limit_s:g}):"
-                     f" blocked in {_name(s.what)} of step {s.step}", code=EXIT_STALLED)
+                     f" blocked in {_name(s.what)} of step {s.step}{_waiting_for(s)}",
+                     code=EXIT_STALLED)
+
+
+def _waiting_for(s) -> str:
+    """", waiting for rank R (host H)" when the blocked action needs a peer's data."""
+    try:
+        peer = s.peer_of(s.what) if s.peer_of is not None else None
+    except Exception:  # naming the peer must never hide the stall itself
+        peer = None
+    return f", waiting for {peer}: is that rank alive (stopped, swapping, stuck)?" if peer else ""
 
 
 def _name(what) -> str:

@@ -212,7 +212,9 @@ class Schedule:
                 "'schedule kind=custom pp=2 virtual=1 microbatches=4'"
             )
         pp, v, m = header["pp"], header["virtual"], header["microbatches"]
-        missing = [r for r in range(pp) if r not in ranks]
+        # the first absent rank only: a header may claim pp=99999999 in a few bytes
+        first = next((r for r in range(pp) if r not in ranks), None)
+        missing = [] if first is None else [first]
         extra = [r for r in ranks if r >= pp]
         if extra:
             raise ScheduleError(f"header says pp={pp} but the file has a line for rank {extra[0]}")
@@ -244,6 +246,10 @@ class Schedule:
             text = Path(path).read_text()
         except OSError as exc:
             raise ScheduleError(f"cannot read schedule file {path}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise ScheduleError(f"schedule file {path} is not text (byte at offset "
+                                f"{exc.start}): pass a schedule written by `mpipar schedule "
+                                f"--save`") from None
         try:
             return Schedule.parse(text)
         except ScheduleError as exc:

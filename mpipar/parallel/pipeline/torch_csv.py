@@ -146,6 +146,9 @@ def load_torch_csv(path, fmt: str | None = None, kind: str | None = None) -> Sch
         text = Path(path).read_text()
     except OSError as exc:
         raise ScheduleError(f"cannot read torch CSV {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ScheduleError(f"torch CSV {path} is not text (byte at offset {exc.start}): pass "
+                            f"a schedule CSV exported by torch.distributed.pipelining") from None
     try:
         return parse_torch_csv(text, fmt, kind or f"torch:{Path(path).stem}")
     except ScheduleError as exc:
