@@ -30,6 +30,7 @@ from collections import defaultdict
 import numpy as np
 
 from .dump import Run
+from .index import events_in
 
 PIPE_KINDS = ("F", "B", "W", "R", "LOSS", "pp.send", "pp.recv", "pp.wait")
 UNIT_KINDS = ("F", "B", "W", "R", "LOSS")
@@ -49,13 +50,19 @@ def _med(values, default=0.0) -> float:
     return float(np.median(values)) if len(values) else default
 
 
+def _all_events_in(run: Run, steps) -> np.ndarray:
+    """Every rank's events of ``steps``, rank after rank (as concatenate-then-mask gave)."""
+    if not run.events:
+        return np.empty(0)
+    return np.concatenate([events_in(run, r, steps) for r in range(len(run.events))])
+
+
 def _step_events(run: Run, steps) -> dict:
     """{(world rank, step): events of that step sorted by start}, without STEP markers."""
     out = {}
-    for r, ev in enumerate(run.events):
+    for r in range(len(run.events)):
         for s in steps:
-            e = ev[ev["step"] == s]
-            out[(r, s)] = np.sort(e, order="start")
+            out[(r, s)] = np.sort(events_in(run, r, s), order="start")
     return out
 
 
@@ -95,9 +102,10 @@ def _unit_durations(run: Run, steps, schedule=None) -> dict:
     B or BW (+ its R, the recomputation run right before it) and W."""
     split = _backward_ops(schedule)
     out = defaultdict(list)
-    for r, ev in enumerate(run.events):
+    for r in range(len(run.events)):
         p = int(run.coords[r, 1])
-        e = ev[np.isin(ev["step"], steps) & np.isin(ev["kind"], UNIT_KINDS)]
+        e = events_in(run, r, steps)
+        e = e[np.isin(e["kind"], UNIT_KINDS)]
         extra = defaultdict(float)  # (step, mb, chunk, F | B) -> LOSS or R seconds
         for x in e[np.isin(e["kind"], ("LOSS", "R"))]:
             base = "F" if x["kind"] == "LOSS" else "B"
@@ -206,8 +214,7 @@ def fit(run: Run, steps, schedule) -> tuple:
     model = CostModel(per_unit=unit_costs(run, steps, schedule), unit={},
                       jitter=jitter(run, steps, schedule))
     model.overhead = _med([v for _, _, v in parts["overhead"]])
-    ev = np.concatenate(run.events) if run.events else np.empty(0)
-    ev = ev[np.isin(ev["step"], steps)]
+    ev = _all_events_in(run, steps)
     model.send_post, model.recv_post = post_costs(ev)
     lat = transfer_times(run, steps, schedule)
     model.latency = _med(lat)
@@ -307,8 +314,9 @@ def _send_starts(run: Run, steps, schedule) -> dict:
     from mpipar.parallel.pipeline.actions import Action
 
     out = {}
-    for r, ev in enumerate(run.events):
-        e = np.sort(ev[np.isin(ev["step"], steps) & (ev["kind"] == "pp.send")], order="start")
+    for r in range(len(run.events)):
+        e = events_in(run, r, steps)
+        e = np.sort(e[e["kind"] == "pp.send"], order="start")
         if not e.size:
             continue
         p = int(run.coords[r, 1])
@@ -334,9 +342,9 @@ def one_way_minima(run: Run, steps, schedule) -> dict:
     latency + the receiver's clock offset - the sender's, or more."""
     sends = _send_starts(run, steps, schedule)
     best = {}
-    for r, ev in enumerate(run.events):
+    for r in range(len(run.events)):
         for s in steps:
-            e = ev[ev["step"] == s]
+            e = events_in(run, r, s)
             for end, peer, mb, chunk, op in _received(e, r, schedule, run.coords):
                 t = sends.get((s, peer, r, mb, chunk, op))
                 if t is not None:

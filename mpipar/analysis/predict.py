@@ -35,8 +35,9 @@ from .flops import setting as get
 
 def measured_costs(run: Run, steps) -> dict:
     """Mean per-chunk F, B, W (and BW) durations and the median p2p transfer time, in seconds."""
-    ev = np.concatenate(run.events) if run.events else np.empty(0)
-    ev = ev[np.isin(ev["step"], steps)]
+    from .costmodel import _all_events_in
+
+    ev = _all_events_in(run, steps)
     dur = ev["end"] - ev["start"]
     kinds = ev["kind"]
 

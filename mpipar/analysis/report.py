@@ -237,7 +237,8 @@ def to_text(results: list, table: dict) -> str:
             "counted as communication); bubble = 1 - (F+B+W+R+LOSS, inclusive) / step:"
         )
         parts.append(rank_table_text(res))
-        parts += [t for t in [bandwidth_text(res["path"], res["steps"])] if t]
+        parts += [t for t in [bandwidth_text(res["path"], res["steps"], res.get("bandwidth"))]
+                  if t]
         parts.append("")
     parts.append("comparison:")
     parts.append(comparison_text(table))
