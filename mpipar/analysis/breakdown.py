@@ -187,6 +187,7 @@ def breakdown(run: Run | str, step: int | None = None, peak: float | None = None
     if not isinstance(run, Run):
         run = load(run)
     steps, notes = select_steps(run, step)
+    notes += run.notes
     world = run.world_size
     per = [
         [

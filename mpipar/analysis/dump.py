@@ -1,7 +1,8 @@
-"""Reading one HDF5 timing dump (docs/dump_schema.md, schema version 1) into a ``Run``.
+"""Reading one HDF5 timing dump (docs/dump_schema.md) into a ``Run``: schema 2 (an index and one
+part per rank, ``dump_parts``) and schema 1 (one file, every rank under ``/ranks``).
 
-Only the rows the ``committed`` attribute counts are read (the tail of a flush that crashed is
-ignored); dumps written before that attribute existed are read whole.
+Only the rows the ``committed`` attributes count are read (the tail of a flush that crashed is
+ignored); schema-1 dumps written before that attribute existed are read whole.
 
 Only h5py and numpy: analysis never imports MPI. Every problem with a file (missing, not HDF5,
 another schema version, a missing attribute or field) is a ``DumpError`` that names the file,
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,6 +21,9 @@ import numpy as np
 # The writer's on-disk layout is the contract (mpipar.trace is a leaf: no MPI in it).
 from ..trace import EVENT_DTYPE as DISK_EVENT_DTYPE
 from ..trace import SCHEMA_VERSION  # noqa: F401 (re-exported)
+from ..trace_parts import SCHEMA_VERSION as PARTS_VERSION
+from .dump_parts import part_sources
+from .steps import StepError
 
 # the fields of /ranks/<r>/events, in schema order
 EVENT_FIELDS = DISK_EVENT_DTYPE.names
@@ -56,6 +61,7 @@ class Run:
     complete: bool = False  # False: the run crashed or the dump is a mid-run flush
     # (steps, notes) when loaded with a step choice (``load(steps=...)``): only those were read
     selection: tuple | None = None
+    notes: list = field(default_factory=list)  # what the loader could not read, and why
     # derived data (``analysis.index``: events grouped by step), shared by ``replace`` copies
     cache: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -133,7 +139,7 @@ def load(path, name: str | None = None, steps=None) -> Run:
     try:
         with f:
             return _load_open(path, f, name, steps)
-    except DumpError:
+    except (DumpError, StepError):
         raise
     except (UnicodeDecodeError, OSError, KeyError, RuntimeError, ValueError, TypeError) as exc:
         # a damaged file (e.g. flipped bits) fails deep inside h5py or a decode
@@ -165,19 +171,19 @@ def _load_open(path, f, name, choice=None) -> Run:
         )
     grid = _check_grid(path, grid, attrs["world_size"])
     world = int(attrs["world_size"])
-    committed = _committed(path, attrs, world)
-    sources, coords, rank_attrs = _rank_sources(path, f, world, committed)
-    selection = None
-    if choice is not None:
-        step_cols = [_step_column(ds, n) for ds, n, _ in sources]
-        found = np.unique(np.concatenate(step_cols)) if step_cols else np.empty(0, int)
-        selection = choice.choose([int(s) for s in found if s >= 0], path)
-        keep = np.asarray(selection[0])
-        events = [_to_analysis(_select_rows(ds, n, col, keep))
-                  for (ds, n, _), col in zip(sources, step_cols, strict=True)]
+    notes, metrics = [], None
+    if int(attrs["schema_version"]) >= PARTS_VERSION:
+        sources, coords, rank_attrs, metrics, parts_complete, notes = part_sources(
+            path, attrs, grid, world, lambda msg: DumpError(f"{msg}; {_RERUN}"))
+        attrs["complete"] = bool(attrs.get("complete", False)) and parts_complete
+        attrs["hostnames"] = [a.get("hostname", "") for a in rank_attrs]
+        attrs["devices"] = [a.get("device", "cpu") for a in rank_attrs]
     else:
-        events = [_to_analysis(ds[()] if n is None else ds[:n]) for ds, n, _ in sources]
-    metrics = _rows(path, f["metrics"], committed, "metrics") if "metrics" in f else None
+        committed = _committed(path, attrs, world)
+        sources, coords, rank_attrs = _rank_sources(path, f, world, committed)
+        if "metrics" in f:
+            metrics = _rows(path, f["metrics"], committed, "metrics")
+    events, selection = _read_events(path, sources, choice)
     if metrics is not None and not len(metrics):
         metrics = None
     return Run(
@@ -194,7 +200,34 @@ def _load_open(path, f, name, choice=None) -> Run:
         metrics=metrics,
         complete=bool(attrs.get("complete", False)),
         selection=selection,
+        notes=notes,
     )
+
+
+def _read_events(path, sources, choice):
+    """(events per rank as analysis's dtype, the step selection or None). ``sources[r]``:
+    (opener, committed rows or None, name), ``opener()`` yielding the dataset (None: no part).
+    With a ``choice``, the step column of every rank is read first, then only the chosen rows."""
+    def each(fn):
+        out = []
+        for opener, n, _ in sources:
+            with opener() as ds:
+                out.append(fn(ds, n) if ds is not None else None)
+        return out
+
+    if choice is None:
+        raw = each(lambda ds, n: _to_analysis(ds[()] if n is None else ds[:n]))
+        return [np.empty(0, EVENT_DTYPE) if e is None else e for e in raw], None
+    cols = each(_step_column)
+    found = np.unique(np.concatenate([c for c in cols if c is not None] or [np.empty(0, int)]))
+    selection = choice.choose([int(s) for s in found if s >= 0], path)
+    keep = np.asarray(selection[0])
+    events = []
+    for (opener, n, _), col in zip(sources, cols, strict=True):
+        with opener() as ds:
+            events.append(np.empty(0, EVENT_DTYPE) if ds is None
+                          else _to_analysis(_select_rows(ds, n, col, keep)))
+    return events, selection
 
 
 def _check_version(path, attrs) -> None:
@@ -212,14 +245,14 @@ def _check_version(path, attrs) -> None:
         ) from None
     if version < SCHEMA_VERSION:
         raise DumpError(
-            f"{path}: dump schema_version {version} is older than the version "
-            f"{SCHEMA_VERSION} this "
+            f"{path}: dump schema_version {version} is older than the versions "
+            f"{SCHEMA_VERSION}-{PARTS_VERSION} this "
             f"mpipar reads; analyse it with the mpipar that wrote it, or {_RERUN}"
         )
-    if version > SCHEMA_VERSION:
+    if version > PARTS_VERSION:
         raise DumpError(
-            f"{path}: dump schema_version {version} is newer than the version "
-            f"{SCHEMA_VERSION} this "
+            f"{path}: dump schema_version {version} is newer than the versions "
+            f"{SCHEMA_VERSION}-{PARTS_VERSION} this "
             f"mpipar reads; upgrade mpipar (pip install -e . in a newer checkout)"
         )
 
@@ -273,8 +306,9 @@ def _rows(path, ds, committed, what, rank=None):
 
 
 def _rank_sources(path, f, world, committed=None):
-    """([(events dataset, committed rows or None, its name)], coords, rank attributes) of a
-    schema-1 file (``/ranks/<r>/events``), checked field by field, no rows read yet."""
+    """([(opener, committed rows or None, name)], coords, rank attributes) of a schema-1 file
+    (``/ranks/<r>/events``), checked field by field, no rows read yet; ``opener()`` yields the
+    dataset."""
     if "ranks" not in f:
         raise DumpError(f"{path}: group '/ranks' is missing (no events were written); {_RERUN}")
     sources, coords, rank_attrs = [], np.zeros((world, 3), dtype=int), []
@@ -296,7 +330,7 @@ def _rank_sources(path, f, world, committed=None):
         if n is not None and n > ds.shape[0]:
             raise DumpError(f"{path}: '/ranks/{r}/events' holds {ds.shape[0]} rows but {n} are "
                             f"committed: the file was cut short; {_RERUN}")
-        sources.append((ds, n, where))
+        sources.append((lambda ds=ds: nullcontext(ds), n, where))
         a = {k: _decode(v) for k, v in g.attrs.items()}
         for axis in RANK_ATTRS:
             if axis not in a:

@@ -11,6 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+class StepError(ValueError):
+    """Steps asked for that the dump does not hold (or a choice that makes no sense)."""
+
+
 def ranges(steps: list[int]) -> str:
     """``1-199`` for a contiguous list, ``1,5,9`` otherwise."""
     if len(steps) > 1 and steps == list(range(steps[0], steps[-1] + 1)):
@@ -63,11 +67,11 @@ class StepChoice:
     def choose(self, available: list[int], path: str) -> tuple[list[int], list[str]]:
         """(steps to measure, notes saying which and why) out of the dump's ``available``."""
         if not available:
-            raise ValueError(f"{path}: no events inside a training step (step >= 0); nothing "
+            raise StepError(f"{path}: no events inside a training step (step >= 0); nothing "
                              "to analyse")
         if self.step is not None:
             if self.step not in available:
-                raise ValueError(f"{path}: step {self.step} has no events; steps in the dump: "
+                raise StepError(f"{path}: step {self.step} has no events; steps in the dump: "
                                  f"{ranges(available)}")
             return [self.step], [f"step {self.step} only"]
         steps, notes = list(available), []
@@ -75,7 +79,7 @@ class StepChoice:
             a, b = self.window
             steps = [s for s in steps if (a is None or s >= a) and (b is None or s < b)]
             if not steps:
-                raise ValueError(f"{path}: no steps in --steps {a if a is not None else ''}:"
+                raise StepError(f"{path}: no steps in --steps {a if a is not None else ''}:"
                                  f"{b if b is not None else ''}; steps in the dump: "
                                  f"{ranges(available)}")
         if len(steps) > 1 and steps[0] == 0:
