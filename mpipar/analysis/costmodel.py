@@ -50,6 +50,11 @@ def _med(values, default=0.0) -> float:
     return float(np.median(values)) if len(values) else default
 
 
+def _ranks_with_events(run: Run) -> list[int]:
+    """World ranks whose event array is not empty (``predict.replicas`` empties the others)."""
+    return [r for r, ev in enumerate(run.events) if len(ev)]
+
+
 def _all_events_in(run: Run, steps) -> np.ndarray:
     """Every rank's events of ``steps``, rank after rank (as concatenate-then-mask gave)."""
     if not run.events:
@@ -60,7 +65,7 @@ def _all_events_in(run: Run, steps) -> np.ndarray:
 def _step_events(run: Run, steps) -> dict:
     """{(world rank, step): events of that step sorted by start}, without STEP markers."""
     out = {}
-    for r in range(len(run.events)):
+    for r in _ranks_with_events(run):
         for s in steps:
             out[(r, s)] = np.sort(events_in(run, r, s), order="start")
     return out
@@ -102,7 +107,7 @@ def _unit_durations(run: Run, steps, schedule=None) -> dict:
     B or BW (+ its R, the recomputation run right before it) and W."""
     split = _backward_ops(schedule)
     out = defaultdict(list)
-    for r in range(len(run.events)):
+    for r in _ranks_with_events(run):
         p = int(run.coords[r, 1])
         e = events_in(run, r, steps)
         e = e[np.isin(e["kind"], UNIT_KINDS)]
@@ -242,7 +247,12 @@ def _computes(ev: np.ndarray) -> tuple[dict, dict]:
     return fwd, bwd
 
 
-def _requests(ev: np.ndarray, r: int, schedule, coords) -> dict:
+def _world_ranks(coords) -> dict:
+    """{(dp, pp, tp): world rank}."""
+    return {tuple(int(v) for v in c): w for w, c in enumerate(coords)}
+
+
+def _requests(ev: np.ndarray, r: int, schedule, coords, world=None) -> dict:
     """{(mb, chunk, peer): [(lo, hi, (sender chunk, send op) or None)]}: every message request of
     world rank r in one step, keyed as its ``pp.wait`` is, with the window that wait must lie in.
 
@@ -256,7 +266,7 @@ def _requests(ev: np.ndarray, r: int, schedule, coords) -> dict:
         out[(int(x["mb"]), int(x["chunk"]), int(x["peer"]))].append(
             (float(x["start"]), math.inf, None))
     dp, p, tp = (int(v) for v in coords[r])
-    world = {tuple(int(v) for v in c): w for w, c in enumerate(coords)}
+    world = _world_ranks(coords) if world is None else world
     for a in schedule.ranks[p]:
         if a.op not in ("RECV_F", "RECV_B"):
             continue
@@ -273,7 +283,7 @@ def _requests(ev: np.ndarray, r: int, schedule, coords) -> dict:
 WAITED = 20e-6
 
 
-def _received(ev: np.ndarray, r: int, schedule, coords) -> list[tuple]:
+def _received(ev: np.ndarray, r: int, schedule, coords, world=None) -> list[tuple]:
     """(wait end, peer, mb, sender chunk, send op) of the receive waits of world rank r in one
     step that waited (``WAITED``).
 
@@ -288,7 +298,7 @@ def _received(ev: np.ndarray, r: int, schedule, coords) -> list[tuple]:
         waits[(int(x["mb"]), int(x["chunk"]), int(x["peer"]))].append(
             (float(x["start"]), float(x["end"])))
     out = []
-    for key, reqs in _requests(ev, r, schedule, coords).items():
+    for key, reqs in _requests(ev, r, schedule, coords, world).items():
         got = waits.get(key, [])
         if len(got) != len(reqs) or len(reqs) > 4:
             continue  # not every request recorded (or more than one step's worth): skip
@@ -314,7 +324,7 @@ def _send_starts(run: Run, steps, schedule) -> dict:
     from mpipar.parallel.pipeline.actions import Action
 
     out = {}
-    for r in range(len(run.events)):
+    for r in _ranks_with_events(run):
         e = events_in(run, r, steps)
         e = np.sort(e[e["kind"] == "pp.send"], order="start")
         if not e.size:
@@ -342,10 +352,11 @@ def one_way_minima(run: Run, steps, schedule) -> dict:
     latency + the receiver's clock offset - the sender's, or more."""
     sends = _send_starts(run, steps, schedule)
     best = {}
-    for r in range(len(run.events)):
+    world = _world_ranks(run.coords)
+    for r in _ranks_with_events(run):
         for s in steps:
             e = events_in(run, r, s)
-            for end, peer, mb, chunk, op in _received(e, r, schedule, run.coords):
+            for end, peer, mb, chunk, op in _received(e, r, schedule, run.coords, world):
                 t = sends.get((s, peer, r, mb, chunk, op))
                 if t is not None:
                     best[(peer, r)] = min(best.get((peer, r), math.inf), end - t)
