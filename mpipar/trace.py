@@ -1,6 +1,7 @@
 """The event recorder and the HDF5 timing dump writer (docs/dump_schema.md is the source of truth).
 
-A leaf module: no MPI here (gathering to rank 0 lives in ``mpipar.mpi.job.dump``), and h5py is
+A leaf module: no MPI here (``mpipar.mpi.job.dump`` runs the flush; the per-rank parts layout is
+``mpipar.trace_parts``; ``write_dump`` here writes the single-file schema 1), and h5py is
 imported only inside ``write_dump`` so that tracing costs nothing to import.
 
 Each rank owns one ``Tracer``. Events are kept as plain tuples in a list (appending a tuple is the
