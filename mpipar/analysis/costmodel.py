@@ -30,10 +30,11 @@ from collections import defaultdict
 import numpy as np
 
 from .dump import Run
-from .index import events_in
+from .index import all_events_in as _all_events_in
+from .index import events_in, ranks_with_events
+from .units import _unit_durations
 
 PIPE_KINDS = ("F", "B", "W", "R", "LOSS", "pp.send", "pp.recv", "pp.wait")
-UNIT_KINDS = ("F", "B", "W", "R", "LOSS")
 
 
 def post_costs(ev) -> tuple[float, float]:
@@ -50,22 +51,10 @@ def _med(values, default=0.0) -> float:
     return float(np.median(values)) if len(values) else default
 
 
-def _ranks_with_events(run: Run) -> list[int]:
-    """World ranks whose event array is not empty (``predict.replicas`` empties the others)."""
-    return [r for r, ev in enumerate(run.events) if len(ev)]
-
-
-def _all_events_in(run: Run, steps) -> np.ndarray:
-    """Every rank's events of ``steps``, rank after rank (as concatenate-then-mask gave)."""
-    if not run.events:
-        return np.empty(0)
-    return np.concatenate([events_in(run, r, steps) for r in range(len(run.events))])
-
-
 def _step_events(run: Run, steps) -> dict:
     """{(world rank, step): events of that step sorted by start}, without STEP markers."""
     out = {}
-    for r in _ranks_with_events(run):
+    for r in ranks_with_events(run):
         for s in steps:
             out[(r, s)] = np.sort(events_in(run, r, s), order="start")
     return out
@@ -83,61 +72,6 @@ def _uncovered(starts, ends) -> float:
             gap += s - reach
         reach = max(reach, e)
     return gap
-
-
-def _backward_ops(schedule) -> dict:
-    """{(p, mb, chunk): "B" | "BW"} where one rank runs both kinds of backward on one chunk
-    (DualPipeV: the last micro-batches' backwards are whole, the others split off their W). A
-    dump records either as one ``B`` event; a mean over both is right for neither."""
-    out = {}
-    if schedule is None:
-        return out
-    for p, acts in enumerate(schedule.ranks):
-        kinds = defaultdict(set)
-        for a in acts:
-            if a.op in ("B", "BW"):
-                kinds[a.chunk].add(a.op)
-        out.update({(p, a.mb, a.chunk): a.op for a in acts
-                    if a.op in ("B", "BW") and len(kinds[a.chunk]) == 2})
-    return out
-
-
-def _unit_durations(run: Run, steps, schedule=None) -> dict:
-    """{(world rank, step, chunk, op): [(mb, seconds)]} of the compute units, op F (+ its LOSS),
-    B or BW (+ its R, the recomputation run right before it) and W. Each rank's step is worked
-    out once per run (``_rank_step_units``, cached): the fit of every replica and step, and the
-    jitter, ask for the same ones."""
-    split = _backward_ops(schedule)
-    key = tuple(sorted(split.items()))
-    out = {}
-    for r in _ranks_with_events(run):
-        p = int(run.coords[r, 1])
-        for s in sorted({int(x) for x in np.atleast_1d(steps)}):
-            for (c, op), got in _rank_step_units(run, r, s, p, split, key).items():
-                out[(r, s, c, op)] = list(got)
-    return out
-
-
-def _rank_step_units(run: Run, r: int, s: int, p: int, split: dict, key: tuple) -> dict:
-    """{(chunk, op): [(mb, seconds)]} of rank r's units in step s (``_unit_durations``)."""
-    ev = run.events[r]
-    cache_key = ("units", id(ev), s, p, key)
-    got = run.cache.get(cache_key)
-    if got is not None and got[0] is ev:
-        return got[1]
-    e = events_in(run, r, s)
-    e = e[np.isin(e["kind"], UNIT_KINDS)]
-    extra = defaultdict(float)  # (mb, chunk, F | B) -> LOSS or R seconds
-    for x in e[np.isin(e["kind"], ("LOSS", "R"))]:
-        base = "F" if x["kind"] == "LOSS" else "B"
-        extra[(int(x["mb"]), int(x["chunk"]), base)] += float(x["end"] - x["start"])
-    out = defaultdict(list)
-    for x in e[np.isin(e["kind"], ("F", "B", "W"))]:
-        mb, c, kind = int(x["mb"]), int(x["chunk"]), str(x["kind"])
-        op = split.get((p, mb, c), kind) if kind == "B" else kind
-        out[(c, op)].append((mb, float(x["end"] - x["start"]) + extra.get((mb, c, kind), 0.0)))
-    run.cache[cache_key] = (ev, dict(out))  # the array kept with it: its id stays its own
-    return run.cache[cache_key][1]
 
 
 def unit_costs(run: Run, steps, schedule=None) -> dict:
@@ -340,7 +274,7 @@ def _send_starts(run: Run, steps, schedule) -> dict:
     from mpipar.parallel.pipeline.actions import Action
 
     out = {}
-    for r in _ranks_with_events(run):
+    for r in ranks_with_events(run):
         e = events_in(run, r, steps)
         e = np.sort(e[e["kind"] == "pp.send"], order="start")
         if not e.size:
@@ -369,7 +303,7 @@ def one_way_minima(run: Run, steps, schedule) -> dict:
     sends = _send_starts(run, steps, schedule)
     best = {}
     world = _world_ranks(run.coords)
-    for r in _ranks_with_events(run):
+    for r in ranks_with_events(run):
         for s in steps:
             e = events_in(run, r, s)
             for end, peer, mb, chunk, op in _received(e, r, schedule, run.coords, world):

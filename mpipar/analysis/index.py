@@ -67,3 +67,15 @@ def events_in(run, rank: int, steps) -> np.ndarray:
     if not len(ev):
         return ev
     return step_index(run, rank).select(steps)
+
+
+def ranks_with_events(run) -> list[int]:
+    """World ranks whose event array is not empty (``predict.replicas`` empties the others)."""
+    return [r for r, ev in enumerate(run.events) if len(ev)]
+
+
+def all_events_in(run, steps) -> np.ndarray:
+    """Every rank's events of ``steps``, rank after rank (as concatenate-then-mask gave)."""
+    if not run.events:
+        return np.empty(0)
+    return np.concatenate([events_in(run, r, steps) for r in range(len(run.events))])
