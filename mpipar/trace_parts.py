@@ -23,8 +23,12 @@ from .files import atomic_h5
 
 SCHEMA_VERSION = 2  # the index and its parts; schema 1 is the single gathered file
 
-# rows per HDF5 chunk (64 B a row: 64 KiB) and the filter: byte shuffle + gzip level 1 shrinks
-# events about 4x (the kind field is mostly padding), read by any HDF5 tool
+# rows per HDF5 chunk (64 B a row: 64 KiB). A part is written uncompressed while its run appends
+# to it: appending to a compressed chunk moves the chunk, and a writer killed then left the rows
+# already committed unreadable (tests/test_analysis_scale.py kills writers); an uncompressed
+# chunk is rewritten in place with the same bytes. A finished part is rewritten once, atomically,
+# with byte shuffle + gzip level 1 (about 5x smaller: the kind field is mostly padding), which
+# any HDF5 tool reads.
 EVENT_CHUNK, METRICS_CHUNK = 1024, 256
 FILTER = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
 
@@ -99,20 +103,48 @@ def write_part(path, rank: int, run_id: str, events, attrs: dict, metrics,
         f.attrs["run_id"] = run_id
         f.attrs["rank"] = int(rank)
         _set(f, attrs)
-        f.create_dataset("events", data=events, maxshape=(None,), chunks=(EVENT_CHUNK,),
-                         **FILTER)
-        f.create_dataset("metrics", data=m, maxshape=(None,), chunks=(METRICS_CHUNK,), **FILTER)
+        _datasets(f, events, m, compress=False)
         f.attrs["committed"] = _committed(len(events), len(m))
-        f.attrs["complete"] = bool(complete)
+        f.attrs["complete"] = False
+    if complete:
+        _rewrite(path, rank, compress=True)
+
+
+def _datasets(f, events, metrics, compress: bool) -> None:
+    extra = FILTER if compress else {}
+    f.create_dataset("events", data=events, maxshape=(None,), chunks=(EVENT_CHUNK,), **extra)
+    f.create_dataset("metrics", data=metrics, maxshape=(None,), chunks=(METRICS_CHUNK,), **extra)
+
+
+def _rewrite(path, rank: int, compress: bool) -> None:
+    """Rewrite rank ``rank``'s part with only its committed rows, compressed (a finished part)
+    or not (one a resumed run appends to again), atomically: a crash leaves the old file."""
+    import h5py
+
+    p = part_path(path, rank)
+    with h5py.File(p, "r", locking=False) as src:
+        done = json.loads(src.attrs["committed"])
+        attrs = dict(src.attrs)
+        events, metrics = src["events"][: done["events"]], src["metrics"][: done["metrics"]]
+    with atomic_h5(p) as f:
+        _datasets(f, events, metrics, compress)
+        for key, value in attrs.items():
+            f.attrs[key] = value
+        f.attrs["complete"] = compress  # a finished part is the compressed one
 
 
 def append_part(path, rank: int, events, attrs: dict, metrics,
                 complete: bool = False) -> None:
-    """Append rows to rank ``rank``'s part: rows first (flushed), then ``committed``, then
-    ``complete``; a flush cut short leaves rows readers ignore and the next flush overwrites."""
+    """Append rows to rank ``rank``'s part: rows first (flushed), then ``committed``; a flush
+    cut short leaves rows readers ignore and the next flush overwrites. ``complete``: the run's
+    last flush, after which the part is rewritten compressed and marked complete."""
     import h5py
 
     m = np.asarray(metrics)
+    with h5py.File(part_path(path, rank), "r", locking=False) as f:
+        compressed = f["events"].compression is not None
+    if compressed:  # finished once, now resumed: appends go to an uncompressed part again
+        _rewrite(path, rank, compress=False)
     with h5py.File(part_path(path, rank), "r+", locking=False) as f:
         done = json.loads(f.attrs["committed"])
         n_ev = _append(f["events"], done["events"], events)
@@ -121,7 +153,8 @@ def append_part(path, rank: int, events, attrs: dict, metrics,
         f.attrs["committed"] = _committed(n_ev, n_m)
         f.flush()
         _set(f, attrs)
-        f.attrs["complete"] = bool(complete)
+    if complete:
+        _rewrite(path, rank, compress=True)
 
 
 def _append(ds, committed: int, rows) -> int:

@@ -163,6 +163,10 @@ def test_parts_layout_round_trip(tmp_path):
     assert [sorted(set(e["step"].tolist())) for e in run.events] == [[0, 1, 2]] * 3
     assert run.coords.tolist() == [[0, 0, 0], [1, 0, 0], [2, 0, 0]]
     assert sorted(os.listdir(tmp_path / "trace.parts")) == [parts.part_name(r) for r in range(3)]
+    import h5py
+
+    with h5py.File(parts.part_path(path, 0)) as f:  # finished: rewritten compressed
+        assert f["events"].compression == "gzip" and f["events"].shuffle
 
 
 def test_a_missing_or_stale_part_leaves_the_others_readable(tmp_path):
@@ -206,9 +210,70 @@ def test_resume_rewinds_every_part(tmp_path):
     assert not run.complete
     assert [sorted(set(e["step"].tolist())) for e in run.events] == [[0, 1]] * 2
     assert parts.index_run_id(path) == "run-a"
+    # the resumed run appends to an uncompressed part again (appends move compressed chunks)
+    parts.append_part(path, 0, _rank_events(0, [2]), {"dp": 0, "pp": 0, "tp": 0},
+                      np.empty(0, METRICS_DTYPE))
+    import h5py
+
+    with h5py.File(parts.part_path(path, 0)) as f:
+        assert f["events"].compression is None
+    assert sorted(set(load(path).events[0]["step"].tolist())) == [0, 1, 2]
 
 
 def test_old_single_file_and_event_dtype_still_match():
     run = load(README_V1)
     assert run.schema_version == 1 and run.world_size == 8 and run.complete
     assert EVENT_DTYPE.itemsize == 64  # the on-disk row both layouts share
+
+
+_PART_APPENDER = """
+import sys
+import numpy as np
+from mpipar import trace_parts as parts
+from mpipar.trace import EVENT_DTYPE, METRICS_DTYPE
+path, rank = sys.argv[1], int(sys.argv[2])
+ev = np.zeros(500, dtype=EVENT_DTYPE)
+ev["kind"], ev["start"] = b"F", np.arange(500.0)  # rows that compress unevenly
+m = np.empty(0, METRICS_DTYPE)
+a = {"dp": rank, "pp": 0, "tp": 0}
+if rank == 0:
+    parts.write_index(path, {"config": {}, "grid": {"dp": 2, "pp": 1, "tp": 1}}, 2, "k")
+parts.write_part(path, rank, "k", ev, a, m)
+print("ready", flush=True)
+while True:
+    ev["start"] += 1.0
+    parts.append_part(path, rank, ev, a, m)
+"""
+
+
+def test_sigkill_during_part_flushes_leaves_every_part_readable(tmp_path):
+    """Two ranks' writers append to their compressed parts without pause; one is killed at a
+    random moment (6 times): the dump reads, the killed rank with whole flushes only, the other
+    rank's part untouched by it."""
+    import random
+    import subprocess
+    import sys
+    import time
+
+    rng = random.Random(29)
+    for i in range(6):
+        path = tmp_path / f"d{i}" / "trace.h5"
+        path.parent.mkdir()
+        procs = [subprocess.Popen([sys.executable, "-c", _PART_APPENDER, str(path), str(r)],
+                                  stdout=subprocess.PIPE, text=True) for r in (0, 1)]
+        try:
+            for p in procs:
+                assert p.stdout.readline().strip() == "ready"
+            time.sleep(rng.uniform(0.05, 0.4))
+            procs[1].kill()  # a rank dies mid-run
+            time.sleep(0.1)
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+        run = load(path)
+        for ev in run.events:
+            assert len(ev) % 500 == 0 and len(ev) >= 500, len(ev)
+            k = len(ev) // 500  # flush j holds starts j .. j + 499, in order
+            want = (np.arange(500.0)[None, :] + np.arange(k)[:, None]).ravel()
+            assert np.array_equal(ev["start"], want)
