@@ -4,7 +4,7 @@ against compression, and what a dump flush costs a running job.
 1. ``analyze``: realistic synthetic dumps (``mpipar.analysis.synthetic_run``: 1F1B, m = 4,
    pp = 4, dp = ranks / 4, 1,000 steps) at events x1, x4, x16 (64, 256, 1,024 ranks), each
    analysed by ``mpipar analyze`` in its own process: wall time and peak RSS, with
-   ``--sample N`` (default 20) and, up to ``--full-max-ranks`` ranks, without.
+   ``--sample N`` (default 20) and, up to ``--full-max-ranks`` ranks (default none), without.
 2. ``compression``: the x1 dump's events written with none, lzf, gzip (with byte shuffle):
    bytes on disk (sizes, not timings).
 3. ``flush``: per-step flush cost at 8 and 32 ranks for each ``--code DIR`` (a checkout of
@@ -109,11 +109,12 @@ def compression_rows(args, out: Path) -> list[dict]:
 
 def _train(code: Path, ranks: int, flush_every: int, steps: int, run_dir: Path, timeout):
     grid = {8: ("2", "2", "2"), 32: ("8", "2", "2")}.get(ranks, (str(ranks // 2), "2", "1"))
+    batch = 16 * max(1, int(grid[0]) // 2)  # 8 samples a replica: m = 4 micro-batches of 2
     cmd = ["mpiexec", "-n", str(ranks), sys.executable, "-m", "mpipar.cli", "train", "--config",
            str(ROOT / "experiments/configs/tiny.toml"), "--dp", grid[0], "--pp", grid[1],
            "--tp", grid[2], "--out", str(run_dir), "--set", f"train.steps={steps}",
            "--set", f"run.flush_interval={flush_every}", "--set", "train.eval_interval=0",
-           "--set", "run.log_interval=1000"]
+           "--set", "run.log_interval=1000", "--set", f"train.batch_size={batch}"]
     t = time.perf_counter()
     subprocess.run(cmd, env=pythonpath_env(code), check=True, capture_output=True,
                    timeout=timeout, cwd=str(code))
@@ -168,8 +169,9 @@ def main() -> int:
     p.add_argument("--ranks", type=int, nargs="+", default=[64, 256, 1024])
     p.add_argument("--dump-steps", type=int, default=1000)
     p.add_argument("--sample", type=int, default=20)
-    p.add_argument("--full-max-ranks", type=int, default=64,
-                   help="analyse all steps too (no --sample) up to this many ranks")
+    p.add_argument("--full-max-ranks", type=int, default=0,
+                   help="analyse all steps too (no --sample) up to this many ranks (the "
+                   "calibrated prediction simulates every step of every pipeline: minutes)")
     p.add_argument("--code", action="append", default=[],
                    help="an mpipar checkout whose flush to measure (repeat: before, after)")
     p.add_argument("--flush-ranks", type=int, nargs="+", default=[8, 32])
