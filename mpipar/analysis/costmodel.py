@@ -302,7 +302,10 @@ def one_way_minima(run: Run, steps, schedule) -> dict:
     latency + the receiver's clock offset - the sender's, or more."""
     sends = _send_starts(run, steps, schedule)
     best = {}
-    world = _world_ranks(run.coords)
+    got = run.cache.get("world_ranks")  # one map per run (its replicas share the coords)
+    if got is None or got[0] is not run.coords:
+        got = run.cache["world_ranks"] = (run.coords, _world_ranks(run.coords))
+    world = got[1]
     for r in ranks_with_events(run):
         for s in steps:
             e = events_in(run, r, s)

@@ -78,4 +78,6 @@ def all_events_in(run, steps) -> np.ndarray:
     """Every rank's events of ``steps``, rank after rank (as concatenate-then-mask gave)."""
     if not run.events:
         return np.empty(0)
-    return np.concatenate([events_in(run, r, steps) for r in range(len(run.events))])
+    # the ranks without events add nothing: a replica's sub-run skips the other replicas' ranks
+    got = [events_in(run, r, steps) for r in ranks_with_events(run)]
+    return np.concatenate(got) if got else run.events[0][:0]
