@@ -1,6 +1,7 @@
 """The event recorder and the HDF5 timing dump writer (docs/dump_schema.md is the source of truth).
 
-A leaf module: no MPI here (gathering to rank 0 lives in ``mpipar.mpi.job.dump``), and h5py is
+A leaf module: no MPI here (``mpipar.mpi.job.dump`` runs the flush; the per-rank parts layout is
+``mpipar.trace_parts``; ``write_dump`` here writes the single-file schema 1), and h5py is
 imported only inside ``write_dump`` so that tracing costs nothing to import.
 
 Each rank owns one ``Tracer``. Events are kept as plain tuples in a list (appending a tuple is the
@@ -135,6 +136,7 @@ class Tracer:
         self._events: list[tuple] = []
         self._metrics: list[tuple] = []
         self.dumped: set[str] = set()  # dump paths this run created (later flushes append)
+        self.dump_runs: dict[str, str] = {}  # dump path -> run id agreed at its first flush
         gpu = backend is not None and getattr(backend, "is_gpu", False)
         self._sync = backend.synchronize if gpu else None
         self.reset_clock()
@@ -328,6 +330,25 @@ def append_dump(
 
 
 def rewind_dump(path, step: int, n_ranks: int) -> bool:
+    """Let a run resumed at ``step`` continue the dump of the run it resumes; True when later
+    flushes may append to it. An index and its parts (schema 2): ``trace_parts.rewind_parts``;
+    a single file (schema 1, ``write_dump``): ``_rewind_single_file``."""
+    import h5py
+
+    from .trace_parts import SCHEMA_VERSION as PARTS_VERSION
+    from .trace_parts import rewind_parts
+
+    try:
+        with h5py.File(path, "r", locking=False) as f:
+            version = int(f.attrs.get("schema_version", 0))
+    except (OSError, ValueError, TypeError):
+        return False
+    if version == PARTS_VERSION:
+        return rewind_parts(path, step, n_ranks)
+    return _rewind_single_file(path, step, n_ranks)
+
+
+def _rewind_single_file(path, step: int, n_ranks: int) -> bool:
     """Let a run resumed at ``step`` continue the dump of the run it resumes: keep the committed
     rows of the steps before ``step`` (a crash may have flushed later ones, which the resumed run
     does again), mark the file incomplete, and say whether later flushes may append to it.
@@ -345,6 +366,8 @@ def rewind_dump(path, step: int, n_ranks: int) -> bool:
             done = json.loads(f.attrs["committed"])
             if len(done["events"]) != n_ranks:
                 return False
+            from .trace_parts import _rows_before
+
             counts = [_rows_before(f[f"ranks/{r}/events"], n, step)
                       for r, n in enumerate(done["events"])]
             f.attrs["committed"] = _committed(counts, _rows_before(f["metrics"], done["metrics"],
@@ -353,14 +376,6 @@ def rewind_dump(path, step: int, n_ranks: int) -> bool:
     except (OSError, KeyError, ValueError):
         return False
     return True
-
-
-def _rows_before(ds, committed: int, step: int) -> int:
-    """How many of the first ``committed`` rows come before the first row of ``step`` or later
-    (rows are in time order; set-up rows carry step -1)."""
-    steps = np.asarray(ds.fields("step")[:committed])
-    later = np.flatnonzero(steps >= step)
-    return int(later[0]) if later.size else int(committed)
 
 
 def _append(ds, committed: int, rows) -> int:

@@ -377,7 +377,7 @@ def test_not_hdf5(tmp_path):
         load(p)
 
 
-@pytest.mark.parametrize("version,words", [(0, "older"), (2, "newer")])
+@pytest.mark.parametrize("version,words", [(0, "older"), (3, "newer")])
 def test_other_schema_version(tmp_path, version, words):
     p = sy.write(
         tmp_path / "v.h5",
@@ -387,7 +387,7 @@ def test_other_schema_version(tmp_path, version, words):
     )
     with pytest.raises(DumpError, match=rf"v\.h5: dump schema_version {version} is {words}") as e:
         load(p)
-    assert ("upgrade mpipar" if version == 2 else "re-run the training") in str(e.value)
+    assert ("upgrade mpipar" if version == 3 else "re-run the training") in str(e.value)
 
 
 @pytest.mark.parametrize("attr", ["schema_version", "config", "grid", "world_size"])

@@ -284,10 +284,9 @@ def _run_srun_job(cluster, run_root: Path, *argv) -> tuple[str, list[slurm.JobSt
 
 
 def _losses(trace: Path) -> np.ndarray:
-    import h5py
+    from mpipar.analysis import load
 
-    with h5py.File(trace, "r") as f:
-        return np.asarray(f["metrics"]["loss"], dtype=np.float64)
+    return np.asarray(load(trace).metrics["loss"], dtype=np.float64)
 
 
 GRID = ("--dp", 2, "--pp", 2, "--tp", 1, "--schedule", "1f1b", "--microbatches", 4,

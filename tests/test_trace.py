@@ -178,14 +178,16 @@ def test_partial_dump_after_failure_is_readable(tmp_path):
     p = python_script(3, "trace_partial.py", path, timeout=60)
     assert p.returncode != 0 and "deliberate failure in step 1 on rank 2" in p.stderr, p.stderr
     assert "unreachable" not in p.stdout
-    with h5py.File(path, "r") as f:
-        assert bool(f.attrs["complete"]) is False
-        assert f.attrs["world_size"] == 3
-        for r in range(3):
-            ev = f[f"ranks/{r}/events"][()]
-            assert set(ev["step"]) == {0}, ev  # exactly what was flushed: step 0
-            assert b"dp.allreduce" in set(ev["kind"])
-    assert sorted(os.listdir(tmp_path)) == ["trace.h5"]
+    from mpipar.analysis import load
+
+    run = load(path)  # every rank's part: what it flushed before the failure
+    assert run.complete is False and run.world_size == 3 and not run.notes
+    for r, ev in enumerate(run.events):
+        steps = set(ev["step"][ev["step"] >= 0].tolist())
+        # the others may flush step 1 before failfast ends them: nothing waits for the failed one
+        assert steps == {0} if r == 2 else steps >= {0}, (r, steps)
+        assert "dp.allreduce" in set(ev["kind"][ev["step"] == 0])
+    assert sorted(os.listdir(tmp_path)) == ["trace.h5", "trace.parts"]
 
 
 # ----- bounded tracing: flushes append only what is new, readers trust the committed rows ------

@@ -20,6 +20,7 @@ from collections import defaultdict, deque
 import numpy as np
 
 from .dump import Run, load
+from .index import events_in
 
 OPS = ("allreduce", "reduce_scatter", "allgather", "broadcast")
 NONBLOCKING = ("allreduce", "reduce_scatter")  # may be posts, completed by a later wait
@@ -35,9 +36,17 @@ def _group_size(run: Run, axis: str) -> int:
     return int(run.world_size if axis == "world" else run.grid.get(axis, 1))
 
 
-def _rank_spans(ev, steps):
+def _collective_rows(ev) -> np.ndarray:
+    """The rows ``_rank_spans`` looks at (collectives and waits), picked by numpy so that its
+    loop runs over them only."""
+    kinds = ev["kind"].astype(str)
+    op = np.char.partition(kinds, ".")[:, 2] if kinds.size else kinds
+    return ev[np.isin(op, OPS) | ((op == "wait") & (ev["peer"] < 0))]
+
+
+def _rank_spans(run, r, steps):
     """[(kind, op, bytes, seconds, overlapped)] of one rank's collectives in ``steps``."""
-    ev = ev[np.isin(ev["step"], steps)]
+    ev = _collective_rows(events_in(run, r, steps))
     queued = defaultdict(deque)  # (axis, bytes) -> posts not yet paired with a wait
     spans = []  # [kind, op, bytes, start, end, overlapped]
     for e in ev:
@@ -60,8 +69,8 @@ def bandwidth(run: Run | str, steps=None) -> list[dict]:
         run = load(run)
     steps = run.steps() if steps is None else list(steps)
     rows = {}
-    for ev in run.events:
-        for kind, op, nbytes, seconds, overlapped in _rank_spans(ev, steps):
+    for r in range(len(run.events)):
+        for kind, op, nbytes, seconds, overlapped in _rank_spans(run, r, steps):
             n = _group_size(run, kind.partition(".")[0])
             size = nbytes * n if op == "allgather" else nbytes
             r = rows.setdefault(kind, {"kind": kind, "op": op, "group": n, "count": 0,
@@ -79,9 +88,10 @@ def bandwidth(run: Run | str, steps=None) -> list[dict]:
     return out
 
 
-def bandwidth_text(path, steps=None) -> str:
-    """The table ``mpipar analyze`` prints under a run (empty when the run has no collectives)."""
-    rows = bandwidth(path, steps)
+def bandwidth_text(run, steps=None, rows=None) -> str:
+    """The table ``mpipar analyze`` prints under a run (empty when the run has no collectives).
+    ``run``: a Run or a dump's path; ``rows``: ``bandwidth``'s, when already computed."""
+    rows = bandwidth(run, steps) if rows is None else rows
     rows = [r for r in rows if r["group"] > 1]
     if not rows:
         return ""

@@ -42,9 +42,12 @@ import math
 import numpy as np
 
 from . import flops as _flops
+from .bandwidth import bandwidth
 from .dump import Run, load
 from .flops import setting as get
+from .links import links_text
 from .predict import predict
+from .steps import StepChoice
 
 COMPUTE_KINDS = ("F", "B", "W", "R", "LOSS", "OPT")
 PIPE_COMPUTE = ("F", "B", "W", "R", "LOSS")  # model compute: the bubble's complement
@@ -87,29 +90,14 @@ def union_length(starts, ends, lo: float = -math.inf, hi: float = math.inf) -> f
 
 
 def select_steps(run: Run, step: int | None = None) -> tuple[list[int], list[str]]:
-    """The steps to measure and notes on the choice (warm-up step 0 skipped when there are more)."""
-    available = run.steps()
-    if not available:
-        raise ValueError(
-            f"{run.path}: no events inside a training step (step >= 0); nothing to analyse"
-        )
-    if step is not None:
-        if step not in available:
-            raise ValueError(
-                f"{run.path}: step {step} has no events; steps in the dump: {_ranges(available)}"
-            )
-        return [step], [f"step {step} only"]
-    if len(available) > 1 and available[0] == 0:
-        return available[1:], [
-            f"steps {_ranges(available[1:])} measured; step 0 skipped as warm-up"
-        ]
-    return available, [f"steps {_ranges(available)} measured (no warm-up step skipped)"]
+    """The steps to measure and notes on the choice (warm-up step 0 skipped when there are more;
+    ``mpipar.analysis.steps``). A run loaded with a step choice (``load(steps=...)``) holds only
+    those steps: its choice, unless ``step`` asks for one of them."""
+    if step is None and run.selection is not None:
+        steps, notes = run.selection
+        return list(steps), list(notes)
+    return StepChoice(step=step).choose(run.steps(), run.path)
 
-
-def _ranges(steps: list[int]) -> str:
-    if len(steps) > 1 and steps == list(range(steps[0], steps[-1] + 1)):
-        return f"{steps[0]}-{steps[-1]}"
-    return ",".join(str(s) for s in steps)
 
 
 def _kind_mask(kinds: np.ndarray, kind: str) -> np.ndarray:
@@ -200,6 +188,7 @@ def breakdown(run: Run | str, step: int | None = None, peak: float | None = None
     if not isinstance(run, Run):
         run = load(run)
     steps, notes = select_steps(run, step)
+    notes += run.notes
     world = run.world_size
     per = [
         [
@@ -235,6 +224,8 @@ def breakdown(run: Run | str, step: int | None = None, peak: float | None = None
         "notes": notes,
         "ranks": table,
         "summary": summary,
+        "bandwidth": bandwidth(run, steps),  # from the loaded run: no second read of the file
+        "links": links_text(run, steps),  # several hosts: bytes per link class, else ""
     }
 
 

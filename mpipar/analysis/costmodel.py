@@ -30,9 +30,11 @@ from collections import defaultdict
 import numpy as np
 
 from .dump import Run
+from .index import all_events_in as _all_events_in
+from .index import events_in, ranks_with_events
+from .units import _unit_durations
 
 PIPE_KINDS = ("F", "B", "W", "R", "LOSS", "pp.send", "pp.recv", "pp.wait")
-UNIT_KINDS = ("F", "B", "W", "R", "LOSS")
 
 
 def post_costs(ev) -> tuple[float, float]:
@@ -52,10 +54,9 @@ def _med(values, default=0.0) -> float:
 def _step_events(run: Run, steps) -> dict:
     """{(world rank, step): events of that step sorted by start}, without STEP markers."""
     out = {}
-    for r, ev in enumerate(run.events):
+    for r in ranks_with_events(run):
         for s in steps:
-            e = ev[ev["step"] == s]
-            out[(r, s)] = np.sort(e, order="start")
+            out[(r, s)] = np.sort(events_in(run, r, s), order="start")
     return out
 
 
@@ -71,44 +72,6 @@ def _uncovered(starts, ends) -> float:
             gap += s - reach
         reach = max(reach, e)
     return gap
-
-
-def _backward_ops(schedule) -> dict:
-    """{(p, mb, chunk): "B" | "BW"} where one rank runs both kinds of backward on one chunk
-    (DualPipeV: the last micro-batches' backwards are whole, the others split off their W). A
-    dump records either as one ``B`` event; a mean over both is right for neither."""
-    out = {}
-    if schedule is None:
-        return out
-    for p, acts in enumerate(schedule.ranks):
-        kinds = defaultdict(set)
-        for a in acts:
-            if a.op in ("B", "BW"):
-                kinds[a.chunk].add(a.op)
-        out.update({(p, a.mb, a.chunk): a.op for a in acts
-                    if a.op in ("B", "BW") and len(kinds[a.chunk]) == 2})
-    return out
-
-
-def _unit_durations(run: Run, steps, schedule=None) -> dict:
-    """{(world rank, step, chunk, op): [(mb, seconds)]} of the compute units, op F (+ its LOSS),
-    B or BW (+ its R, the recomputation run right before it) and W."""
-    split = _backward_ops(schedule)
-    out = defaultdict(list)
-    for r, ev in enumerate(run.events):
-        p = int(run.coords[r, 1])
-        e = ev[np.isin(ev["step"], steps) & np.isin(ev["kind"], UNIT_KINDS)]
-        extra = defaultdict(float)  # (step, mb, chunk, F | B) -> LOSS or R seconds
-        for x in e[np.isin(e["kind"], ("LOSS", "R"))]:
-            base = "F" if x["kind"] == "LOSS" else "B"
-            extra[(int(x["step"]), int(x["mb"]), int(x["chunk"]), base)] += float(
-                x["end"] - x["start"])
-        for x in e[np.isin(e["kind"], ("F", "B", "W"))]:
-            s, mb, c, kind = int(x["step"]), int(x["mb"]), int(x["chunk"]), str(x["kind"])
-            op = split.get((p, mb, c), kind) if kind == "B" else kind
-            out[(r, s, c, op)].append(
-                (mb, float(x["end"] - x["start"]) + extra.get((s, mb, c, kind), 0.0)))
-    return out
 
 
 def unit_costs(run: Run, steps, schedule=None) -> dict:
@@ -206,8 +169,7 @@ def fit(run: Run, steps, schedule) -> tuple:
     model = CostModel(per_unit=unit_costs(run, steps, schedule), unit={},
                       jitter=jitter(run, steps, schedule))
     model.overhead = _med([v for _, _, v in parts["overhead"]])
-    ev = np.concatenate(run.events) if run.events else np.empty(0)
-    ev = ev[np.isin(ev["step"], steps)]
+    ev = _all_events_in(run, steps)
     model.send_post, model.recv_post = post_costs(ev)
     lat = transfer_times(run, steps, schedule)
     model.latency = _med(lat)
@@ -235,7 +197,12 @@ def _computes(ev: np.ndarray) -> tuple[dict, dict]:
     return fwd, bwd
 
 
-def _requests(ev: np.ndarray, r: int, schedule, coords) -> dict:
+def _world_ranks(coords) -> dict:
+    """{(dp, pp, tp): world rank}."""
+    return {tuple(int(v) for v in c): w for w, c in enumerate(coords)}
+
+
+def _requests(ev: np.ndarray, r: int, schedule, coords, world=None) -> dict:
     """{(mb, chunk, peer): [(lo, hi, (sender chunk, send op) or None)]}: every message request of
     world rank r in one step, keyed as its ``pp.wait`` is, with the window that wait must lie in.
 
@@ -249,7 +216,7 @@ def _requests(ev: np.ndarray, r: int, schedule, coords) -> dict:
         out[(int(x["mb"]), int(x["chunk"]), int(x["peer"]))].append(
             (float(x["start"]), math.inf, None))
     dp, p, tp = (int(v) for v in coords[r])
-    world = {tuple(int(v) for v in c): w for w, c in enumerate(coords)}
+    world = _world_ranks(coords) if world is None else world
     for a in schedule.ranks[p]:
         if a.op not in ("RECV_F", "RECV_B"):
             continue
@@ -266,7 +233,7 @@ def _requests(ev: np.ndarray, r: int, schedule, coords) -> dict:
 WAITED = 20e-6
 
 
-def _received(ev: np.ndarray, r: int, schedule, coords) -> list[tuple]:
+def _received(ev: np.ndarray, r: int, schedule, coords, world=None) -> list[tuple]:
     """(wait end, peer, mb, sender chunk, send op) of the receive waits of world rank r in one
     step that waited (``WAITED``).
 
@@ -281,7 +248,7 @@ def _received(ev: np.ndarray, r: int, schedule, coords) -> list[tuple]:
         waits[(int(x["mb"]), int(x["chunk"]), int(x["peer"]))].append(
             (float(x["start"]), float(x["end"])))
     out = []
-    for key, reqs in _requests(ev, r, schedule, coords).items():
+    for key, reqs in _requests(ev, r, schedule, coords, world).items():
         got = waits.get(key, [])
         if len(got) != len(reqs) or len(reqs) > 4:
             continue  # not every request recorded (or more than one step's worth): skip
@@ -307,8 +274,9 @@ def _send_starts(run: Run, steps, schedule) -> dict:
     from mpipar.parallel.pipeline.actions import Action
 
     out = {}
-    for r, ev in enumerate(run.events):
-        e = np.sort(ev[np.isin(ev["step"], steps) & (ev["kind"] == "pp.send")], order="start")
+    for r in ranks_with_events(run):
+        e = events_in(run, r, steps)
+        e = np.sort(e[e["kind"] == "pp.send"], order="start")
         if not e.size:
             continue
         p = int(run.coords[r, 1])
@@ -334,10 +302,14 @@ def one_way_minima(run: Run, steps, schedule) -> dict:
     latency + the receiver's clock offset - the sender's, or more."""
     sends = _send_starts(run, steps, schedule)
     best = {}
-    for r, ev in enumerate(run.events):
+    got = run.cache.get("world_ranks")  # one map per run (its replicas share the coords)
+    if got is None or got[0] is not run.coords:
+        got = run.cache["world_ranks"] = (run.coords, _world_ranks(run.coords))
+    world = got[1]
+    for r in ranks_with_events(run):
         for s in steps:
-            e = ev[ev["step"] == s]
-            for end, peer, mb, chunk, op in _received(e, r, schedule, run.coords):
+            e = events_in(run, r, s)
+            for end, peer, mb, chunk, op in _received(e, r, schedule, run.coords, world):
                 t = sends.get((s, peer, r, mb, chunk, op))
                 if t is not None:
                     best[(peer, r)] = min(best.get((peer, r), math.inf), end - t)

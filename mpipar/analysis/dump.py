@@ -1,7 +1,8 @@
-"""Reading one HDF5 timing dump (docs/dump_schema.md, schema version 1) into a ``Run``.
+"""Reading one HDF5 timing dump (docs/dump_schema.md) into a ``Run``: schema 2 (an index and one
+part per rank, ``dump_parts``) and schema 1 (one file, every rank under ``/ranks``).
 
-Only the rows the ``committed`` attribute counts are read (the tail of a flush that crashed is
-ignored); dumps written before that attribute existed are read whole.
+Only the rows the ``committed`` attributes count are read (the tail of a flush that crashed is
+ignored); schema-1 dumps written before that attribute existed are read whole.
 
 Only h5py and numpy: analysis never imports MPI. Every problem with a file (missing, not HDF5,
 another schema version, a missing attribute or field) is a ``DumpError`` that names the file,
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,6 +21,9 @@ import numpy as np
 # The writer's on-disk layout is the contract (mpipar.trace is a leaf: no MPI in it).
 from ..trace import EVENT_DTYPE as DISK_EVENT_DTYPE
 from ..trace import SCHEMA_VERSION  # noqa: F401 (re-exported)
+from ..trace_parts import SCHEMA_VERSION as PARTS_VERSION
+from .dump_parts import part_sources
+from .steps import StepError
 
 # the fields of /ranks/<r>/events, in schema order
 EVENT_FIELDS = DISK_EVENT_DTYPE.names
@@ -54,6 +59,11 @@ class Run:
     rank_attrs: list = field(default_factory=list)  # attributes of /ranks/<r>, decoded
     metrics: np.ndarray | None = None  # /metrics rows, or None when the run wrote none
     complete: bool = False  # False: the run crashed or the dump is a mid-run flush
+    # (steps, notes) when loaded with a step choice (``load(steps=...)``): only those were read
+    selection: tuple | None = None
+    notes: list = field(default_factory=list)  # what the loader could not read, and why
+    # derived data (``analysis.index``: events grouped by step), shared by ``replace`` copies
+    cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def coord(self, rank: int) -> dict:
         dp, pp, tp = (int(v) for v in self.coords[rank])
@@ -104,8 +114,12 @@ def _run_name(path: str) -> str:
     return os.path.splitext(base)[0]
 
 
-def load(path, name: str | None = None) -> Run:
-    """Read and validate the dump at ``path``; ``DumpError`` (with the fix) when it is unusable."""
+def load(path, name: str | None = None, steps=None) -> Run:
+    """Read and validate the dump at ``path``; ``DumpError`` (with the fix) when it is unusable.
+
+    ``steps``: a ``steps.StepChoice`` (or None: every row). With one, only the rows of the
+    chosen steps are read (and the set-up rows, step < 0, and the ``mem.static``/``mem.base``
+    markers the memory measurement needs), and ``Run.selection`` says which and why."""
     import h5py
 
     path = os.fspath(path)
@@ -124,8 +138,8 @@ def load(path, name: str | None = None) -> Run:
         raise DumpError(f"{path}: not a readable HDF5 file ({exc}); {_RERUN}") from None
     try:
         with f:
-            return _load_open(path, f, name)
-    except DumpError:
+            return _load_open(path, f, name, steps)
+    except (DumpError, StepError):
         raise
     except (UnicodeDecodeError, OSError, KeyError, RuntimeError, ValueError, TypeError) as exc:
         # a damaged file (e.g. flipped bits) fails deep inside h5py or a decode
@@ -133,7 +147,7 @@ def load(path, name: str | None = None) -> Run:
                         f"{exc}); {_RERUN}") from None
 
 
-def _load_open(path, f, name) -> Run:
+def _load_open(path, f, name, choice=None) -> Run:
     attrs = {k: _decode(v) for k, v in f.attrs.items()}
     _check_version(path, attrs)
     for key in REQUIRED_ATTRS:
@@ -157,9 +171,19 @@ def _load_open(path, f, name) -> Run:
         )
     grid = _check_grid(path, grid, attrs["world_size"])
     world = int(attrs["world_size"])
-    committed = _committed(path, attrs, world)
-    events, coords, rank_attrs = _read_ranks(path, f, world, committed)
-    metrics = _rows(path, f["metrics"], committed, "metrics") if "metrics" in f else None
+    notes, metrics = [], None
+    if int(attrs["schema_version"]) >= PARTS_VERSION:
+        sources, coords, rank_attrs, metrics, parts_complete, notes = part_sources(
+            path, attrs, grid, world, lambda msg: DumpError(f"{msg}; {_RERUN}"))
+        attrs["complete"] = bool(attrs.get("complete", False)) and parts_complete
+        attrs["hostnames"] = [a.get("hostname", "") for a in rank_attrs]
+        attrs["devices"] = [a.get("device", "cpu") for a in rank_attrs]
+    else:
+        committed = _committed(path, attrs, world)
+        sources, coords, rank_attrs = _rank_sources(path, f, world, committed)
+        if "metrics" in f:
+            metrics = _rows(path, f["metrics"], committed, "metrics")
+    events, selection = _read_events(path, sources, choice)
     if metrics is not None and not len(metrics):
         metrics = None
     return Run(
@@ -175,7 +199,35 @@ def _load_open(path, f, name) -> Run:
         rank_attrs=rank_attrs,
         metrics=metrics,
         complete=bool(attrs.get("complete", False)),
+        selection=selection,
+        notes=notes,
     )
+
+
+def _read_events(path, sources, choice):
+    """(events per rank as analysis's dtype, the step selection or None). ``sources[r]``:
+    (opener, committed rows or None, name), ``opener()`` yielding the dataset (None: no part).
+    With a ``choice``, the step column of every rank is read first, then only the chosen rows."""
+    def each(fn):
+        out = []
+        for opener, n, _ in sources:
+            with opener() as ds:
+                out.append(fn(ds, n) if ds is not None else None)
+        return out
+
+    if choice is None:
+        raw = each(lambda ds, n: _to_analysis(ds[()] if n is None else ds[:n]))
+        return [np.empty(0, EVENT_DTYPE) if e is None else e for e in raw], None
+    cols = each(_step_column)
+    found = np.unique(np.concatenate([c for c in cols if c is not None] or [np.empty(0, int)]))
+    selection = choice.choose([int(s) for s in found if s >= 0], path)
+    keep = np.asarray(selection[0])
+    events = []
+    for (opener, n, _), col in zip(sources, cols, strict=True):
+        with opener() as ds:
+            events.append(np.empty(0, EVENT_DTYPE) if ds is None
+                          else _to_analysis(_select_rows(ds, n, col, keep)))
+    return events, selection
 
 
 def _check_version(path, attrs) -> None:
@@ -193,14 +245,14 @@ def _check_version(path, attrs) -> None:
         ) from None
     if version < SCHEMA_VERSION:
         raise DumpError(
-            f"{path}: dump schema_version {version} is older than the version "
-            f"{SCHEMA_VERSION} this "
+            f"{path}: dump schema_version {version} is older than the versions "
+            f"{SCHEMA_VERSION}-{PARTS_VERSION} this "
             f"mpipar reads; analyse it with the mpipar that wrote it, or {_RERUN}"
         )
-    if version > SCHEMA_VERSION:
+    if version > PARTS_VERSION:
         raise DumpError(
-            f"{path}: dump schema_version {version} is newer than the version "
-            f"{SCHEMA_VERSION} this "
+            f"{path}: dump schema_version {version} is newer than the versions "
+            f"{SCHEMA_VERSION}-{PARTS_VERSION} this "
             f"mpipar reads; upgrade mpipar (pip install -e . in a newer checkout)"
         )
 
@@ -253,10 +305,13 @@ def _rows(path, ds, committed, what, rank=None):
     return ds[:n]
 
 
-def _read_ranks(path, f, world, committed=None):
+def _rank_sources(path, f, world, committed=None):
+    """([(opener, committed rows or None, name)], coords, rank attributes) of a schema-1 file
+    (``/ranks/<r>/events``), checked field by field, no rows read yet; ``opener()`` yields the
+    dataset."""
     if "ranks" not in f:
         raise DumpError(f"{path}: group '/ranks' is missing (no events were written); {_RERUN}")
-    events, coords, rank_attrs = [], np.zeros((world, 3), dtype=int), []
+    sources, coords, rank_attrs = [], np.zeros((world, 3), dtype=int), []
     for r in range(world):
         key = str(r)
         if key not in f["ranks"]:
@@ -268,27 +323,60 @@ def _read_ranks(path, f, world, committed=None):
         g = f["ranks"][key]
         if "events" not in g:
             raise DumpError(f"{path}: dataset '/ranks/{r}/events' is missing; {_RERUN}")
-        raw = _rows(path, g["events"], committed, f"/ranks/{r}/events", rank=r)
-        names = raw.dtype.names or ()
-        for name in EVENT_FIELDS:
-            if name not in names:
-                raise DumpError(
-                    f"{path}: dataset '/ranks/{r}/events' has no field '{name}' "
-                    f"(fields: {list(names)}); "
-                    f"the dump does not follow docs/dump_schema.md: {_RERUN}"
-                )
-        ev = np.empty(raw.shape[0], dtype=EVENT_DTYPE)
-        for name in EVENT_FIELDS:
-            ev[name] = (
-                np.char.decode(raw[name])
-                if name == "kind" and raw.dtype[name].kind == "S"
-                else raw[name]
-            )
-        events.append(ev)
+        ds = g["events"]
+        where = f"{path}: dataset '/ranks/{r}/events'"
+        _check_fields(ds, where)
+        n = committed["events"][r] if committed is not None else None
+        if n is not None and n > ds.shape[0]:
+            raise DumpError(f"{path}: '/ranks/{r}/events' holds {ds.shape[0]} rows but {n} are "
+                            f"committed: the file was cut short; {_RERUN}")
+        sources.append((lambda ds=ds: nullcontext(ds), n, where))
         a = {k: _decode(v) for k, v in g.attrs.items()}
         for axis in RANK_ATTRS:
             if axis not in a:
                 raise DumpError(f"{path}: attribute '{axis}' of '/ranks/{r}' is missing; {_RERUN}")
         coords[r] = [int(a["dp"]), int(a["pp"]), int(a["tp"])]
         rank_attrs.append(a)
-    return events, coords, rank_attrs
+    return sources, coords, rank_attrs
+
+
+def _check_fields(ds, where) -> None:
+    names = ds.dtype.names or ()
+    for name in EVENT_FIELDS:
+        if name not in names:
+            raise DumpError(f"{where} has no field '{name}' (fields: {list(names)}); the dump "
+                            f"does not follow docs/dump_schema.md: {_RERUN}")
+
+
+def _step_column(ds, n) -> np.ndarray:
+    return np.asarray(ds.fields("step")[: ds.shape[0] if n is None else n])
+
+
+# set-up markers the memory measurement needs whatever steps are chosen (analysis.predict)
+_KEEP_KINDS = (b"mem.static", b"mem.base")
+
+
+def _select_rows(ds, n, steps_col, keep) -> np.ndarray:
+    """The rows of the ``keep`` steps, of set-up (step < 0) and ``_KEEP_KINDS``, read as the
+    contiguous ranges they form (a step's rows are recorded together)."""
+    n = ds.shape[0] if n is None else n
+    mask = np.isin(steps_col, keep) | (steps_col < 0)
+    mask |= np.isin(np.asarray(ds.fields("kind")[:n]), _KEEP_KINDS)
+    idx = np.flatnonzero(mask)
+    if not idx.size:
+        return ds[:0]
+    cut = np.flatnonzero(np.diff(idx) > 1) + 1
+    starts = np.concatenate([[idx[0]], idx[cut]])
+    ends = np.concatenate([idx[cut - 1], [idx[-1]]]) + 1
+    return np.concatenate([ds[int(a):int(b)] for a, b in zip(starts, ends, strict=True)])
+
+
+def _to_analysis(raw: np.ndarray) -> np.ndarray:
+    """On-disk rows as analysis's ``EVENT_DTYPE`` (``kind`` as str)."""
+    ev = np.empty(raw.shape[0], dtype=EVENT_DTYPE)
+    for name in EVENT_FIELDS:
+        col = raw[name]
+        # ASCII kinds: a cast decodes them (np.char.decode did the same, 5x slower)
+        ev[name] = col.astype(EVENT_DTYPE[name]) if name == "kind" and col.dtype.kind == "S" \
+            else col
+    return ev

@@ -31,12 +31,12 @@ import numpy as np
 from ..parallel.pipeline.lowering import lower
 from .dump import Run
 from .flops import setting as get
+from .index import all_events_in
 
 
 def measured_costs(run: Run, steps) -> dict:
     """Mean per-chunk F, B, W (and BW) durations and the median p2p transfer time, in seconds."""
-    ev = np.concatenate(run.events) if run.events else np.empty(0)
-    ev = ev[np.isin(ev["step"], steps)]
+    ev = all_events_in(run, steps)
     dur = ev["end"] - ev["start"]
     kinds = ev["kind"]
 

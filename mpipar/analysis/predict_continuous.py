@@ -22,7 +22,6 @@ import numpy as np
 
 from .costmodel import (
     PIPE_KINDS,
-    UNIT_KINDS,
     _med,
     _uncovered,
     jitter,
@@ -31,6 +30,7 @@ from .costmodel import (
     unit_costs,
 )
 from .dump import Run
+from .units import UNIT_KINDS
 
 
 def as_one_step(run: Run, m: int, steps) -> Run:

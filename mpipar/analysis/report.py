@@ -12,7 +12,6 @@ import numpy as np
 from .bandwidth import bandwidth_text
 from .breakdown import RANK_COLUMNS
 from .compare import COMPARE_COLUMNS, to_jsonable
-from .links import links_text
 
 # per-rank text table: (column, header), ms per step. Self times (each instant once, see
 # mpipar.analysis.breakdown) so a row adds up: step = compute + communication + other + idle.
@@ -238,8 +237,8 @@ def to_text(results: list, table: dict) -> str:
             "counted as communication); bubble = 1 - (F+B+W+R+LOSS, inclusive) / step:"
         )
         parts.append(rank_table_text(res))
-        parts += [t for t in [bandwidth_text(res["path"], res["steps"]),
-                              links_text(res["path"], res["steps"])] if t]
+        parts += [t for t in [bandwidth_text(res["path"], res["steps"], res.get("bandwidth")),
+                              res.get("links", "")] if t]
         parts.append("")
     parts.append("comparison:")
     parts.append(comparison_text(table))

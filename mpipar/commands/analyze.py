@@ -27,6 +27,21 @@ def add_arguments(parser) -> None:
         help="analyse only this step (default: all steps, skipping warm-up step 0)",
     )
     parser.add_argument(
+        "--steps",
+        default=None,
+        metavar="A:B",
+        help="analyse only steps A to B-1 (a bound may be left out: 100: or :200); only their "
+        "rows are read",
+    )
+    parser.add_argument(
+        "--sample",
+        type=int,
+        default=None,
+        metavar="N",
+        help="analyse N steps spread evenly over the measured ones (first and last included); "
+        "the output says which. For long runs: the analysis costs what the sample holds",
+    )
+    parser.add_argument(
         "--peak",
         type=float,
         default=None,
@@ -89,6 +104,7 @@ def check_arguments(args) -> None:
                          f"number > 0 (e.g. --peak 1e12), or leave it out to use the dump's")
     if args.step is not None and args.step < 0:
         raise ValueError(f"--step = {args.step}: steps count from 0; pass a step >= 0")
+    step_choice(args)  # --steps / --sample / --step together: one clear error, before reading
     if args.plots:
         from mpipar.analysis.plots import check_plot_dir
 
@@ -101,6 +117,17 @@ def check_arguments(args) -> None:
                            f"{flag.replace('_', '-')} a file in a writable directory")
 
 
+def step_choice(args):
+    """The ``StepChoice`` of --step/--steps/--sample, or None when none is given (all rows)."""
+    from mpipar.analysis.steps import StepChoice, parse_window
+
+    window = parse_window(args.steps) if getattr(args, "steps", None) is not None else None
+    sample = getattr(args, "sample", None)
+    if window is None and sample is None:
+        return None if args.step is None else StepChoice(step=args.step)
+    return StepChoice(step=args.step, window=window, sample=sample)
+
+
 def run(args) -> int:
     from mpipar.analysis import DumpError, breakdown, compare, load, report
 
@@ -109,7 +136,7 @@ def run(args) -> int:
         inputs = expand(args.paths)
         runs, seen = [], {}
         for path, name in inputs:
-            r = load(path, name=name)
+            r = load(path, name=name, steps=step_choice(args))
             # two runs of the same name (foo/trace.h5, bar/foo/trace.h5) get a numeric suffix
             n = seen.get(r.name, 0)
             seen[r.name] = n + 1

@@ -1,7 +1,8 @@
 """A run that flushes its dump after step 0 and then dies on one rank mid step 1.
 
 Run: mpiexec -n N python tests/mpi/trace_partial.py PATH
-The job must abort (failfast) and PATH must hold the complete=False dump of step 0.
+The job must abort (failfast); every rank's part must hold (at least) step 0, the failed
+rank's exactly step 0, and the dump must read as incomplete.
 """
 
 import sys
@@ -24,5 +25,5 @@ for step in range(2):
     if step == 1 and g.rank == n - 1:
         raise RuntimeError(f"deliberate failure in step 1 on rank {g.rank}")
     dump_trace(tracer, g, path, {"config": {"steps": 2}})
-g.world_comm.barrier()  # a non-root rank may get through the last gather; never past this
+g.world_comm.barrier()  # the failed rank never gets here, so neither does any other
 print("unreachable: the job survived a failed rank", flush=True)

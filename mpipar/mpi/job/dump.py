@@ -1,10 +1,13 @@
-"""Gather every rank's trace to world rank 0 and write the HDF5 timing dump (docs/dump_schema.md).
+"""Write the HDF5 timing dump: each rank its own part, world rank 0 the index that ties them
+(docs/dump_schema.md, ``mpipar.trace_parts``).
 
-Collective: every rank calls ``dump_trace``. It may be called many times in a run, with
-``file_attrs={"complete": True, ...}`` on the final call of a run that ended normally. The first
-call of a run writes a new file atomically; each later one gathers and appends only the events
-recorded since the previous call, which every rank then forgets (memory and flush cost stay
-bounded however long the run). A crashed run keeps everything up to its last flush.
+Every rank calls ``dump_trace``, many times in a run, with ``file_attrs={"complete": True,
+...}`` on the final call of a run that ended normally. Only the first call of a process talks
+(one broadcast from rank 0: the run id, and whether a resumed run continues its dump); every
+later one writes this rank's new events to its own part and returns, waiting for no other rank.
+The events written are forgotten (memory and flush cost stay bounded however long the run); a
+rank that dies loses nothing before its last flush. Each flush is recorded as a ``dump.flush``
+event (step -1), handed out with the next flush.
 """
 
 from __future__ import annotations
@@ -14,14 +17,14 @@ import json
 import os
 import platform
 import socket
-import struct
 import subprocess
 import sys
+import uuid
 
 import numpy as np
 
+from mpipar import trace_parts as parts
 from mpipar.mpi.job.world import library_version
-from mpipar.trace import EVENT_DTYPE, append_dump, write_dump
 
 
 @functools.lru_cache(maxsize=1)
@@ -82,31 +85,20 @@ def _device_name(tracer) -> str:
     return "cpu"
 
 
-def _pack(attrs: dict, events: np.ndarray) -> bytes:
-    head = json.dumps(attrs).encode()
-    return struct.pack("<q", len(head)) + head + events.tobytes()
-
-
-def _unpack(blob: bytes):
-    (n,) = struct.unpack_from("<q", blob)
-    attrs = json.loads(blob[8 : 8 + n].decode())
-    events = np.frombuffer(blob[8 + n :], dtype=EVENT_DTYPE).copy()
-    return attrs, events
-
-
 def dump_trace(
     tracer, grid_or_comm, path, file_attrs: dict, rank_attrs: dict | None = None
 ) -> None:
-    """Gather all ranks' events (and rank 0's metrics) to world rank 0, which writes ``path``.
+    """Write this rank's events since the last call to its part of the dump at ``path`` (rank
+    0: its metrics too, and the index).
 
     ``grid_or_comm``: a ProcessGrid (coordinates and the grid attribute come from it) or a world
     Comm (a LocalComm in a one-rank run). ``file_attrs`` (e.g. ``config``, ``complete``) override
-    the standard file attributes; ``rank_attrs`` add to this rank's ``/ranks/<r>`` attributes.
-    The gather itself is not traced.
+    the standard index attributes; ``rank_attrs`` add to this rank's part attributes. The first
+    call's broadcast is not traced.
     """
     grid = grid_or_comm if hasattr(grid_or_comm, "world_comm") else None
     comm = grid.world_comm if grid is not None else grid_or_comm  # a Comm, or a LocalComm
-
+    start = tracer.now()
     mine = {
         "dp": grid.dp_rank if grid is not None else -1,
         "pp": grid.pp_rank if grid is not None else -1,
@@ -115,31 +107,48 @@ def dump_trace(
         "device": _device_name(tracer),
     }
     mine.update(rank_attrs or {})
-    # trace=False: the dump's own traffic is not an event
     events, metrics = tracer.take()  # only what is new since the last flush
-    blobs = comm.gather_bytes(_pack(mine, events), root=0, trace=False)
     if comm.rank != 0:
-        return
-
-    per_rank = [_unpack(b) for b in blobs]
-    attrs = [a for a, _ in per_rank]
-    events = [e for _, e in per_rank]
+        metrics = metrics[:0]  # every rank records them; rank 0's are the run's
     fa = {
         "config": {},
         "grid": grid.as_dict() if grid is not None else {"dp": 1, "pp": 1, "tp": 1, "order": ""},
-        "world_size": comm.size,
-        "hostnames": [a.get("hostname", "") for a in attrs],
-        "devices": [a.get("device", "cpu") for a in attrs],
         "versions": versions(),
         "git_commit": git_commit(),
         "start_time": getattr(tracer, "start_time", ""),
         "complete": False,
     }
     fa.update(file_attrs or {})
-    fa["complete"] = bool(fa["complete"])
+    complete = bool(fa["complete"])
+    fa["complete"] = complete
     key = os.path.abspath(os.fspath(path))
-    if key in tracer.dumped:
-        append_dump(path, events, attrs, fa, metrics=metrics)
+    runs = tracer.dump_runs
+    if key not in runs:
+        runs[key], resumed = _agree(tracer, comm, key)
+        if comm.rank == 0 and not resumed:
+            parts.write_index(path, {k: v for k, v in fa.items() if k != "complete"}, comm.size,
+                              runs[key])
+        if resumed and os.path.isfile(parts.part_path(path, comm.rank)):
+            parts.append_part(path, comm.rank, events, mine, metrics, complete)
+        else:
+            parts.write_part(path, comm.rank, runs[key], events, mine, metrics, complete)
     else:
-        write_dump(path, events, attrs, fa, metrics=metrics)
-        tracer.dumped.add(key)
+        parts.append_part(path, comm.rank, events, mine, metrics, complete)
+    if comm.rank == 0:  # after its own rows: the index's `complete` never runs ahead of them
+        parts.update_index(path, fa)
+    tracer.dumped.add(key)
+    sink = tracer.sink()
+    if sink is not None:
+        sink(("dump.flush", -1, -1, -1, start, tracer.now(), int(events.nbytes), -1))
+
+
+def _agree(tracer, comm, key) -> tuple[str, bool]:
+    """(run id, whether this run continues the dump at ``key``), rank 0's word to every rank.
+    A resumed run continues it when ``trace.rewind_dump`` said so (``tracer.dumped`` holds the
+    path on rank 0) and the file is an index with a run id; otherwise a new run id."""
+    msg = None
+    if comm.rank == 0:
+        old = parts.index_run_id(key) if key in tracer.dumped else None
+        msg = json.dumps({"run_id": old or uuid.uuid4().hex, "resumed": old is not None}).encode()
+    got = json.loads(comm.broadcast_bytes(msg, root=0, trace=False).decode())
+    return got["run_id"], bool(got["resumed"])

@@ -1,0 +1,200 @@
+"""Timing dumps at cluster scale: analysis time and memory against the events, dump size
+against compression, and what a dump flush costs a running job.
+
+1. ``analyze``: realistic synthetic dumps (``mpipar.analysis.synthetic_run``: 1F1B, m = 4,
+   pp = 4, dp = ranks / 4, 1,000 steps) at events x1, x4, x16 (64, 256, 1,024 ranks), each
+   analysed by ``mpipar analyze`` in its own process: wall time and peak RSS, with
+   ``--sample N`` (default 20) and, up to ``--full-max-ranks`` ranks (default none), without.
+2. ``compression``: the x1 dump's events written with none, lzf, gzip (with byte shuffle):
+   bytes on disk (sizes, not timings).
+3. ``flush``: per-step flush cost at 8 and 32 ranks for each ``--code DIR`` (a checkout of
+   mpipar: the one to measure before, the one after): the tiny GPT trained ``--flush-steps``
+   steps flushing every step and flushing only at the end; the difference of the two wall
+   times over the steps. Where the dump records its own flushes (``dump.flush`` events), their
+   mean per rank is given beside.
+
+Run alone on the machine (load < 1.5), e.g.
+``python experiments/analysis_scale.py --code /work/main --code .``; ``--quick`` checks it in
+about a minute. Writes results.csv/json/md and results.h5 under ``--out``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+from common import ROOT, env, out_dir, parser, write_results  # noqa: E402
+
+# the analysing process reports its own peak RSS (KiB on Linux) after the analysis
+ANALYZE = ("import resource, sys, time; from mpipar.cli import main; t = time.perf_counter(); "
+           "rc = main(['analyze'] + sys.argv[1:] + ['--format', 'json']); "
+           "w = time.perf_counter() - t; "
+           "print('@@', w, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, rc, "
+           "file=sys.stderr)")
+
+
+def pythonpath_env(code: Path) -> dict:
+    e = env()
+    e["PYTHONPATH"] = str(code)
+    return e
+
+
+def analyse(path: Path, extra: list[str], timeout: float) -> dict:
+    out = subprocess.run([sys.executable, "-c", ANALYZE, str(path), *extra], env=pythonpath_env(
+        ROOT), capture_output=True, text=True, timeout=timeout)
+    line = [s for s in out.stderr.splitlines() if s.startswith("@@")]
+    if not line:
+        raise RuntimeError(f"analyze {path} {extra} failed:\n{out.stderr[-2000:]}")
+    _, wall, rss, rc = line[-1].split()
+    res = json.loads(out.stdout)["runs"][0]["summary"] if rc == "0" else {}
+    return {"wall_s": float(wall), "peak_rss_mib": int(rss) / 1024,
+            "step_time_pred": res.get("step_time_pred"), "bubble_pred": res.get("bubble_pred")}
+
+
+def analysis_rows(args, out: Path) -> list[dict]:
+    from mpipar.analysis.synthetic_run import write_run
+
+    rows = []
+    for ranks in args.ranks:
+        path = out / f"synthetic_{ranks}x{args.dump_steps}.h5"
+        t = time.perf_counter()
+        info = write_run(path, dp=ranks // 4, pp=4, tp=1, steps=args.dump_steps)
+        made = time.perf_counter() - t
+        modes = [["--sample", str(args.sample)]] + ([[]] if ranks <= args.full_max_ranks else [])
+        for extra in modes:
+            got = analyse(path, extra, args.timeout)
+            rows.append({"ranks": ranks, "steps": args.dump_steps, "events": info["events"],
+                         "file_mib": path.stat().st_size / 2**20, "write_s": made,
+                         "mode": " ".join(extra) or "all steps", **got})
+            print(rows[-1], flush=True)
+        if not args.keep:
+            path.unlink()
+    return rows
+
+
+def compression_rows(args, out: Path) -> list[dict]:
+    import h5py
+
+    from mpipar.analysis.synthetic_run import write_run
+
+    rows = []
+    for name, kw in (("none", {}), ("lzf", {"compression": "lzf", "shuffle": True}),
+                     ("gzip-1", {"compression": "gzip", "compression_opts": 1, "shuffle": True}),
+                     ("gzip-4", {"compression": "gzip", "compression_opts": 4, "shuffle": True})):
+        path = out / f"compress_{name}.h5"
+        info = write_run(path, dp=args.ranks[0] // 4, pp=4, steps=args.dump_steps // 4,
+                         compression=kw or None) if not kw else None
+        if kw:  # the same events again, filtered
+            with h5py.File(out / "compress_none.h5") as src, h5py.File(path, "w") as dst:
+                for r in src["ranks"]:
+                    dst.create_dataset(f"ranks/{r}/events", data=src[f"ranks/{r}/events"][()],
+                                       chunks=(1024,), maxshape=(None,), **kw)
+        size = path.stat().st_size
+        rows.append({"filter": name, "bytes": size, "events": info["events"] if info else None})
+    base = rows[0]["bytes"]
+    for r in rows:
+        r["ratio"] = base / r["bytes"]
+        r["bytes_per_event"] = r["bytes"] / (rows[0]["events"] or 1)
+    for name in ("none", "lzf", "gzip-1", "gzip-4"):
+        (out / f"compress_{name}.h5").unlink(missing_ok=True)
+    return rows
+
+
+def _train(code: Path, ranks: int, flush_every: int, steps: int, run_dir: Path, timeout):
+    grid = {8: ("2", "2", "2"), 32: ("8", "2", "2")}.get(ranks, (str(ranks // 2), "2", "1"))
+    batch = 16 * max(1, int(grid[0]) // 2)  # 8 samples a replica: m = 4 micro-batches of 2
+    cmd = ["mpiexec", "-n", str(ranks), sys.executable, "-m", "mpipar.cli", "train", "--config",
+           str(ROOT / "experiments/configs/tiny.toml"), "--dp", grid[0], "--pp", grid[1],
+           "--tp", grid[2], "--out", str(run_dir), "--set", f"train.steps={steps}",
+           "--set", f"run.flush_interval={flush_every}", "--set", "train.eval_interval=0",
+           "--set", "run.log_interval=1000", "--set", f"train.batch_size={batch}"]
+    t = time.perf_counter()
+    subprocess.run(cmd, env=pythonpath_env(code), check=True, capture_output=True,
+                   timeout=timeout, cwd=str(code))
+    return time.perf_counter() - t
+
+
+def _flush_events(path: Path) -> float | None:
+    """Mean seconds of one rank's ``dump.flush`` events (None: the dump records none)."""
+    from mpipar.analysis import load
+
+    run = load(path)
+    d = [float((e["end"] - e["start"])[e["kind"] == "dump.flush"].mean())
+         for e in run.events if (e["kind"] == "dump.flush").any()]
+    return float(np.mean(d)) if d else None
+
+
+def flush_rows(args, out: Path) -> list[dict]:
+    rows = []
+    for code in args.code:
+        code = Path(code).resolve()
+        for ranks in args.flush_ranks:
+            walls = {}
+            for every in (1, 0):
+                d = out / f"flush_{code.name}_{ranks}_{every}"
+                walls[every] = _train(code, ranks, every, args.flush_steps, d, args.timeout)
+            per_step = (walls[1] - walls[0]) / args.flush_steps
+            rows.append({"code": str(code), "ranks": ranks, "steps": args.flush_steps,
+                         "wall_flush_every_step_s": walls[1], "wall_flush_at_end_s": walls[0],
+                         "flush_cost_per_step_ms": 1e3 * per_step,
+                         "dump_flush_event_ms": (lambda v: None if v is None else 1e3 * v)(
+                             _flush_events(out / f"flush_{code.name}_{ranks}_1" / "trace.h5"))})
+            print(rows[-1], flush=True)
+    return rows
+
+
+def write_h5(out: Path, tables: dict) -> None:
+    import h5py
+
+    with h5py.File(out / "results.h5", "w") as f:
+        for name, rows in tables.items():
+            g = f.create_group(name)
+            for col in (rows[0] if rows else {}):
+                vals = [r.get(col) for r in rows]
+                if all(isinstance(v, (int, float)) for v in vals):
+                    g.create_dataset(col, data=np.array(vals, dtype=float))
+                else:
+                    g.create_dataset(col, data=np.array([str(v) for v in vals], dtype="S"))
+
+
+def main() -> int:
+    p = parser("analysis_scale", __doc__)
+    p.add_argument("--ranks", type=int, nargs="+", default=[64, 256, 1024])
+    p.add_argument("--dump-steps", type=int, default=1000)
+    p.add_argument("--sample", type=int, default=20)
+    p.add_argument("--full-max-ranks", type=int, default=0,
+                   help="analyse all steps too (no --sample) up to this many ranks (the "
+                   "calibrated prediction simulates every step of every pipeline: minutes)")
+    p.add_argument("--code", action="append", default=[],
+                   help="an mpipar checkout whose flush to measure (repeat: before, after)")
+    p.add_argument("--flush-ranks", type=int, nargs="+", default=[8, 32])
+    p.add_argument("--flush-steps", type=int, default=40)
+    p.add_argument("--keep", action="store_true", help="keep the synthetic dumps")
+    args = p.parse_args()
+    if args.quick:
+        args.ranks, args.dump_steps, args.sample = [8, 16], 40, 5
+        args.flush_ranks, args.flush_steps = [4], 6
+        args.full_max_ranks = 16
+    out = out_dir(args, "analysis_scale")
+    os.environ.update({"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
+    tables = {"analyze": analysis_rows(args, out), "compression": compression_rows(args, out)}
+    if args.code:
+        tables["flush"] = flush_rows(args, out)
+    for name, rows in tables.items():
+        if rows:
+            write_results(out / name if (out / name).mkdir(exist_ok=True) is None else out,
+                          f"analysis_scale {name}", rows, list(rows[0]))
+    write_h5(out, tables)
+    print(f"wrote {out / 'results.h5'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
