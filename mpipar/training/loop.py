@@ -17,6 +17,7 @@ from .. import progress
 from ..backend import Backend
 from ..config import Config
 from ..files import write_json_atomic
+from ..models.balance import describe
 from ..progress import beat, begin_step
 from ..trace import Tracer, rewind_dump
 from .preflight import preflight
@@ -130,11 +131,13 @@ def _run(cfg: Config, resolved, signals) -> dict:
               f"dp={p.dp} pp={p.pp} tp={p.tp} ({p.schedule_file or p.schedule}, "
               f"{resolved.microbatches} micro-batches), "
               f"{cfg.train.dtype} on {cfg.train.device}; run dir {out}", flush=True)
+        if p.layout == "auto":
+            print(f"mpipar: layout auto: {describe(cfg.model, resolved.bounds)}", flush=True)
         for line in grid.placement():  # several nodes: the grid with hosts, a tp warning
             print(line, flush=True)
     # a resumed run's metrics.json continues its predecessor's loss curve
     prior = _prior_losses(out / "metrics.json", trainer.step) if lead and trainer.step else None
-    file_attrs = {"config": cfg.to_dict(),
+    file_attrs = {"config": cfg.to_dict(), "layout": describe(cfg.model, resolved.bounds),
                   "peak_flops": _device_peak(grid, backend) if cfg.run.trace else float("nan")}
 
     def flush(complete=False):
