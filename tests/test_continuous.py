@@ -171,6 +171,16 @@ def test_dump_of_a_continuous_2bw_run_shows_no_flush(tokens, tmp_path):
         b_last = ev["end"][(kind == "B") & (ev["step"] == k - 1)].max()
         # with a flush, step k's first forward starts after step k-1's last backward ends
         assert f_next < b_last, (k, f_next, b_last)
+    # every action timed: the swap to the stashed weights (2BW: no zeroing, its gradients
+    # accumulate over the step) is its own STASH event, right before each backward
+    for r in (0, 1):
+        with h5py.File(out / "trace.h5") as f:
+            e = np.asarray(f[f"ranks/{r}/events"])
+        kinds = [k.decode() if isinstance(k, bytes) else k for k in e["kind"]]
+        comp = [(k, x["mb"], x["chunk"], x["step"]) for k, x in zip(kinds, e)
+                if k in ("F", "B", "STASH", "LOSS")]
+        backs = [i for i, c in enumerate(comp) if c[0] == "B"]
+        assert backs and all(comp[i - 1] == ("STASH",) + comp[i][1:] for i in backs), comp
     # the analysis takes one pipeline window over the measured steps (they overlap) and
     # simulates the continuous schedule over as many steps, and says it has no calibrated model
     from mpipar.analysis import breakdown

@@ -1,7 +1,8 @@
 """Where the pipeline cuts the model: {chunk: (first unit, end unit)}, from the config alone.
 
 One function for the trainer (which builds the chunks it names) and the memory model (which
-predicts what they hold): ``parallel.layout`` when given (Megatron's "Et*3|t*3L" form), else
+predicts what they hold): ``parallel.layout`` when given (Megatron's "Et*3|t*3L" form, or
+"auto": ``balance.auto_bounds``), else
 ``parallel.partition`` (uniform, params and cost weigh each unit by its full parameter count
 from the model description, explicit takes ``parallel.boundaries``).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from ..parallel.pipeline.partition import chunk_layers
 from ..parallel.pipeline.stage_layout import layout_bounds
+from .balance import auto_bounds
 from .counts import gpt_counts
 from .mlp import mlp_unit_params
 from .spec import GPTDims
@@ -34,6 +36,8 @@ def stage_bounds(mcfg, pcfg, pp: int, virtual_stages: int = 1) -> dict[int, tupl
     """{chunk: (first unit, end unit)}; chunk c runs on pipeline rank c % pp (``mcfg``: a
     ``ModelConfig``, ``pcfg``: a ``ParallelConfig``; raises the partitioner's or the layout's
     error when they do not fit)."""
+    if pcfg.layout == "auto":  # balanced by the description's cost (``balance``)
+        return auto_bounds(mcfg, pp, virtual_stages)
     if pcfg.layout:
         return layout_bounds(pcfg.layout, mcfg.n_layer, pp * virtual_stages)
     kw = {"method": pcfg.partition}

@@ -17,6 +17,7 @@ from .. import progress
 from ..backend import Backend
 from ..config import Config
 from ..files import write_json_atomic
+from ..models.balance import describe
 from ..progress import beat, begin_step
 from ..trace import Tracer, rewind_dump
 from .preflight import preflight
@@ -130,11 +131,13 @@ def _run(cfg: Config, resolved, signals) -> dict:
               f"dp={p.dp} pp={p.pp} tp={p.tp} ({p.schedule_file or p.schedule}, "
               f"{resolved.microbatches} micro-batches), "
               f"{cfg.train.dtype} on {cfg.train.device}; run dir {out}", flush=True)
+        if p.layout == "auto":
+            print(f"mpipar: layout auto: {describe(cfg.model, resolved.bounds)}", flush=True)
         for line in grid.placement():  # several nodes: the grid with hosts, a tp warning
             print(line, flush=True)
     # a resumed run's metrics.json continues its predecessor's loss curve
     prior = _prior_losses(out / "metrics.json", trainer.step) if lead and trainer.step else None
-    file_attrs = {"config": cfg.to_dict(),
+    file_attrs = {"config": cfg.to_dict(), "layout": describe(cfg.model, resolved.bounds),
                   "peak_flops": _device_peak(grid, backend) if cfg.run.trace else float("nan")}
 
     def flush(complete=False):
@@ -202,6 +205,7 @@ def _steps(cfg: Config, trainer: Trainer, lead: bool, flush, checkpoint, signals
     progress.state.peer_of = _peer_of(trainer)
     dog = Watchdog(cfg.run.watchdog_s, first_step=trainer.step).start()
     pending = 0  # a stop agreed while a continuous run is in flight waits for its drain
+    trainer.stop_signals = signals
     try:
         for i in range(trainer.step, n):
             begin_step(i)
@@ -212,12 +216,17 @@ def _steps(cfg: Config, trainer: Trainer, lead: bool, flush, checkpoint, signals
                 beat("evaluation")
                 val = val_loss = trainer.evaluate()
             rec["val_loss"] = val
-            trainer.tracer.add_metrics(**rec)
-            history.append(rec)
-            if lead and cfg.run.progress:
-                _maybe_progress(cfg, i, n, rec, start)
-            # every rank stops after the same step (the last one needs no agreement)
-            pending = pending or (0 if last else signals.agree())
+            for r in trainer.settle(rec):  # continuous runs: the steps read metrics_lag late
+                stop = r.pop("stop", 0)
+                trainer.tracer.add_metrics(**r)
+                history.append(r)
+                if lead and cfg.run.progress:
+                    _maybe_progress(cfg, r["step"], n, r, start, trainer.metrics_lag)
+                pending = pending or (0 if last else stop)
+            # every rank stops after the same step (the last one needs no agreement); a
+            # lagged run agrees in its lagged reduction (``lagged``), with no meeting here
+            if not trainer.metrics_lag:
+                pending = pending or (0 if last else signals.agree())
             if pending and trainer.drained:
                 return history, val_loss, pending
             _periodic(cfg, i + 1, last, flush, checkpoint)
@@ -254,10 +263,10 @@ def drain_point(cfg: Config, i: int) -> int:
     return min(ends)
 
 
-def _maybe_progress(cfg, i, n, rec, start):
+def _maybe_progress(cfg, i, n, rec, start, lag=0):
     every = cfg.run.log_interval if not sys.stdout.isatty() else 1
     if (i + 1) % max(every, 1) == 0 or i + 1 == n:
-        _progress(i, n, rec, start, sys.stdout)
+        _progress(i, n, rec, start, sys.stdout, lag)
         if not math.isnan(rec["val_loss"]):
             print(f"  val loss {rec['val_loss']:.4f}", flush=True)
 
@@ -286,12 +295,13 @@ def _stop(cfg, trainer, lead, flush, signum):
     raise Preempted(trainer.step, signum)
 
 
-def _progress(i, n, rec, start, stream):
+def _progress(i, n, rec, start, stream, lag=0):
     width = 24
     done = int(width * (i + 1) / n)
     tok_s = rec["tokens"] / max(rec["step_time"], 1e-9)
+    late = f" (read up to {lag} steps late)" if lag else ""
     line = (f"\r[{'#' * done}{'.' * (width - done)}] step {i + 1}/{n} loss {rec['loss']:.4f} "
-            f"{tok_s:,.0f} tok/s {time.perf_counter() - start:.0f}s")
+            f"{tok_s:,.0f} tok/s {time.perf_counter() - start:.0f}s{late}")
     stream.write(line if stream.isatty() else line[1:] + "\n")
     stream.flush()
 
@@ -352,6 +362,8 @@ def _summary(cfg, trainer, history: History, val_loss, prior=None):
         "schedule": cfg.parallel.schedule,
         "microbatches": trainer.run.microbatches,
     }
+    if trainer.metrics_lag:  # continuous runs: each step's loss read this many steps later
+        s["metrics_lag_steps"] = trainer.metrics_lag
     if cfg.model.kind == "gpt":
         s["unigram_val_loss"] = trainer.batches.ds.unigram_val_loss
     return s

@@ -27,7 +27,7 @@ def check_model(cfg: Config) -> None:
             check_mlp_shapes(m, p.tp)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    if p.layout:
+    if p.layout and p.layout != "auto":  # auto: any model, cut from its description
         _check_layout(cfg)
     n_units = unit_count(m)
     if p.partition == "explicit" and p.boundaries and max(p.boundaries) >= n_units:

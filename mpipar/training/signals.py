@@ -77,6 +77,17 @@ class StopSignals:
         self.stopping = self.stopping or bool(signum)
         return signum
 
+    def shares(self) -> list:
+        """This rank's part of a summed agreement: one count per stop signal (a lagged
+        reduction carries it with the loss; ``agree_from`` reads the sums)."""
+        return [float(self.received == s) for s in STOP_SIGNALS]
+
+    def agree_from(self, counts) -> int:
+        """``agree``'s answer from the summed ``shares`` of every rank."""
+        signum = max((int(s) for s, n in zip(STOP_SIGNALS, counts) if n > 0), default=0)
+        self.stopping = self.stopping or bool(signum)
+        return signum
+
 
 def _rank() -> str:
     for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):

@@ -22,6 +22,7 @@ from ..nn.optim import clip_grads_
 from ..parallel.pipeline.continuous import ContinuousRun
 from ..parallel.pipeline.executor import PipelineExecutor
 from ..progress import beat
+from .lagged import LAG, LaggedReductions
 from .optimizers import ChunkOptimizers, make_optimizer, step_lr
 
 
@@ -55,6 +56,8 @@ class OlderBuffer:
 class Step:
     """One training mode (module doc). ``t``: the trainer whose shared state it uses."""
 
+    metrics_lag = 0  # steps between a step and the reading of its loss (``settle``)
+
     def __init__(self, trainer):
         self.t = trainer
         self.older = None  # 2BW only: the OlderBuffer
@@ -71,6 +74,10 @@ class Step:
     def drained(self) -> bool:
         """No schedule in flight across steps (evaluation and stopping need it)."""
         return True
+
+    def settle(self, rec: dict) -> list:
+        """The step records complete now: this one (its loss was reduced in ``conclude``)."""
+        return [rec]
 
     def _local_batch(self, step):
         t = self.t
@@ -188,13 +195,41 @@ class PipeDream(Step):
 
 
 class Continuous(PipeDream):
-    """PipeDream with no flush between steps (module doc)."""
+    """PipeDream with no flush between steps (module doc). The loss and the stop agreement
+    are read ``lagged.LAG`` steps late, never in a per-step meeting (``lagged``)."""
+
+    metrics_lag = LAG
 
     def __init__(self, trainer):
         super().__init__(trainer)
         self.segment = None  # the ContinuousRun in flight (None: drained)
         self.start_step = 0  # the step of micro-batch 0 of the running lists
         self._fed = {}
+        self.lagged = LaggedReductions(trainer.grid.world_comm)
+        self._due = []  # [(step, reduced values)] read by the last conclude
+
+    def conclude(self, losses: dict) -> tuple[float, float, float]:
+        """Posts this step's loss share and stop counts; reads those now due. The step's own
+        loss comes with ``settle`` once read (NaN here)."""
+        t = self.t
+        stop = t.stop_signals.shares() if t.stop_signals is not None else []
+        self.lagged.post(t.step, [t._loss_share(losses), *stop])
+        self._due = self.lagged.ready(drain=self.drained)
+        return float("nan"), float("nan"), step_lr(t.cfg, t.step)
+
+    def settle(self, rec: dict) -> list:
+        """The records whose lagged reduction was read in this step, oldest first, each with
+        its loss and ``stop`` (the agreed stop signal, or 0)."""
+        self.lagged.records[rec["step"]] = rec
+        out = []
+        signals = self.t.stop_signals
+        for step, values in self._due:
+            r = self.lagged.records.pop(step)
+            r["loss"] = float(values[0])
+            r["stop"] = signals.agree_from(values[1:]) if signals is not None else 0
+            out.append(r)
+        self._due = []
+        return out
 
     @property
     def drained(self) -> bool:

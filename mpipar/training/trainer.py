@@ -53,6 +53,7 @@ class Trainer:
         self.sync = GradSync(chunk_params, grid.dp_comm, backend, self.tp, bucket_mb=p.bucket_mb,
                              overlap=p.overlap_grad_sync, zero1=p.zero1)
         self._norm_params = None  # norm_params, listed at the first step
+        self.stop_signals = None  # the run's signals.StopSignals (lagged agreement)
         self.mode = STEP_CLASSES[run.mode](self)
         self.opt = self.mode.optimizer()
         # gradients ready: the executor calls GradSync directly (PipeDream reduces per update)
@@ -127,6 +128,17 @@ class Trainer:
         norm, lr). Given the step's ``losses``, their global mean comes with the norm
         (``step_loss``)."""
         return self.mode.update(losses)
+
+    def settle(self, rec: dict) -> list:
+        """The records of the steps whose metrics are known now, oldest first: ``rec`` itself,
+        or in a continuous run (``metrics_lag`` > 0) those whose lagged reduction was read in
+        this step, each with ``stop``, the agreed stop signal (``lagged``)."""
+        return self.mode.settle(rec)
+
+    @property
+    def metrics_lag(self) -> int:
+        """Steps between a step and the reading of its loss and stop agreement."""
+        return self.mode.metrics_lag
 
     @property
     def drained(self) -> bool:

@@ -135,11 +135,13 @@ def main():
     losses = []
     ends = np.cumsum(segments) - 1
     for i in range(STEPS):
-        losses.append(tr.train_step(until=int(ends[np.searchsorted(ends, i)]))["loss"])
+        rec = tr.train_step(until=int(ends[np.searchsorted(ends, i)]))
+        losses += [r["loss"] for r in tr.settle(rec)]  # continuous: read lagged (training.lagged)
     params = gather_full(tr, what=("params",))
     ok = True
     if grid.rank == 0:
         ref_losses, ref_params = replay(cfg, segments)
+        assert len(losses) == len(ref_losses) == STEPS, (len(losses), len(ref_losses))
         lerr = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
         perr = max(float(np.max(np.abs(params[k] - v)) / np.max(np.abs(v)))
                    for k, v in ref_params.items())

@@ -211,14 +211,25 @@ class PipelineExecutor:
         chunk = self.chunks[c]
         dy = self._output_grad(st, mb, c)
         if self.asynchronous:  # backward with the weights this micro-batch saw
-            with st.stash.swapped(mb, c, chunk):
+            current = self._stash_work(mb, c, st.stash.swap_in, mb, c, chunk)
+            try:
                 dx = self._timed_backward(a.op, st, chunk, dy, mb)
+            finally:
+                st.stash.restore(chunk, current)
         else:
             dx = self._timed_backward(a.op, st, chunk, dy, mb)
         if a.op == "BW":
             self._weight_done(st, c)
         if c > 0:
             st.grads_out[(mb, c)] = dx
+
+    def _stash_work(self, mb, c, work, *args):
+        """A weight-version action of an asynchronous run (the swap to a stashed version and
+        gradient zeroing before BW, the copy of a version an UPDATE ends), timed as STASH."""
+        if self._clock is None:
+            return work(*args)
+        with self._clock("STASH", mb, c):
+            return work(*args)
 
     def _timed_backward(self, op, st, chunk, dy, mb):
         """Recomputation (R) if any, then the backward (B), each its own region when traced."""
@@ -276,7 +287,7 @@ class PipelineExecutor:
     def _update(self, a, st):
         if self.on_update is None:
             raise ScheduleError("UPDATE actions need an asynchronous (PipeDream) run")
-        st.stash.updating(a.chunk, self.chunks[a.chunk])
+        self._stash_work(a.mb, a.chunk, st.stash.updating, a.chunk, self.chunks[a.chunk])
         self.on_update(a.mb, a.chunk)
 
     # -- where a compute's input comes from

@@ -54,11 +54,23 @@ class VersionStash:
         with _swapped(chunk.params(), w, zero=False):
             yield
 
-    @contextmanager
-    def swapped(self, mb, c, chunk):
-        """BW(mb, c) with the weights F(mb, c) ran with."""
-        with _swapped(chunk.params(), self.saved.pop((mb, c)), zero=self.zero_each):
-            yield
+    def swap_in(self, mb, c, chunk) -> list:
+        """Before BW(mb, c): put in the weights F(mb, c) ran with (and zero the gradients when
+        each micro-batch updates on its own). Returns the arrays ``restore`` puts back after
+        the backward. Kept apart from the backward so the executor times it on its own."""
+        params = chunk.params()
+        current = [p.data for p in params]
+        for p, w in zip(params, self.saved.pop((mb, c))):
+            p.data = w
+            if self.zero_each:
+                p.zero_grad()
+        return current
+
+    @staticmethod
+    def restore(chunk, current) -> None:
+        """After BW: the current weights back in place (``swap_in``'s return)."""
+        for p, w in zip(chunk.params(), current):
+            p.data = w
 
     def updating(self, c, chunk):
         """Before an UPDATE of chunk c: keep a copy of the version it ends if a later forward

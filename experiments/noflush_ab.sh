@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Flush against no flush at pp = 2: 1F1B, continuous PipeDream and continuous PipeDream-2BW, all
+# with --layout auto, m = 4 and 8, the tiny GPT and the MLP configs, in interleaved A/B rounds
+# (each round runs every schedule once, in turn, so drift in machine load hits all alike).
+# Then one `mpipar analyze` table over every run: bubble (measured, simulated) and tokens/s.
+#
+# Run alone on the machine: bash experiments/noflush_ab.sh [OUT] [ROUNDS] [STEPS]
+# (defaults /tmp/noflush_ab, 3 rounds, 60 steps: 36 runs, about 12 minutes on 2 idle cores).
+set -euo pipefail
+OUT=${1:-/tmp/noflush_ab}
+ROUNDS=${2:-3}
+STEPS=${3:-60}
+HERE=$(cd "$(dirname "$0")" && pwd)
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 PYTHONPATH=${PYTHONPATH:-$HERE/..}
+mkdir -p "$OUT"
+DATA=$OUT/pattern.h5
+[ -f "$DATA" ] || python -c "from mpipar.datasets import prepare_synthetic; \
+prepare_synthetic('$DATA', 'pattern', 200000, 256, seed=1)"
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+for round in $(seq 1 "$ROUNDS"); do
+  for cfg in tiny mlp; do
+    data=(); [ "$cfg" = tiny ] && data=(--data "$DATA")
+    for m in 4 8; do
+      for sched in 1f1b pipedream-cont pipedream-2bw-cont; do
+        kind=${sched%-cont}; cont=false; [ "$kind" != "$sched" ] && cont=true
+        run=$OUT/r${round}_${cfg}_m${m}_${sched}
+        rm -rf "$run"
+        mpiexec -n 2 python -m mpipar.cli train --config "$HERE/configs/$cfg.toml" \
+          "${data[@]}" --out "$run" --pp 2 --microbatches "$m" --schedule "$kind" \
+          --set "parallel.continuous=$cont" --layout auto --steps "$STEPS" --quiet \
+          --set train.eval_interval=0 >/dev/null
+      done
+    done
+  done
+done
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+python -m mpipar.cli analyze "$OUT" | sed -n '/^comparison:/,$p'
