@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..parallel.pipeline.stage_layout import layout_string
+
 COMPUTE_KINDS = ("F", "B", "W", "BW", "R", "LOSS")
 
 
@@ -69,19 +71,6 @@ def unit_costs(run) -> tuple[list[float], list[str]]:
     return costs, symbols
 
 
-def layout_string(symbols: list[str], bounds: dict[int, tuple[int, int]]) -> str:
-    """Megatron's layout string of a cut, runs of t written t*N."""
-    stages = []
-    for _, (lo, hi) in sorted(bounds.items()):
-        text, i = "", lo
-        while i < hi:
-            j = i
-            while j < hi and symbols[j] == symbols[i]:
-                j += 1
-            text += symbols[i] if j - i == 1 else f"{symbols[i]}*{j - i}"
-            i = j
-        stages.append(text)
-    return "|".join(stages)
 
 
 def suggest_layout(run, n_chunks: int) -> str:

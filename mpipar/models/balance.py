@@ -14,6 +14,7 @@ contiguous split of ``partition`` (the one ``parallel.partition = cost`` and
 from __future__ import annotations
 
 from ..parallel.pipeline.partition import chunk_layers
+from ..parallel.pipeline.stage_layout import layout_string
 from .counts import gpt_counts
 from .spec import GPTDims
 
@@ -44,11 +45,4 @@ def describe(mcfg, bounds: dict[int, tuple[int, int]]) -> str:
     an MLP's first unit of each stage (``parallel.boundaries``)."""
     if mcfg.kind != "gpt":
         return "boundaries " + ",".join(str(lo) for _, (lo, _) in sorted(bounds.items()))
-    symbols = ["E"] + ["t"] * mcfg.n_layer + ["L"]
-    stages = []
-    for _, (lo, hi) in sorted(bounds.items()):
-        inner = [s for s in symbols[lo:hi]]
-        n_t = inner.count("t")
-        text = ("E" if inner[0] == "E" else "") + ("t" * n_t if n_t < 2 else f"t*{n_t}")
-        stages.append(text + ("L" if inner[-1] == "L" else ""))
-    return "|".join(stages)
+    return layout_string(["E"] + ["t"] * mcfg.n_layer + ["L"], bounds)

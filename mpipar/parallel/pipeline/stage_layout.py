@@ -99,3 +99,19 @@ def layout_bounds(text: str, n_layer: int, n_chunks: int) -> dict[int, tuple[int
         bounds[k] = (lo, lo + len(st))
         lo += len(st)
     return bounds
+
+
+def layout_string(symbols: list[str], bounds: dict[int, tuple[int, int]]) -> str:
+    """Megatron's layout string of a cut (``symbols``: each unit's E / t / L), runs written
+    t*N: the inverse of ``layout_bounds``."""
+    stages = []
+    for _, (lo, hi) in sorted(bounds.items()):
+        text, i = "", lo
+        while i < hi:
+            j = i
+            while j < hi and symbols[j] == symbols[i]:
+                j += 1
+            text += symbols[i] if j - i == 1 else f"{symbols[i]}*{j - i}"
+            i = j
+        stages.append(text)
+    return "|".join(stages)
