@@ -4,7 +4,7 @@
 - ``failfast``: any failure on any rank ends every rank within seconds, said once (the exit
   codes ``EXIT_*``, ``guard``, ``install``, ``agree_on_start``, ``world_max``);
 - ``watchdog``: ends the job when this rank makes no progress for ``run.watchdog_s``;
-- ``dump``: gathers every rank's trace to world rank 0, which writes the HDF5 timing dump.
+- ``dump``: every rank writes its own part of the HDF5 timing dump, world rank 0 the index.
 """
 
 from mpipar.mpi.job import failfast
