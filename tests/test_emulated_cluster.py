@@ -357,10 +357,23 @@ def test_a_lost_node_or_link_ends_the_job_in_time_and_the_dump_stays_readable(
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
+    print(f"--- {fault}: exit {proc.returncode} after {took:.0f} s ---\n{output[-3000:]}")
     assert proc.returncode != 0
     assert took < WATCHDOG_S + 10, f"the job took {took:.0f} s to end after the {fault}"
-    if fault == "link down":  # the watchdog of a rank on the other side says where it stood
-        assert "(host node0) failed: no progress" in output, output[-2000:]
+    ours = [line for line in output.splitlines() if line.startswith("[mpipar]")]
+    if fault == "link down":
+        # only node0's ranks still reach the launcher: the first watchdog to fire there names
+        # the rank it waits for on the far side and that rank's host
+        assert len(ours) == 1 and "(host node0) failed: no progress" in ours[0], output[-2000:]
+        assert "(host node1, pipeline stage" in ours[0], ours
+        assert "stopped answering: node lost or link down between node0" in ours[0], ours
+    else:
+        # Hydra's proxy on node1 dies with the ranks: mpiexec sees its control connection close
+        # and kills every rank at once, before any survivor can speak. What the user has to go
+        # on is Hydra's line (naming the launching host) and the grid table printed at start.
+        assert proc.returncode == 255 and ours == [], output[-2000:]
+        assert "[mpiexec@node0] control_cb" in output and "assert (!closed) failed" in output
+        assert "    2   0   1   0  node1" in output, output[-2000:]
     run = load(out / "trace.h5")
     assert run.world_size == 4 and not run.complete and len(run.events[0]) > 0
 
@@ -377,3 +390,28 @@ def test_multinode_experiment_quick(tmp_path):
         assert (f["link-1gbit/median_s"][()] > 0).all()
     assert (tmp_path / "multinode.png").stat().st_size > 0
     assert leftovers("mnx") == []
+
+
+def test_a_token_file_on_one_node_only_is_refused_naming_the_host_and_path(tokens, tmp_path,
+                                                                           clean):
+    """The file sits in node0's private /dev/shm: node1's ranks cannot open it, and the job
+    stops before step 1 with one line that names node1 and the path."""
+    spec = nodes.up(ClusterSpec(name=NAME, nodes=2, link="1gbit", shm_size="64m"))
+    local = "/dev/shm/only-here.h5"
+    copy = subprocess.run(nodes.enter_argv(spec, "node0") + ["cp", tokens, local],
+                          capture_output=True, text=True)
+    assert copy.returncode == 0, copy.stderr
+    assert not os.path.exists(local)  # private to node0, not on this machine either
+    out = tmp_path / "run"
+    proc = subprocess.run(nodes.mpiexec_argv(spec, 2, [
+        sys.executable, "-m", "mpipar.cli", "train", "--config", str(TINY), "--data", local,
+        *GPT, "--out", str(out)]), capture_output=True, text=True, timeout=180,
+        env={**os.environ, **ONE_THREAD, "PYTHONPATH": str(REPO)})
+    nodes.down(NAME)
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert proc.returncode == 2, said
+    assert len(said) == 1, said
+    assert ("rank 2 (host node1): token file /dev/shm/only-here.h5 does not exist on this host"
+            in said[0]), said
+    assert "filesystem every node sees" in said[0] and "node0" not in said[0], said
+    assert not (out / "trace.h5").exists() and not (out / "metrics.json").exists()
