@@ -381,15 +381,27 @@ def test_a_lost_node_or_link_ends_the_job_in_time_and_the_dump_stays_readable(
 def test_multinode_experiment_quick(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "experiments" / "multinode.py"), "--quick",
                            "--out", str(tmp_path)], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **ONE_THREAD})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+                          timeout=600, env={**os.environ, **ONE_THREAD})
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     with h5py.File(tmp_path / "multinode.h5") as f:
         assert set(f) == {"inside", "link-1gbit"}
         assert f["link-1gbit"].attrs["hosts"] == "node0,node1"
         assert f["inside"].attrs["hosts"] == "node0,node0"
         assert (f["link-1gbit/median_s"][()] > 0).all()
     assert (tmp_path / "multinode.png").stat().st_size > 0
-    assert leftovers("mnx") == []
+    assert leftovers("mnx") == [] and leftovers("mnt") == []
+    rows = {r["run"]: r for r in json.loads((tmp_path / "train" / "results.json").read_text())
+            ["rows"]}
+    assert set(rows) == {"tp-inside@1gbit", "tp-across@1gbit", "dp-1node", "dp-2nodes@1gbit"}
+    assert all(r["step ms"] > 0 and r["bucket wait ms"] >= 0 for r in rows.values())
+    # the order decides which axis crosses the link; one node keeps every byte inside
+    inside, across = rows["tp-inside@1gbit"], rows["tp-across@1gbit"]
+    assert inside["tp across KB"] == 0 < inside["tp within KB"]
+    assert inside["dp across KB"] > 0 == inside["dp within KB"]
+    assert across["tp within KB"] == 0 < across["tp across KB"]
+    assert across["dp within KB"] > 0 == across["dp across KB"]
+    assert rows["dp-1node"]["dp across KB"] == 0 < rows["dp-1node"]["dp within KB"]
+    assert rows["dp-2nodes@1gbit"]["dp within KB"] == 0 < rows["dp-2nodes@1gbit"]["dp across KB"]
 
 
 def test_a_token_file_on_one_node_only_is_refused_naming_the_host_and_path(tokens, tmp_path,
