@@ -27,7 +27,7 @@ import numpy as np
 from mpipar.cluster import nodes
 from mpipar.cluster.spec import ClusterSpec
 
-NAME = "mnt"
+NAME = "mnxt"
 RATES = "10gbit,200mbit"
 QUICK_RATES = "1gbit"
 STEPS, QUICK_STEPS = 10, 3

@@ -389,7 +389,7 @@ def test_multinode_experiment_quick(tmp_path):
         assert f["inside"].attrs["hosts"] == "node0,node0"
         assert (f["link-1gbit/median_s"][()] > 0).all()
     assert (tmp_path / "multinode.png").stat().st_size > 0
-    assert leftovers("mnx") == [] and leftovers("mnt") == []
+    assert leftovers("mnx") == [] and leftovers("mnxt") == []
     rows = {r["run"]: r for r in json.loads((tmp_path / "train" / "results.json").read_text())
             ["rows"]}
     assert set(rows) == {"tp-inside@1gbit", "tp-across@1gbit", "dp-1node", "dp-2nodes@1gbit"}
