@@ -78,8 +78,12 @@ def _waiting_for(s) -> str:
 
 
 def _peer(s) -> str | None:
+    """The rank (and host) a pipeline action waits for; None for anything else (an all-reduce
+    waits for its whole group, not for the neighbouring stage)."""
+    if s.peer_of is None or not hasattr(s.what, "is_comm"):
+        return None
     try:
-        return s.peer_of(s.what) if s.peer_of is not None else None
+        return s.peer_of(s.what)
     except Exception:  # naming the peer must never hide the stall itself
         return None
 
