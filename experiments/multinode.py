@@ -5,11 +5,14 @@ Brings up a 2-node emulated cluster (`mpipar cluster`, root) once per link rate 
 both on node0 (inside a node: UCX shared memory). The link rate does not touch a node's
 inside, so that row is measured at the first rate only. Prints one-way latency and bandwidth per
 size, and each rate's bandwidth from 1 MiB up as a fraction of the configured rate; writes
-OUT/multinode.h5, OUT/multinode.png and OUT/results.{csv,json,md}. Tears the cluster down on
+OUT/multinode.h5, OUT/multinode.png and OUT/results.{csv,json,md}. Then the training rows
+(experiments/multinode_train.py: dp=2 x tp=2 with tp inside a node or across, dp=2 on one node
+or two, per --train-rates) into OUT/train/results.{csv,json,md}. Tears the cluster down on
 exit, also on an error or Ctrl-C.
 
-Run (root): ``python experiments/multinode.py [--rates 200mbit,1gbit,10gbit] [--quick]``
-(a few minutes: the 200mbit sizes dominate).
+Run (root): ``python experiments/multinode.py [--rates 200mbit,1gbit,10gbit]
+[--train-rates 10gbit,200mbit] [--no-train] [--quick]`` (a few minutes: the 200mbit sizes and
+runs dominate).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
+import multinode_train  # noqa: E402
 
 from mpipar.cluster import nodes  # noqa: E402
 from mpipar.cluster.spec import ClusterError, ClusterSpec, parse_rate  # noqa: E402
@@ -130,6 +134,10 @@ def main(argv=None) -> int:
     p.add_argument("--sizes", default=None, help=f"message sizes (default {SIZES})")
     p.add_argument("--reps-scale", type=float, default=1.0,
                    help="scale the repetitions per size (default 1)")
+    p.add_argument("--train-rates", default=None,
+                   help=f"link rates of the training rows (default {multinode_train.RATES}; "
+                        f"--quick: {multinode_train.QUICK_RATES})")
+    p.add_argument("--no-train", action="store_true", help="point-to-point rows only")
     args = p.parse_args(argv)
     args.rates = [r for r in args.rates.split(",") if r]
     args.sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
@@ -154,6 +162,12 @@ def main(argv=None) -> int:
     write_h5(out / "multinode.h5", results, meta)
     plot(out / "multinode.png", results)
     print(f"wrote {out / 'multinode.h5'}, {out / 'multinode.png'}")
+    if not args.no_train:
+        try:
+            multinode_train.run(args, out / "train")
+        except (ClusterError, common.ExperimentError) as e:
+            print(f"experiments/multinode.py: {e}", file=sys.stderr)
+            return 2
     return 0
 
 

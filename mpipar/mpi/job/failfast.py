@@ -184,6 +184,10 @@ def agree_on_start(error: BaseException | None, prefix: str = "error: ") -> int:
         line = " ".join(str(error).split()) or type(error).__name__
         if code == EXIT_ERROR:
             line = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        elif who and isinstance(error, FileNotFoundError):
+            # some rank opened it: a path private to some nodes, not a file to make again
+            line = (f"{line.split('; ')[0]} on this host, but other ranks found it: put it on a"
+                    " filesystem every node sees (or copy it to the same path here)")
         _write_stderr(f"{prefix}{who}{line}\n")
     return max(codes)
 

@@ -9,6 +9,7 @@ reports itself and what it is blocked in, and aborts the job through ``failfast`
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -16,6 +17,7 @@ from mpipar import progress
 from mpipar.mpi.job.failfast import EXIT_STALLED, SECONDARY_DELAY_S, fail
 
 FIRST_STEP_FACTOR = 3
+UNNAMED_DELAY_S = 1.5
 
 
 class Watchdog:
@@ -42,8 +44,11 @@ class Watchdog:
         # A rank waiting on a peer (a transfer, an all-reduce) is usually not the one that
         # stalled: it waits a little longer, so the culprit, idle longest, reports first.
         waiting = getattr(s.what, "is_comm", False) or "all-reduce" in str(s.what)
+        # Of the waiting ranks, one that can name its peer (and that peer's host) speaks first:
+        # a collective's rank knows only that someone in it is late.
+        unnamed = waiting and not _peer(s)
         return (self.limit_s * (FIRST_STEP_FACTOR if first else 1)
-                + (SECONDARY_DELAY_S if waiting else 0))
+                + (SECONDARY_DELAY_S if waiting else 0) + (UNNAMED_DELAY_S if unnamed else 0))
 
     def _run(self) -> None:
         poll = min(1.0, self.limit_s / 10)
@@ -57,12 +62,30 @@ class Watchdog:
 
 
 def _waiting_for(s) -> str:
-    """", waiting for rank R (host H)" when the blocked action needs a peer's data."""
+    """", waiting for rank R (host H, ...), which stopped answering: <likely cause>" when the
+    blocked action needs a peer's data. A peer on another host is named with the host (the
+    lost node, or the far end of the link that went down); this host is named too, since only
+    the ranks that can still reach the launcher get their message out."""
+    peer = _peer(s)
+    if not peer:
+        return ""
+    here = socket.gethostname()
+    if f"(host {here}," in peer or f"(host {here})" in peer:
+        why = "is it alive (stopped, swapping, stuck)?"
+    else:
+        why = f"node lost or link down between {here} and that host?"
+    return f", waiting for {peer}, which stopped answering: {why}"
+
+
+def _peer(s) -> str | None:
+    """The rank (and host) a pipeline action waits for; None for anything else (an all-reduce
+    waits for its whole group, not for the neighbouring stage)."""
+    if s.peer_of is None or not hasattr(s.what, "is_comm"):
+        return None
     try:
-        peer = s.peer_of(s.what) if s.peer_of is not None else None
+        return s.peer_of(s.what)
     except Exception:  # naming the peer must never hide the stall itself
-        peer = None
-    return f", waiting for {peer}: is that rank alive (stopped, swapping, stuck)?" if peer else ""
+        return None
 
 
 def _name(what) -> str:
