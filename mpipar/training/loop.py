@@ -144,7 +144,7 @@ def _run(cfg: Config, resolved, signals) -> dict:
         try:
             dump_trace(tracer, grid, out / "trace.h5", dict(file_attrs, complete=True)
                        if complete else file_attrs)
-        except OSError as exc:  # every rank writes its part; the run directory was removed or became full
+        except OSError as exc:  # its own part: the run directory was removed or became full
             raise OSError(f"could not write the timing dump {out / 'trace.h5'}: {exc}; check "
                           f"that the run directory exists and is writable") from exc
 
