@@ -149,8 +149,9 @@ def test_train_across_nodes_warns_and_analyze_shows_links(tokens, tmp_path):
     warnings = [line for line in p.stdout.splitlines() if "warning: tp group" in line]
     assert len(warnings) == 1 and 'parallel.order = "tp-dp-pp"' in warnings[0], p.stdout
     assert "grid dp=2 pp=1 tp=2 order=dp-tp-pp" in p.stdout and "node1 (" in p.stdout
-    with h5py.File(out / "trace.h5", "r+") as f:
-        f.attrs["hostnames"] = json.dumps(["n0", "n0", "n1", "n1"])
+    for r, host in enumerate(["n0", "n0", "n1", "n1"]):  # each rank's part holds its host
+        with h5py.File(out / "trace.parts" / f"rank-{r:05d}.h5", "r+") as f:
+            f.attrs["hostname"] = host
     res = subprocess.run([sys.executable, "-m", "mpipar.cli", "analyze", str(out)],
                          capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(REPO)})

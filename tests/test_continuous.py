@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from mpi_util import SMALL_GPT, python_script, run_mpi
 
+from mpipar.analysis import load
 from mpipar.config import ConfigError, load_config
 from mpipar.parallel.pipeline.actions import Action, Schedule, ScheduleError, step_cuts
 from mpipar.parallel.pipeline.check import check_schedule
@@ -162,7 +163,6 @@ def test_dump_of_a_continuous_2bw_run_shows_no_flush(tokens, tmp_path):
     res = run_mpi(2, _train(tokens, out, "--schedule", "pipedream-2bw", "--steps", "3"),
                   timeout=180)
     assert res.returncode == 0, res.stderr[-3000:]
-    from mpipar.analysis import load
 
     ev = load(out / "trace.h5").events[0]  # the first stage: it warms up ahead
     kind = ev["kind"]
@@ -174,8 +174,7 @@ def test_dump_of_a_continuous_2bw_run_shows_no_flush(tokens, tmp_path):
     # every action timed: the swap to the stashed weights (2BW: no zeroing, its gradients
     # accumulate over the step) is its own STASH event, right before each backward
     for r in (0, 1):
-        with h5py.File(out / "trace.h5") as f:
-            e = np.asarray(f[f"ranks/{r}/events"])
+        e = load(out / "trace.h5").events[r]
         kinds = [k.decode() if isinstance(k, bytes) else k for k in e["kind"]]
         comp = [(k, x["mb"], x["chunk"], x["step"]) for k, x in zip(kinds, e)
                 if k in ("F", "B", "STASH", "LOSS")]
