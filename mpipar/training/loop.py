@@ -106,9 +106,27 @@ def _build(cfg: Config, resolved):
     return trainer, resolved
 
 
+def _flusher(tracer, grid, out, file_attrs):
+    """``flush(complete=False)``: this rank's new events into its part of ``out/trace.h5``."""
+    from ..mpi import dump_trace, failfast
+
+    def flush(complete=False):
+        try:
+            dump_trace(tracer, grid, out / "trace.h5", dict(file_attrs, complete=True)
+                       if complete else file_attrs)
+        except OSError as exc:  # its own part: the run directory was removed or became full
+            if grid.world_comm.rank != 0 and not out.is_dir():
+                # every rank writes its part, so a vanished run directory fails them all: rank
+                # 0 says it once and its abort ends the others before they do
+                time.sleep(failfast.SECONDARY_DELAY_S)
+            raise OSError(f"could not write the timing dump {out / 'trace.h5'}: {exc}; check "
+                          f"that the run directory exists and is writable") from exc
+
+    return flush
+
+
 def _run(cfg: Config, resolved, signals) -> dict:
     from ..checkpoint import save_checkpoint
-    from ..mpi import dump_trace
 
     trainer, resolved = _build(cfg, resolved)
     grid, tracer, backend, p, out = (trainer.grid, trainer.tracer, trainer.backend,
@@ -140,13 +158,7 @@ def _run(cfg: Config, resolved, signals) -> dict:
     file_attrs = {"config": cfg.to_dict(), "layout": describe(cfg.model, resolved.bounds),
                   "peak_flops": _device_peak(grid, backend) if cfg.run.trace else float("nan")}
 
-    def flush(complete=False):
-        try:
-            dump_trace(tracer, grid, out / "trace.h5", dict(file_attrs, complete=True)
-                       if complete else file_attrs)
-        except OSError as exc:  # its own part: the run directory was removed or became full
-            raise OSError(f"could not write the timing dump {out / 'trace.h5'}: {exc}; check "
-                          f"that the run directory exists and is writable") from exc
+    flush = _flusher(tracer, grid, out, file_attrs)
 
     history, val_loss, stopped = _steps(cfg, trainer, lead, flush,
                                         lambda: save_checkpoint(trainer, out / "checkpoints"),
