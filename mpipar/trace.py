@@ -21,6 +21,7 @@ from time import perf_counter as _perf_counter
 import numpy as np
 
 from .files import atomic_h5, check_writable  # noqa: F401  (check_writable: callers import it here)
+from .trace_parts import append_rows, rows_before
 
 SCHEMA_VERSION = 1
 
@@ -319,10 +320,10 @@ def append_dump(
             raise ValueError(f"{path} holds {len(done['events'])} ranks, not {len(events)}")
         counts = []
         for r, (ev, attrs) in enumerate(zip(events, rank_attrs, strict=True)):
-            counts.append(_append(f[f"ranks/{r}/events"], done["events"][r], ev))
+            counts.append(append_rows(f[f"ranks/{r}/events"], done["events"][r], ev))
             _set_attrs(f[f"ranks/{r}"], attrs)
         m = np.asarray(metrics if metrics is not None else np.empty(0, METRICS_DTYPE))
-        n_metrics = _append(f["metrics"], done["metrics"], m)
+        n_metrics = append_rows(f["metrics"], done["metrics"], m)
         f.flush()  # the rows reach the file before the count that makes them visible
         f.attrs["committed"] = _committed(counts, n_metrics)
         f.flush()
@@ -366,24 +367,13 @@ def _rewind_single_file(path, step: int, n_ranks: int) -> bool:
             done = json.loads(f.attrs["committed"])
             if len(done["events"]) != n_ranks:
                 return False
-            from .trace_parts import _rows_before
 
-            counts = [_rows_before(f[f"ranks/{r}/events"], n, step)
+            counts = [rows_before(f[f"ranks/{r}/events"], n, step)
                       for r, n in enumerate(done["events"])]
-            f.attrs["committed"] = _committed(counts, _rows_before(f["metrics"], done["metrics"],
+            f.attrs["committed"] = _committed(counts, rows_before(f["metrics"], done["metrics"],
                                                                     step))
             f.attrs["complete"] = False
     except (OSError, KeyError, ValueError):
         return False
     return True
 
-
-def _append(ds, committed: int, rows) -> int:
-    """Write ``rows`` after the first ``committed`` rows of ``ds`` (over any uncommitted tail a
-    failed flush left); return the new committed count."""
-    end = committed + len(rows)
-    if end > ds.shape[0]:
-        ds.resize((end,))
-    if len(rows):
-        ds[committed:end] = rows
-    return end

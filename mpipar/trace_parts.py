@@ -147,8 +147,8 @@ def append_part(path, rank: int, events, attrs: dict, metrics,
         _rewrite(path, rank, compress=False)
     with h5py.File(part_path(path, rank), "r+", locking=False) as f:
         done = json.loads(f.attrs["committed"])
-        n_ev = _append(f["events"], done["events"], events)
-        n_m = _append(f["metrics"], done["metrics"], m)
+        n_ev = append_rows(f["events"], done["events"], events)
+        n_m = append_rows(f["metrics"], done["metrics"], m)
         f.flush()  # the rows reach the file before the count that makes them visible
         f.attrs["committed"] = _committed(n_ev, n_m)
         f.flush()
@@ -157,7 +157,9 @@ def append_part(path, rank: int, events, attrs: dict, metrics,
         _rewrite(path, rank, compress=True)
 
 
-def _append(ds, committed: int, rows) -> int:
+def append_rows(ds, committed: int, rows) -> int:
+    """Write ``rows`` after the first ``committed`` rows of ``ds`` (over any uncommitted tail a
+    failed flush left); return the new committed count."""
     end = committed + len(rows)
     if end > ds.shape[0]:
         ds.resize((end,))
@@ -185,15 +187,15 @@ def rewind_parts(path, step: int, world: int) -> bool:
             with h5py.File(p, "r+", locking=False) as f:
                 done = json.loads(f.attrs["committed"])
                 f.attrs["committed"] = _committed(
-                    _rows_before(f["events"], done["events"], step),
-                    _rows_before(f["metrics"], done["metrics"], step))
+                    rows_before(f["events"], done["events"], step),
+                    rows_before(f["metrics"], done["metrics"], step))
                 f.attrs["complete"] = False
     except (OSError, KeyError, ValueError):
         return False
     return True
 
 
-def _rows_before(ds, committed: int, step: int) -> int:
+def rows_before(ds, committed: int, step: int) -> int:
     """How many of the first ``committed`` rows come before the first row of ``step`` or later
     (rows are in time order; set-up rows carry step -1)."""
     steps = np.asarray(ds.fields("step")[:committed])
