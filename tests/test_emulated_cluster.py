@@ -363,12 +363,17 @@ def test_a_lost_node_or_link_ends_the_job_in_time_and_the_dump_stays_readable(
     if fault == "link down":
         # only node0's ranks still reach the launcher: the first watchdog to fire there (two
         # stage-0 ranks waiting alike may fire together) names the rank it waits for on the far
-        # side and that rank's host
+        # side and that rank's host. A rank that was in the step's world all-reduce when the
+        # link went down cannot name a host (the watchdog does not know the group's members):
+        # it names the operation only; it waits 1.5 s longer than the others but can still win.
         assert ours, output[-2000:]
         for line in ours:
             assert "(host node0) failed: no progress" in line, ours
-            assert "(host node1, pipeline stage" in line, ours
-            assert "stopped answering: node lost or link down between node0" in line, ours
+            if "waiting for rank" in line:
+                assert "(host node1, pipeline stage" in line, ours
+                assert "stopped answering: node lost or link down between node0" in line, ours
+            else:
+                assert "blocked in the gradient-norm (and loss) all-reduce" in line, ours
     else:
         # Hydra's proxy on node1 dies with the ranks: mpiexec sees its control connection close
         # and kills every rank at once, before any survivor can speak. What the user has to go
