@@ -3,14 +3,22 @@ more than one of them on some node; and the job's topology (nodes, ranks per nod
 
 A node is what MPI says shares memory (``Split_type(COMM_TYPE_SHARED)``). Where the ranks span
 nodes, the shared window of ``shm.py`` cannot serve the whole group, but it still serves each
-node's ranks; only the node leaders (each node's lowest rank) talk across the link:
+node's ranks:
 
-- all-reduce: the node's ranks all-reduce through their shared window (``shm.py``: each element
-  reduced by one rank in rank order); the leaders all-reduce that node sum across nodes (the
-  library's collective on two leaders, where a + b = b + a makes both results the same bits;
-  Rabenseifner's, ``algorithms.py``, on more, each element reduced by one rank); each leader
-  broadcasts the result to its node. Every rank ends with the leaders' bits. Per node, n bytes
-  leave over the link for two nodes where a flat algorithm over every rank sends about 2 n.
+- all-reduce on two nodes with m ranks each (the common case): every rank of a
+  node owns a slice (1/m) of the message. Its node sum is reduced by that rank alone through the
+  shared window (``shm.py``'s order: node rank 0 + 1 + ...), sent to the rank with the same node
+  rank on the other node while its sum of the other's slice comes back, and a + b = b + a makes
+  both the same bits; the sum goes into the window, and after one node barrier every rank
+  copies the whole result out. Every rank of a node talks across the link at once, and the
+  slice goes in pieces, so the node sum of piece k + 1 is computed while piece k crosses. Per
+  node n bytes leave over the link, where a flat algorithm over every rank sends about 2 n.
+- all-reduce elsewhere (more nodes, or unequal ranks per node): the node's ranks all-reduce
+  through their shared window; the node leaders (each node's lowest rank) all-reduce that node
+  sum across nodes (the library's collective on two leaders, where a + b = b + a makes both
+  results the same bits; Rabenseifner's, ``algorithms.py``, on more, each element reduced by
+  one rank); each leader broadcasts the result to its node. Every rank ends with the leaders'
+  bits, which are the bits of the two-node path above too (the same node sums, then a + b).
 - reduce-scatter (p equal blocks, rank r keeps block r): the same node sum; the leaders
   reduce-scatter it across nodes in node-sized pieces (each leader receives the blocks of its
   node's ranks, packed in node order), then scatter them to their node's ranks.
@@ -33,15 +41,19 @@ nodeA:2,nodeB:2 -n 4`` (the tests' way to run these paths without a cluster).
 from __future__ import annotations
 
 import os
+from collections import deque
 
 import numpy as np
 
 from mpipar.mpi import algorithms as alg
 from mpipar.mpi.shm import Shm
+from mpipar.mpi.shm_registered import reduce_in_order
 from mpipar.mpi.staging import from_host, is_device, load_mpi, to_host
 
 ENV_LINK = "MPIPAR_LINK_RATE"
-HIER_TAG = 31001  # the leaders' Rabenseifner: one hierarchical collective at a time per group
+HIER_TAG = 31001  # the leaders' Rabenseifner, the pairs' pieces: one at a time per group
+PIECE = 1 << 20  # bytes of one message to the pair: the unit the reduction and link overlap in
+DEPTH = 4  # pieces on the link at once, beyond the one being reduced
 
 
 def node_index(mpi_comm) -> list[int]:
@@ -82,6 +94,13 @@ class Hier:
         self.alone = node.Get_size() == 1  # a node with one rank of the group: nothing inside
         color = 0 if self.lead else MPI.UNDEFINED
         self.leaders = comm.Split(color, self.rank)  # COMM_NULL off the leaders
+        # two nodes, m ranks each: the ranks of one node rank (a pair, one per node) exchange
+        # their slices' node sums (``_pair_sum``); elsewhere the leaders' path
+        sizes = {len(m) for m in self.members}
+        self.paired = self.nodes == 2 and len(sizes) == 1
+        here = self.node_of[self.rank]
+        self.pairs = comm.Split(node.Get_rank() if self.paired else MPI.UNDEFINED, here)
+        self.pair = 1 - here  # the other rank of the pair: ranked by node in ``pairs``
         self.shm = Shm(node)  # the node's ranks; also drives the whole collective's steps
         self.BYTE = MPI.BYTE
 
@@ -104,8 +123,9 @@ class Hier:
     def free(self) -> None:
         MPI = load_mpi()
         self.shm.free()
-        if self.leaders != MPI.COMM_NULL:
-            self.leaders.Free()
+        for c in (self.leaders, self.pairs):
+            if c != MPI.COMM_NULL:
+                c.Free()
         self.node.Free()
 
     # --- the collectives ------------------------------------------------------------------
@@ -121,6 +141,9 @@ class Hier:
             yield from self._allreduce(flat, mpi_op, op, what)
 
     def _allreduce(self, flat, mpi_op, op, what):
+        if self.paired:
+            yield from self.shm.allreduce(flat, op, what, across=self._pair_sum)
+            return
         if not self.alone:
             yield from self.shm.allreduce(flat, op, what)  # the node's sum, on each of its ranks
         if self.lead:
@@ -134,6 +157,30 @@ class Hier:
             return
         c = alg.Ctx(self.leaders, HIER_TAG, alg.reducer(op, False))
         yield from alg.rabenseifner_allreduce(c, flat, np.empty_like(flat))
+
+    def _pair_sum(self, parts, dests, ufunc):
+        """Steps: dests[0] = (this node's sum of ``parts``) op (the pair's), copied into every
+        other dest (``shm.py``'s ``across``). Piece by piece: up to ``DEPTH`` pieces on the link
+        while the next is reduced. dests[0] may be parts[0] (reduced into first; sent from
+        before it takes the result)."""
+        acc = dests[0]
+        if acc.size == 0:
+            return
+        back = np.empty(acc.size, acc.dtype)  # the pair's node sum
+        piece = max(1, PIECE // acc.itemsize)
+        flying = deque()
+        for lo in range(0, acc.size, piece):
+            hi = min(acc.size, lo + piece)
+            reduce_in_order(ufunc, [p[lo:hi] for p in parts], acc[lo:hi])
+            flying.append((lo, hi, [self.pairs.Irecv(back[lo:hi], self.pair, HIER_TAG),
+                                    self.pairs.Isend(acc[lo:hi], self.pair, HIER_TAG)]))
+            while flying and (len(flying) > DEPTH or hi == acc.size):
+                lo0, hi0, reqs = flying.popleft()
+                yield reqs
+                # a op b on one node, b op a on the other: the same bits (commutative)
+                ufunc(acc[lo0:hi0], back[lo0:hi0], out=acc[lo0:hi0])
+                for d in dests[1:]:
+                    d[lo0:hi0] = acc[lo0:hi0]
 
     def reduce_scatter(self, x, out, mpi_op, op, what):
         """Steps of a reduce-scatter of the 1-D ``x`` (p equal blocks) into this rank's 1-D

@@ -233,19 +233,22 @@ class Shm:
 
     # --- the collectives (host arrays; a device array goes through a host copy) -----------
 
-    def allreduce(self, flat, op, what):
-        """In place over the 1-D array ``flat``; zero-copy where it is a registered buffer."""
+    def allreduce(self, flat, op, what, across=None):
+        """In place over the 1-D array ``flat``; zero-copy where it is a registered buffer.
+        ``across(parts, dests, ufunc)``: steps that reduce this rank's block (``parts``, one per
+        rank) into ``dests`` with more than this node's ranks (``hierarchical.py``); None: the
+        node's ranks only (``reduce_in_order``)."""
         loc = self.locate(flat) if self.regs else None
         if loc is not None:
-            yield from registered_allreduce(self, *loc, flat, op, what)
+            yield from registered_allreduce(self, *loc, flat, op, what, across)
         elif is_device(flat):
             host = host_copy(flat)
-            yield from self._allreduce(host, op, what)
+            yield from self._allreduce(host, op, what, across)
             from_host(host, flat)
         else:
-            yield from self._allreduce(flat, op, what)
+            yield from self._allreduce(flat, op, what, across)
 
-    def _allreduce(self, flat, op, what):
+    def _allreduce(self, flat, op, what, across=None):
         p, r, dt = self.size, self.rank, flat.dtype
         ufunc = np.maximum if op == "max" else np.add
         yield from self._agree(what, "allreduce", op, dt, flat.nbytes)
@@ -263,7 +266,10 @@ class Shm:
             yield from self._sync()
             parts = [seg[s] for seg in segs]
             parts[r] = f[s]
-            reduce_in_order(ufunc, parts, mine[s])  # the result's block r, for every rank
+            if across is None:
+                reduce_in_order(ufunc, parts, mine[s])  # the result's block r, for every rank
+            else:
+                yield from across(parts, [mine[s]], ufunc)
             yield from self._sync()
             for q in range(p):
                 f[b[q]:b[q + 1]] = segs[q][b[q]:b[q + 1]]

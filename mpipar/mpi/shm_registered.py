@@ -133,21 +133,29 @@ class Registered:
         self.win.Free()
 
 
-def allreduce(shm, reg, off, flat, op, what):
-    """Steps of an in-place all-reduce of ``flat``, registered at byte ``off`` of ``reg``."""
+def allreduce(shm, reg, off, flat, op, what, across=None):
+    """Steps of an in-place all-reduce of ``flat``, registered at byte ``off`` of ``reg``;
+    ``across``: as ``Shm.allreduce``'s (its dests: block r of every rank's buffer)."""
     p, r, dt = shm.size, shm.rank, flat.dtype
     ufunc = np.maximum if op == "max" else np.add
     yield from _agree(shm, reg, what, "allreduce", op, dt, flat.nbytes, off)
     b = bounds(flat.size, p)
     blocks = [v[b[r]:b[r + 1]] for v in reg.views(off, dt, flat.size)]
-    step = max(1, PIECE // dt.itemsize)
+    if across is not None:
+        yield from across(blocks, blocks, ufunc)  # the node's sum into rank 0's block first
+    else:
+        reduce_to_all(ufunc, blocks, max(1, PIECE // dt.itemsize))
+    yield from _sync(shm, reg)  # every block of every bucket written; none read after this
+
+
+def reduce_to_all(ufunc, blocks, step) -> None:
+    """Every rank's block r: their reduction, in ``step``-element pieces (cache-sized)."""
     for lo in range(0, blocks[0].size, step):
         parts = [blk[lo:lo + step] for blk in blocks]
         # into rank 0's block: it is read first, and only here (other ranks own other blocks)
         reduce_in_order(ufunc, parts, parts[0])
         for part in parts[1:]:
             part[...] = parts[0]
-    yield from _sync(shm, reg)  # every block of every bucket written; none read after this
 
 
 def reduce_scatter(shm, reg, off, x, out, op, what):

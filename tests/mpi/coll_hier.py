@@ -50,6 +50,22 @@ assert c.windows.hier_offered() and c.algorithm("allreduce", 8) == "hier"
 assert c.algorithm("allgather", 1 << 20) != "hier"  # only all-reduce and reduce-scatter
 hier = c.windows.hier
 assert hier.nodes == max(NODE_OF) + 1 and hier.node_of == NODE_OF
+# two nodes with as many ranks each: every rank exchanges its slice with its pair
+assert hier.paired == (N == 4), (hier.paired, NODE_OF)
+
+
+def node_sums_added(seed, n, dtype, op=np.add):
+    """The two-node result bit for bit: each node's inputs reduced in rank order, then the
+    two node sums (what every element goes through, on either path)."""
+    sums = []
+    for j in range(2):
+        members = [q for q in range(N) if NODE_OF[q] == j]
+        acc = data(seed, members[0], n, dtype)
+        for q in members[1:]:
+            acc = op(acc, data(seed, q, n, dtype))
+        sums.append(acc)
+    return op(sums[0], sums[1])
+
 
 # all-reduce: blocking, in place and not, several sizes (odd ones, fewer elements than ranks)
 for dtype in (np.float64, np.float32):
@@ -58,6 +74,8 @@ for dtype in (np.float64, np.float32):
         got = c.allreduce(x)
         same_everywhere(c, got, f"allreduce {n} {dtype.__name__}")
         np.testing.assert_allclose(got, flat_sum(1, n, dtype), rtol=tol(dtype), atol=tol(dtype))
+        if hier.nodes == 2:
+            assert np.array_equal(got, node_sums_added(1, n, dtype)), f"allreduce {n} bits"
         y = x.copy()
         assert c.allreduce(y, inplace=True) is y and np.array_equal(y, got)
         m = c.allreduce(x, op="max")
@@ -101,6 +119,8 @@ same_everywhere(c, ar.wait(), "iallreduce after ireduce_scatter")
 big = data(11, R, 3 << 18, np.float64)  # 6 MiB
 got = c.iallreduce(big.copy()).wait()
 same_everywhere(c, got, "6 MiB iallreduce")
+if hier.nodes == 2:  # several pieces on the link at once, the last one short
+    assert np.array_equal(got, node_sums_added(11, big.size, np.float64)), "6 MiB bits"
 np.testing.assert_allclose(got, flat_sum(11, big.size, np.float64), rtol=1e-12)
 
 # registered buffers (the dp buckets): each node's ranks share a window, reduced there in place
