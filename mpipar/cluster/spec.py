@@ -42,13 +42,19 @@ def parse_rate(text: str) -> int:
     return bps
 
 
+BUCKET_MIN = 64 * 1024  # one GSO packet: tbf splits a larger packet, at a CPU cost per packet
+BUCKET_MAX = 256 * 1024  # above, a 1 MiB message would cross partly unshaped
+
+
 def tbf_burst_bytes(rate_bps: int) -> int:
-    """The bucket: 1 ms at the rate, at least 64 KiB (one GSO packet; tbf splits larger ones,
-    at a cost in CPU that a small bucket pays on every packet). A message that finds the bucket
-    full passes its first `burst` bytes at once (in a ping-pong the bucket refills while the
-    answer travels back), so a message of S bytes is measured up to burst / S too fast: 6 % at
-    1 MiB and 200 Mbit/s, 12 % at 1 Gbit/s, 3 % at 4 MiB and 1 Gbit/s."""
-    return max(64 * 1024, rate_bps // 8 // 1000)
+    """The bucket: 1 ms at the rate, within 64-256 KiB (200 Mbit/s: 64 KiB, 1 Gbit/s: 125 KB,
+    10 Gbit/s: 256 KiB, where 1 ms would be 1.25 MB and hold a whole 1 MiB message). A message
+    that finds the bucket full passes its first `burst` bytes at once (in a ping-pong the
+    bucket refills while the answer travels back), so a message of S bytes is measured up to
+    burst / S too fast: at 1 MiB 6 % (200 Mbit/s), 12 % (1 Gbit/s), 25 % (10 Gbit/s); at 4 MiB
+    at most 6 %. A smaller bucket at 10 Gbit/s starves the link: with 128 or 64 KiB, 1-64 MiB
+    ping-pongs fell far short of the rate on a loaded machine where 256 KiB reached it."""
+    return max(BUCKET_MIN, min(BUCKET_MAX, rate_bps // 8 // 1000))
 
 
 @dataclass
