@@ -35,6 +35,7 @@ from .spec import (
 TOOLS = ("ip", "tc", "nsenter", "unshare", "mount", "umount", "mountpoint", "sh", "sleep",
          "taskset")
 READY_TIMEOUT_S = 15.0
+LOST_PREFIX = "[mpipar]"  # the launcher's line on a lost node, like the ranks' failfast lines
 
 
 def _run(argv: list[str], what: str) -> str:
@@ -160,7 +161,11 @@ def _start_holder(spec: ClusterSpec, node: str) -> int:
 def _write_launcher(spec: ClusterSpec) -> None:
     """The program Hydra's ssh launcher runs (`-launcher ssh -launcher-exec THIS`): it is
     called as `THIS [-opts] HOST CMD...`, like ssh, and runs CMD inside HOST's namespaces
-    through a shell, as sshd would."""
+    through a shell, as sshd would. It stays the proxy's parent instead of exec'ing it: when
+    the proxy on HOST is killed by a signal (every process of the node killed at once: a node
+    lost) or HOST's namespaces are gone, it says so in one line naming HOST, which Hydra's own
+    message does not (``LOST``). A signal sent to it (Hydra ending the job) goes on to the
+    proxy, and is not a lost node."""
     d = spec.state_dir
     text = f"""#!/bin/sh
 # Hydra launcher for emulated cluster {spec.name}: enters node HOST's namespaces.
@@ -168,10 +173,26 @@ while [ "${{1#-}}" != "$1" ]; do shift; done
 host=$1; shift
 pid=$(cat "{d}/$host.pid" 2>/dev/null) || {{
     echo "mpipar cluster launcher: no node '$host' in cluster {spec.name}" >&2; exit 255; }}
+if ! kill -0 "$pid" 2>/dev/null; then
+    echo "{LOST_PREFIX} $host: its namespaces are gone (holder pid $pid ended): node lost?" >&2
+    exit 255
+fi
 cpus=$(cat "{d}/$host.cpus" 2>/dev/null || true)
 set -- nsenter -t "$pid" -n -u -m -i --wd="$PWD" -- sh -c "$*"
 [ -n "$cpus" ] && set -- taskset -c "$cpus" "$@"
-exec "$@"
+"$@" <&0 &
+child=$!
+stopping=
+trap 'stopping=1; kill -TERM $child 2>/dev/null' TERM INT HUP
+# (the shell's own "Killed" report goes to /dev/null: the line below says more)
+wait $child 2>/dev/null; rc=$?
+while kill -0 $child 2>/dev/null; do wait $child 2>/dev/null; rc=$?; done  # a trap ends wait
+# killed by a signal this launcher did not pass on (it passes TERM on when the job is ended)
+if [ $rc -gt 128 ] && {{ [ -z "$stopping" ] || [ $rc -ne 143 ]; }}; then
+    why="the MPI proxy on this host was killed (signal $((rc - 128)))"
+    echo "{LOST_PREFIX} $host: $why: node lost?" >&2
+fi
+exit $rc
 """
     for node, pid in spec.holders.items():
         (d / f"{node}.pid").write_text(f"{pid}\n")

@@ -31,6 +31,7 @@ from mpipar.mpi import tuning
 from mpipar.mpi.comm import Comm
 from mpipar.mpi.hierarchical import node_index, topology
 from mpipar.mpi.interface import Communicator
+from mpipar.mpi.job.watchdog import know_hosts
 from mpipar.mpi.local import LocalComm
 
 
@@ -171,6 +172,8 @@ class ProcessGrid:
         names = "\0".join(b.decode() for b in blobs) if blobs is not None else ""
         self.hostnames = self.world_comm.broadcast_bytes(names.encode(), trace=False).decode()
         self.hostnames = self.hostnames.split("\0")
+        know_hosts({c.axis: [self.hostnames[r] for r in c.world_ranks]  # for a stall's line
+                    for c in (self.world_comm, self.dp_comm, self.pp_comm, self.tp_comm)})
 
     def _split(self, world, axis, tracer, backend):
         """The communicator along ``axis``: a LocalComm when the axis has one rank (no MPI call,

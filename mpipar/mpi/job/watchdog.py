@@ -18,6 +18,18 @@ from mpipar.mpi.job.failfast import EXIT_STALLED, SECONDARY_DELAY_S, fail
 
 FIRST_STEP_FACTOR = 3
 UNNAMED_DELAY_S = 1.5
+# the hosts of every rank of this rank's groups ("world", "dp", "pp", "tp"), set once by the
+# grid (``know_hosts``): a rank stalled in a collective names the hosts it spans
+_GROUP_HOSTS: dict[str, list[str]] = {}
+# the group a collective's beat runs over, by the words naming it (``training/steps.py``);
+# any other all-reduce of the step (the gradient norm, the loss) is the world's
+_GROUP_WORDS = (("data-parallel", "dp"), ("tensor-parallel", "tp"))
+
+
+def know_hosts(groups: dict[str, list[str]]) -> None:
+    """The host of each rank of this rank's groups, by group name ("world", "dp", ...)."""
+    _GROUP_HOSTS.clear()
+    _GROUP_HOSTS.update({g: list(h) for g, h in groups.items()})
 
 
 class Watchdog:
@@ -57,7 +69,8 @@ class Watchdog:
             idle = time.monotonic() - s.last
             if idle > self.limit() and not self._stop.is_set():
                 fail(f"no progress for {idle:.0f} s (run.watchdog_s = {self.limit_s:g}):"
-                     f" blocked in {_name(s.what)} of step {s.step}{_waiting_for(s)}",
+                     f" blocked in {_name(s.what)} of step {s.step}{_waiting_for(s)}"
+                     f"{_spans(s)}",
                      code=EXIT_STALLED)
 
 
@@ -75,6 +88,25 @@ def _waiting_for(s) -> str:
     else:
         why = f"node lost or link down between {here} and that host?"
     return f", waiting for {peer}, which stopped answering: {why}"
+
+
+def _spans(s) -> str:
+    """", over hosts A, B, which stopped: <likely cause>" for a rank stalled in an all-reduce:
+    it cannot tell which member is late, but the hosts its group spans bound the search (a
+    node lost, or the link between this host and the others)."""
+    text = str(s.what)
+    if hasattr(s.what, "is_comm") or "all-reduce" not in text:
+        return ""
+    group = next((g for words, g in _GROUP_WORDS if words in text), "world")
+    hosts = list(dict.fromkeys(_GROUP_HOSTS.get(group, ())))
+    if not hosts:
+        return ""
+    here = socket.gethostname()
+    others = [h for h in hosts if h != here]
+    if not others:
+        return f", over host {here} only, which stopped: is a rank on it stuck?"
+    return (f", over hosts {', '.join(hosts)}, which stopped: node lost or link down between "
+            f"{here} and {', '.join(others)}?")
 
 
 def _peer(s) -> str | None:
