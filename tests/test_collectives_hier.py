@@ -27,11 +27,13 @@ def on_nodes(n, hosts, script, *args, **kw):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n, hosts", [(4, "nodeA:2,nodeB:2"), (4, "nodeA:1,nodeB:1"),
+                                      (6, "nodeA:3,nodeB:3"), (3, "nodeA:2,nodeB:1"),
                                       (5, "nodeA:2,nodeB:1,nodeC:2")],
-                         ids=["2x2", "alternating", "3-nodes-uneven"])
+                         ids=["2x2", "alternating", "2x3", "2-nodes-uneven", "3-nodes-uneven"])
 def test_hier_collectives_under_mpiexec(n, hosts):
     """All-reduce and reduce-scatter, float64 and float32, sizes not divisible by the ranks,
-    blocking and non-blocking: the same bits on every rank and the flat sum within rounding;
+    blocking and non-blocking: the same bits on every rank and the flat sum within rounding
+    (on two nodes, the bits of the two node sums added, by either path: pairs or leaders);
     auto's choice; the grid's nodes and placement lines."""
     p = on_nodes(n, hosts, "coll_hier.py", timeout=240, check=True,
                  env={"MPIPAR_COLLECTIVES_TABLE": "/nonexistent"})
