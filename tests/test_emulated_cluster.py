@@ -97,6 +97,19 @@ def test_bad_input_is_one_line_and_makes_nothing(clean, args, words):
     assert leftovers(NAME) == []
 
 
+def test_the_launcher_names_a_node_whose_namespaces_are_gone(clean):
+    """Hydra's launcher asked to start a proxy on a node that is gone says which, in one
+    line (the node lost before the job reached it)."""
+    spec = nodes.up(ClusterSpec(name=NAME, nodes=2, link="1gbit", shm_size="16m"))
+    pid = spec.holders["node1"]
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)  # the holder is this process's child here (a CLI's `up` has exited)
+    p = subprocess.run([str(spec.launcher), "-x", "node1", "true"], capture_output=True,
+                       text=True, timeout=30)
+    assert p.returncode == 255, p.stderr
+    assert f"[mpipar] node1: its namespaces are gone (holder pid {pid} ended)" in p.stderr
+
+
 def test_a_name_in_use_is_refused_and_the_cluster_kept(clean):
     assert cli("up", "--name", NAME, "--nodes", "2").returncode == 0
     proc = cli("up", "--name", NAME, "--nodes", "3")
