@@ -182,9 +182,59 @@ class Hier:
                 for d in dests[1:]:
                     d[lo0:hi0] = acc[lo0:hi0]
 
+    def _paired_reduce_scatter(self, x, out, op, what):
+        """Two nodes, m ranks each: this rank's block is its node's sum plus the other node's
+        sum of it, and the other node's sum of it is reduced by this rank's pair. So each rank
+        reduces, over its node's inputs (in node-rank order, through the node's window), two
+        blocks: its pair's, sent across at once, and its own, reduced while that crosses; then
+        adds the pair's sum of its own block that came back. Per node n / 2 bytes cross each
+        way, from every rank at once."""
+        shm, p = self.shm, len(self.node_of)
+        m, r, dt, k = shm.size, shm.rank, x.dtype, out.size
+        ufunc = np.maximum if op == "max" else np.add
+        mine, theirs = self.rank, self.members[self.pair][r]  # block numbers
+        yield from shm._agree(what, "reduce_scatter", op, dt, x.nbytes)
+        step = max(1, shm.window.capacity // (dt.itemsize * p))  # of each block, per round
+        send, back = np.empty(min(k, step), dt), np.empty(min(k, step), dt)
+        for lo in range(0, k, step):
+            hi = min(k, lo + step)
+            w = hi - lo
+            if lo:
+                yield from shm._sync()  # every rank has read its blocks of the last round
+            segs = [shm.window.data(q, dt, p * w) for q in range(m)]
+            for b in range(p):
+                if b not in (mine, theirs):  # the blocks the node's other ranks reduce
+                    segs[r][b * w:(b + 1) * w] = x[b * k + lo:b * k + hi]
+            yield from shm._sync()
+
+            def parts(b, segs=segs, lo=lo, hi=hi, w=w):
+                got = [seg[b * w:(b + 1) * w] for seg in segs]
+                got[r] = x[b * k + lo:b * k + hi]
+                return got
+
+            reduce_in_order(ufunc, parts(theirs), send[:w])
+            reqs = [self.pairs.Irecv(back[:w], self.pair, HIER_TAG),
+                    self.pairs.Isend(send[:w], self.pair, HIER_TAG)]
+            reduce_in_order(ufunc, parts(mine), out[lo:hi])
+            yield reqs
+            ufunc(out[lo:hi], back[:w], out=out[lo:hi])  # this node's sum op the other's
+
     def reduce_scatter(self, x, out, mpi_op, op, what):
         """Steps of a reduce-scatter of the 1-D ``x`` (p equal blocks) into this rank's 1-D
         ``out`` (module docstring); x is not written."""
+        if self.paired:
+            host = out if not is_device(out) else np.empty(out.shape, out.dtype)
+            xh = x
+            if is_device(x) or np.may_share_memory(x, host):  # x is read until the end
+                xh = np.empty(x.shape, x.dtype)
+                if is_device(x):
+                    to_host(x, xh)
+                else:
+                    np.copyto(xh, x)
+            yield from self._paired_reduce_scatter(xh, host, op, what)
+            if host is not out:
+                from_host(host, out)
+            return
         host = out if not is_device(out) else np.empty(out.shape, out.dtype)
         work = np.empty(x.shape, x.dtype)
         if is_device(x):

@@ -90,6 +90,9 @@ for dtype in (np.float64, np.float32):
         out = c.reduce_scatter(x)
         ref = flat_sum(2, N * k, dtype)[R * k:(R + 1) * k]
         np.testing.assert_allclose(out, ref, rtol=tol(dtype), atol=tol(dtype))
+        if hier.nodes == 2:
+            bits = node_sums_added(2, N * k, dtype)[R * k:(R + 1) * k]
+            assert np.array_equal(out, bits), f"reduce_scatter {k} bits"
         whole = c.allgather(out)
         same_everywhere(c, whole, f"reduce_scatter {k}")
         x2 = x.reshape(N * k, 1).copy()
