@@ -12,16 +12,21 @@ node's ranks:
   both the same bits; the sum goes into the window, and after one node barrier every rank
   copies the whole result out. Every rank of a node talks across the link at once, and the
   slice goes in pieces, so the node sum of piece k + 1 is computed while piece k crosses. Per
-  node n bytes leave over the link, where a flat algorithm over every rank sends about 2 n.
+  node n bytes leave over the link, the least an all-reduce can send (MPICH's flat algorithm
+  sends as much at 2 x 2 ranks, but in two phases with the node-local ones between them).
 - all-reduce elsewhere (more nodes, or unequal ranks per node): the node's ranks all-reduce
   through their shared window; the node leaders (each node's lowest rank) all-reduce that node
   sum across nodes (the library's collective on two leaders, where a + b = b + a makes both
   results the same bits; Rabenseifner's, ``algorithms.py``, on more, each element reduced by
   one rank); each leader broadcasts the result to its node. Every rank ends with the leaders'
   bits, which are the bits of the two-node path above too (the same node sums, then a + b).
-- reduce-scatter (p equal blocks, rank r keeps block r): the same node sum; the leaders
-  reduce-scatter it across nodes in node-sized pieces (each leader receives the blocks of its
-  node's ranks, packed in node order), then scatter them to their node's ranks.
+- reduce-scatter (p equal blocks, rank r keeps block r) on two nodes with m ranks each: rank r
+  reduces over its node's inputs (through the window, node-rank order) its own block and its
+  pair's; the pair's crosses at once while its own is reduced; it then adds the pair's sum of
+  its own block that came back. Per node n / 2 bytes cross each way, from every rank at once.
+- reduce-scatter elsewhere: the node sum as for the all-reduce; the leaders reduce-scatter it
+  across nodes in node-sized pieces (each leader receives the blocks of its node's ranks,
+  packed in node order), then scatter them to their node's ranks.
 
 Each is a generator of steps (``algorithms.Stepper`` shape) whose first step is the shared
 window's agreement barrier, so ``Shm.start`` / ``Shm.run`` of the node's ``Shm`` drive it like
