@@ -290,9 +290,13 @@ class ContinuousTwoBW(Continuous):
 
     def apply_update(self, mb, c):
         """mb is its step's last; the step's gradient (taken on the older buffer) goes to the
-        current weights, which first become the chunk's older buffer."""
+        current weights, which first become the chunk's older buffer: the stash's copy of them
+        when the next step's forwards kept one (never written to: a stashed version is only
+        swapped in), else a copy."""
         ps = self.t.chunks[c].params()
-        keep = {id(q): q.data.copy() for q in ps}
+        stash = self.segment.st.stash if self.segment is not None else None
+        kept = stash.kept.get((c, stash.current[c] - 1)) if stash is not None else None
+        keep = {id(q): w for q, w in zip(ps, kept or [q.data.copy() for q in ps])}
         self.older.arrays = [keep.get(id(q), w) for q, w in zip(self.t.params, self.older.arrays)]
         super().apply_update(mb, c)
         for q in ps:

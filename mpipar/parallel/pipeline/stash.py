@@ -39,19 +39,26 @@ class VersionStash:
             self.kept[(c, v)] = [p.data.copy() for p in chunk.params()]
         return self.kept[(c, v)]
 
-    @contextmanager
-    def forward(self, mb, c, chunk):
-        """F(mb, c) with its version's weights; stashes them for its backward."""
+    def copies(self, mb, c) -> bool:
+        """Whether ``keep(mb, c)`` copies a version (the executor times that copy as STASH)."""
+        return (c, self.map[(mb, c)]) not in self.kept
+
+    def keep(self, mb, c, chunk) -> None:
+        """Before F(mb, c): stash its version's weights for its backward (copied when the rank
+        holds no copy of that version yet: an UPDATE comes before the backward)."""
         v = self.map[(mb, c)]
-        w = self._weights(c, v, chunk)
-        self.saved[(mb, c)] = w
+        self.saved[(mb, c)] = self._weights(c, v, chunk)
         self.uses[(c, v)] -= 1
         if not self.uses[(c, v)]:
             del self.kept[(c, v)]  # the stash holds it until the backward
-        if v == self.current[c]:  # the current weights are the version: no swap
+
+    @contextmanager
+    def forward(self, mb, c, chunk):
+        """F(mb, c) with the weights ``keep`` stashed for it (swapped in unless current)."""
+        if self.map[(mb, c)] == self.current[c]:  # the current weights are the version
             yield
             return
-        with _swapped(chunk.params(), w, zero=False):
+        with _swapped(chunk.params(), self.saved[(mb, c)], zero=False):
             yield
 
     def swap_in(self, mb, c, chunk) -> list:
