@@ -29,6 +29,8 @@ class VersionStash:
         self.kept = {(c, -1): w for c, w in (older or {}).items() if c in chunks}
         self.saved = {}  # (mb, chunk) -> the arrays its backward runs with
         self.zero_each = zero_each
+        # each chunk's parameters, listed once: a swap per action walked the layers each time
+        self.params = {c: ch.params() for c, ch in chunks.items()}
 
     def _weights(self, c, v, chunk):
         if (c, v) not in self.kept:
@@ -36,7 +38,7 @@ class VersionStash:
                 raise ScheduleError(f"F of chunk {c} needs weight version {v}, which this rank "
                                     f"no longer holds or has not made (it is at "
                                     f"{self.current[c]})")
-            self.kept[(c, v)] = [p.data.copy() for p in chunk.params()]
+            self.kept[(c, v)] = [p.data.copy() for p in self.params[c]]
         return self.kept[(c, v)]
 
     def copies(self, mb, c) -> bool:
@@ -58,14 +60,14 @@ class VersionStash:
         if self.map[(mb, c)] == self.current[c]:  # the current weights are the version
             yield
             return
-        with _swapped(chunk.params(), self.saved[(mb, c)], zero=False):
+        with _swapped(self.params[c], self.saved[(mb, c)], zero=False):
             yield
 
     def swap_in(self, mb, c, chunk) -> list:
         """Before BW(mb, c): put in the weights F(mb, c) ran with (and zero the gradients when
         each micro-batch updates on its own). Returns the arrays ``restore`` puts back after
         the backward. Kept apart from the backward so the executor times it on its own."""
-        params = chunk.params()
+        params = self.params[c]
         current = [p.data for p in params]
         for p, w in zip(params, self.saved.pop((mb, c))):
             p.data = w
@@ -73,10 +75,9 @@ class VersionStash:
                 p.zero_grad()
         return current
 
-    @staticmethod
-    def restore(chunk, current) -> None:
+    def restore(self, chunk, current) -> None:
         """After BW: the current weights back in place (``swap_in``'s return)."""
-        for p, w in zip(chunk.params(), current):
+        for p, w in zip(self.params[chunk.index], current):
             p.data = w
 
     def updating(self, c, chunk):
@@ -84,7 +85,7 @@ class VersionStash:
         needs it (2BW: the next step's forwards on the last stages; vertical sync)."""
         v = self.current[c]
         if self.uses[(c, v)] > 0 and (c, v) not in self.kept:
-            self.kept[(c, v)] = [p.data.copy() for p in chunk.params()]
+            self.kept[(c, v)] = [p.data.copy() for p in self.params[c]]
         self.current[c] = v + 1
 
 
