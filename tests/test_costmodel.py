@@ -249,7 +249,7 @@ def continuous_dump(path, model, kind="pipedream-2bw", pp=2, m=2, steps=4):
     rows = []
     for r, tl in enumerate(sim.timeline):
         mine = []
-        starts = [sum(spans[r][:k]) for k in range(steps)]
+        starts = [sum(spans[r][:k]) + k * model.step_gap for k in range(steps)]
         for k in range(steps):
             lo, hi = (cuts[r][k - 1] if k else 0), cuts[r][k]
             meet = starts[k] + spans[r][k] - model.step_post
@@ -272,8 +272,8 @@ def continuous_dump(path, model, kind="pipedream-2bw", pp=2, m=2, steps=4):
 
 def test_a_continuous_run_is_predicted_from_its_own_costs(tmp_path):
     """Round trip: a continuous 2BW run made by the step-at-a-time simulation on known costs
-    (uneven stages, a p2p latency, each rank's share of the lagged reduction and fixed time
-    around it) is measured and predicted alike: the fit recovers the costs, and bubble and
+    (uneven stages, a p2p latency, each rank's share of the lagged reduction, fixed time
+    around it and between calls) is measured and predicted alike: the fit recovers the costs, and bubble and
     step (the longest rank's call) come out as made."""
     from mpipar.analysis import breakdown
     from mpipar.parallel.pipeline.simulate import CostModel
@@ -281,11 +281,12 @@ def test_a_continuous_run_is_predicted_from_its_own_costs(tmp_path):
     per_unit = {(0, 0, "F"): 1.0, (0, 0, "BW"): 2.0, (1, 1, "F"): 1.5, (1, 1, "BW"): 2.5,
                 (0, 0, "UPDATE"): 0.25, (1, 1, "UPDATE"): 0.25}
     model = CostModel(unit={}, per_unit=per_unit, latency=0.2, sync=0.5, step_pre=0.1,
-                      step_post=0.05)
+                      step_post=0.05, step_gap=0.3)
     path, spans = continuous_dump(tmp_path / "cont.h5", model)
     s = breakdown(path)["summary"]
     fitted = s["predicted"]["model"]
     assert fitted["latency"] == pytest.approx(0.2) and fitted["sync"] == pytest.approx(0.5)
+    assert fitted["step_gap"] == pytest.approx(0.3)
     assert fitted["overhead"] == pytest.approx(0.0, abs=1e-9)
     assert fitted["jitter_cv"] == pytest.approx(0.0, abs=1e-12)
     assert s["step_time"] == pytest.approx(sum(max(sp[k] for sp in spans) for k in (1, 2, 3)) / 3)

@@ -8,10 +8,10 @@ each rank runs its calls back to back and waits only in its receives. The predic
 the run's lists that way (``simulate.simulate_steps``), on costs fitted from the dump
 (``fit_continuous``: per rank and chunk F / B / W and UPDATE, the overhead per action, the p2p
 latency, the rank's own time in the lagged reduction, the fixed time before and after each
-call, the compute jitter), and takes what the measurement takes: the step is the longest
-rank's call (``breakdown._step_times``: the ranks' calls of one step are not simultaneous, a
-stage runs a little ahead), the bubble each rank's share of its calls not spent in model
-compute (``breakdown._continuous_bubble``), mean over ranks.
+call and between calls, the compute jitter), and takes what the measurement takes: the step
+is the longest rank's call (``breakdown._step_times``: the ranks' calls of one step are not
+simultaneous, a stage runs a little ahead), the bubble each rank's share of its calls not
+spent in model compute (``breakdown._continuous_bubble``), mean over ranks.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def fit_continuous(run: Run, steps, schedule, cuts):
             d = o[o["chunk"] == c]
             upd[(int(run.coords[r, 1]), int(c))].append(float((d["end"] - d["start"]).mean()))
     model.per_unit.update({(p, c, "UPDATE"): float(np.mean(v)) for (p, c), v in upd.items()})
-    over, pre, post, meet = [], [], [], []
+    over, pre, post, meet, ends = [], [], [], [], defaultdict(list)
     for r, s, lo, hi, e in _calls(run, steps):
         if not e.size:
             continue
@@ -131,12 +131,17 @@ def fit_continuous(run: Run, steps, schedule, cuts):
             over.append(_uncovered(pipe["start"], pipe["end"]) / n)
         pre.append(float(e["start"].min()) - lo)
         post.append(hi - float(e["end"].max()))
+        ends[r].append((lo, hi))
         meet.append(float((coll["end"] - coll["start"]).sum()))
     model.overhead = _med(over)
     model.step_pre = _med(pre)
     # each rank's own post and read of the lagged reduction: nobody waits for another there
     model.sync = _med(meet)
     model.step_post = _med(post)
+    # between a rank's calls (the loop's own work: metrics, progress, dump flushes, counted by
+    # their median): the neighbour waiting for this rank's next message waits through it
+    model.step_gap = _med([b[0] - a[1] for calls in ends.values()
+                           for a, b in zip(sorted(calls), sorted(calls)[1:])])
     ev = np.concatenate(run.events)
     ev = ev[np.isin(ev["step"], steps)]
     model.send_post, model.recv_post = post_costs(ev)
@@ -204,7 +209,7 @@ def calibrated_continuous(run: Run, steps, kind: str, pp: int, m: int) -> dict:
             "compute": compute.tolist(),
             "model": {k: getattr(model, k) for k in (
                 "overhead", "send_post", "recv_post", "latency", "sync", "step_pre",
-                "step_post", "default_bytes")} | {
+                "step_post", "step_gap", "default_bytes")} | {
                 "samples": model.samples if model.jitter else 1,
                 "jitter_cv": float(np.std(model.jitter)) if model.jitter else 0.0},
             "mean_costs": {"step_time": whole["step"], "bubble": whole["bubble"]},
