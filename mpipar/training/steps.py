@@ -257,7 +257,13 @@ class Continuous(PipeDream):
             q.zero_grad()
         older = self._older_by_chunk()
         self.start_step, self._fed = t.step, {}
-        return ContinuousRun(ex, self._feed, older=older)
+        return ContinuousRun(ex, self._feed, older=older, zero=self._zero_chunk)
+
+    def _zero_chunk(self, c) -> None:
+        """Chunk c's gradients zeroed: one fill per bucket of ``GradSync``, which holds every
+        parameter's gradient as a view (as ``GradSync.zero_grads`` relies on)."""
+        for b in self.t.sync.buckets[c]:
+            b.grad.fill(0)
 
     def _older_by_chunk(self):
         """The older weights the run starts with, {chunk: arrays} (None: PipeDream keeps
@@ -299,8 +305,7 @@ class ContinuousTwoBW(Continuous):
         keep = {id(q): w for q, w in zip(ps, kept or [q.data.copy() for q in ps])}
         self.older.arrays = [keep.get(id(q), w) for q, w in zip(self.t.params, self.older.arrays)]
         super().apply_update(mb, c)
-        for q in ps:
-            q.zero_grad()
+        self._zero_chunk(c)
 
 
 STEP_CLASSES = {"synchronous": Synchronous, "2bw": TwoBW, "pipedream": PipeDream,

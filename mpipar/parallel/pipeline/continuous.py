@@ -30,7 +30,7 @@ class _Lazy:
 class ContinuousRun:
     """One continuous schedule on this rank, run a step at a time (module doc)."""
 
-    def __init__(self, executor, fetch, older=None):
+    def __init__(self, executor, fetch, older=None, zero=True):
         s = executor.schedule
         self.executor, self.schedule, self.m = executor, s, s.microbatches
         # only the ranks with the first chunk (inputs) or the last (targets) read batches
@@ -42,7 +42,7 @@ class ContinuousRun:
         self.st = StepState(_Lazy(fetch, self.m, 0), _Lazy(fetch, self.m, 1), False, scale,
                             executor._receives(x0))
         self.st.stash = VersionStash(s, executor.chunks, older,
-                                     zero_each=s.kind != "pipedream-2bw")
+                                     zero_each=s.kind != "pipedream-2bw" and zero)
 
     @property
     def done(self) -> bool:

@@ -20,7 +20,9 @@ from .versions import weight_versions
 class VersionStash:
     """Weight versions of this rank's chunks (module doc). ``older``: {chunk: arrays} of version
     -1 (2BW's older buffer carried in); ``zero_each``: zero the gradients before each backward
-    (PipeDream: one update per micro-batch) or let them accumulate (2BW: one per step)."""
+    (PipeDream: one update per micro-batch) or let them accumulate (2BW: one per step); a
+    callable ``zero_each(chunk)`` zeroes them its own way (the trainer: one fill per gradient
+    bucket instead of one per parameter)."""
 
     def __init__(self, schedule, chunks: dict, older=None, zero_each=True):
         self.map = {k: v for k, v in weight_versions(schedule).items() if k[1] in chunks}
@@ -28,7 +30,7 @@ class VersionStash:
         self.current = dict.fromkeys(chunks, 0)  # chunk -> UPDATEs done on it
         self.kept = {(c, -1): w for c, w in (older or {}).items() if c in chunks}
         self.saved = {}  # (mb, chunk) -> the arrays its backward runs with
-        self.zero_each = zero_each
+        self.zero = zero_each if callable(zero_each) else self._zero if zero_each else None
         # each chunk's parameters, listed once: a swap per action walked the layers each time
         self.params = {c: ch.params() for c, ch in chunks.items()}
 
@@ -71,9 +73,13 @@ class VersionStash:
         current = [p.data for p in params]
         for p, w in zip(params, self.saved.pop((mb, c))):
             p.data = w
-            if self.zero_each:
-                p.zero_grad()
+        if self.zero is not None:
+            self.zero(c)
         return current
+
+    def _zero(self, c) -> None:
+        for p in self.params[c]:
+            p.zero_grad()
 
     def restore(self, chunk, current) -> None:
         """After BW: the current weights back in place (``swap_in``'s return)."""
