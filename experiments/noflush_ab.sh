@@ -2,10 +2,13 @@
 # Flush against no flush at pp = 2: 1F1B, continuous PipeDream and continuous PipeDream-2BW, all
 # with --layout auto, m = 4 and 8, the tiny GPT and the MLP configs, in interleaved A/B rounds
 # (each round runs every schedule once, in turn, so drift in machine load hits all alike).
-# Then one `mpipar analyze` table over every run: bubble (measured, simulated) and tokens/s.
+# Then one `mpipar analyze` table over every run, and noflush_summary.py: per run the bubble
+# measured and as its calibrated prediction simulates it, the step time measured and predicted,
+# tokens/s, and each continuous run against the 1F1B run of its round, configuration and m.
 #
 # Run alone on the machine: bash experiments/noflush_ab.sh [OUT] [ROUNDS] [STEPS]
-# (defaults /tmp/noflush_ab, 3 rounds, 60 steps: 36 runs, about 12 minutes on 2 idle cores).
+# (defaults /tmp/noflush_ab, 3 rounds, 60 steps: 36 runs, about 35 s a round on 2 idle cores,
+# then about a minute of analysis).
 set -euo pipefail
 OUT=${1:-/tmp/noflush_ab}
 ROUNDS=${2:-3}
@@ -35,3 +38,4 @@ for round in $(seq 1 "$ROUNDS"); do
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 python -m mpipar.cli analyze "$OUT" | sed -n '/^comparison:/,$p'
+python "$HERE/noflush_summary.py" "$OUT"

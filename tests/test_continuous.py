@@ -134,6 +134,7 @@ CASES = [  # (dp, pp, tp, m, kind, mode)
     (1, 4, 1, 6, "pipedream-2bw", "continuous"), (2, 2, 1, 2, "pipedream-2bw", "continuous"),
     (1, 2, 2, 2, "pipedream-2bw", "drains"), (1, 4, 1, 4, "pipedream", "recompute"),
     (1, 2, 1, 3, "pipedream-2bw", "recompute"),
+    (1, 2, 1, 3, "pipedream", "auto"), (1, 4, 1, 3, "pipedream-2bw", "auto"),  # uneven cuts
 ]
 
 

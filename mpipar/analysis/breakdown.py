@@ -25,11 +25,12 @@ All numbers are seconds *per step*, averaged over the measured steps. Definition
   The run's ``bubble`` is the mean over measured steps and ranks. ``bubble_pipeline`` uses the
   pipeline window instead of the whole step (first compute start to last compute end over all
   ranks, excluding ``OPT``), which is what a schedule simulator models; for a continuous
-  schedule (no flush between steps) one window over all measured steps.
+  schedule (no flush between steps) each rank's measured calls (``_continuous_bubble``).
 - **predicted bubble**: see ``mpipar.analysis.predict`` (the simulator on the measured costs).
 - **throughput**: run step time = per step, last ``STEP`` end - first ``STEP`` start over all
-  ranks, averaged; tokens/s = tokens per step / step time; FLOPs per step from
-  ``mpipar.analysis.flops`` (formula there); MFU = FLOP/s / (peak per device x devices), where
+  ranks (a continuous run: the longest rank's own ``STEP``), averaged; tokens/s = tokens per
+  step / step time; FLOPs per step from ``mpipar.analysis.flops`` (formula there); MFU =
+  FLOP/s / (peak per device x devices), where
   devices are the distinct (hostname, device) pairs of the run (8 CPU ranks on one host share
   one "cpu" device, 8 GPU ranks use 8). The peak comes from ``--peak`` (per device) or the
   dump's ``peak_flops`` attribute (a measured GEMM peak); which one is in ``peak_source``.
@@ -229,38 +230,37 @@ def breakdown(run: Run | str, step: int | None = None, peak: float | None = None
     }
 
 
-def _step_times(steps, per) -> np.ndarray:
-    """Per step, first STEP start to last STEP end over all ranks."""
+def _step_times(steps, per, continuous=False) -> np.ndarray:
+    """Per step, first STEP start to last STEP end over all ranks; a continuous run's ranks
+    never meet between steps (one stage runs its call of a step a little ahead of the other's),
+    so there the longest rank's own call."""
     out = []
     for i in range(len(steps)):
         rows = [p[i] for p in per if p[i]]
-        if rows:
+        if rows and continuous:
+            out.append(max(d["hi"] - d["lo"] for d in rows))
+        elif rows:
             out.append(max(d["hi"] for d in rows) - min(d["lo"] for d in rows))
     return np.array(out)
 
 
 def _continuous_bubble(run, per) -> float:
     """The pipeline bubble of a continuous run (PipeDream without a flush): consecutive steps'
-    micro-batches overlap, so a per-step window means nothing. One window over the measured
-    steps' calls (from the first STEP start to the last STEP end, any rank): 1 - each rank's
-    model compute inside it / the span of that compute over all ranks, mean over ranks. By
-    call, not by the step of a micro-batch: the first measured micro-batch's forward runs in
-    the warm-up call before (1F1B starts step k + 1's forwards in step k's call), whose waits
-    are not the measured steps' (``predict_continuous`` simulates it the same way)."""
-    marks = [d for p in per for d in p if d]
-    if not marks:
-        return math.nan
-    lo0, hi0 = min(d["lo"] for d in marks), max(d["hi"] for d in marks)
-    spans, busy = [], []
-    for ev in run.events:
-        e = ev[np.isin(ev["kind"], PIPE_COMPUTE) & (ev["start"] >= lo0) & (ev["end"] <= hi0)]
-        if e.size:
-            spans.append((float(e["start"].min()), float(e["end"].max())))
-            busy.append(float((e["end"] - e["start"]).sum()))
-    if not spans:
-        return math.nan
-    window = max(b for _, b in spans) - min(a for a, _ in spans)
-    return float(np.mean([1.0 - b / window for b in busy])) if window > 0 else math.nan
+    micro-batches overlap and the ranks never meet, so neither a per-step window nor one window
+    over all ranks fits. Per rank, 1 - its model compute inside its measured steps' calls / the
+    calls' total span (between calls: dump flushes, progress lines, not the pipeline's), mean
+    over ranks (``predict_continuous`` simulates the same)."""
+    vals = []
+    for r, ev in enumerate(run.events):
+        calls = [(d["lo"], d["hi"]) for d in per[r] if d]
+        e = ev[np.isin(ev["kind"], PIPE_COMPUTE)]
+        total = sum(hi - lo for lo, hi in calls)
+        if total <= 0:
+            continue
+        busy = sum(float((x["end"] - x["start"]).sum()) for lo, hi in calls
+                   for x in [e[(e["start"] >= lo) & (e["end"] <= hi)]])
+        vals.append(1.0 - busy / total)
+    return float(np.mean(vals)) if vals else math.nan
 
 
 def _pipeline_bubble(steps, per) -> float:
@@ -296,7 +296,7 @@ def _devices(run: Run) -> int:
 
 def _summary(run, steps, per, table, notes, peak) -> dict:
     cfg = run.config
-    step_times = _step_times(steps, per)
+    step_times = _step_times(steps, per, bool(get(cfg, "continuous", False)))
     step_time = float(step_times.mean()) if step_times.size else math.nan
     tokens = _flops.tokens_per_step(cfg)
     fl = _flops.flops_per_step(cfg)

@@ -99,7 +99,7 @@ def predict(run: Run, steps) -> dict:
     if continuous:
         out["predict_note"] += ("continuous schedule: bubble_sim is its lists over the measured "
                                 "steps with mean costs; the calibrated prediction runs them a "
-                                "step at a time, the ranks meeting after each; ")
+                                "step at a time, each rank on its own clock; ")
         if len(replica_keys(run)) > 1:  # replicas meet in every UPDATE's reduction: not modelled
             out["predict_note"] += "no calibrated model of a continuous run with dp or tp > 1"
             return out

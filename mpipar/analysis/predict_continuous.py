@@ -1,16 +1,17 @@
 """The calibrated prediction of a continuous run (PipeDream / 2BW without a flush).
 
-A continuous run's lists span its steps (``Schedule.steps``), but the trainer still calls the
+A continuous run's lists span its steps (``Schedule.steps``), but the trainer calls the
 executor a step at a time (``actions.step_cuts``: step k's call runs a rank's actions up to
-the last one of a step-k micro-batch), and every call ends in the loss all-reduce of the whole
-world: every step, the ranks meet. That meeting is most of a continuous run's bubble (the
-simulation of the lists alone, with nothing between the steps, has 2.7 % at m = 8 where
-PipeDream measured 24.7 %). So the prediction replays the run's lists with those barriers
-(``simulate.simulate_steps``), on costs fitted from the dump (``fit_continuous``: per rank and
-chunk F / B / W and UPDATE, the overhead per action, the p2p latency, the all-reduce, the fixed
-time before and after each call, the compute jitter), and takes what the measurement takes
-(``breakdown._continuous_bubble``): one pipeline window over the model compute of the measured
-steps' calls, and the mean step.
+the last one of a step-k micro-batch). The ranks never meet between calls: each posts its share
+of the loss (and stop) reduction and reads one ``LAG`` steps old (``training/lagged.py``), so
+each rank runs its calls back to back and waits only in its receives. The prediction replays
+the run's lists that way (``simulate.simulate_steps``), on costs fitted from the dump
+(``fit_continuous``: per rank and chunk F / B / W and UPDATE, the overhead per action, the p2p
+latency, the rank's own time in the lagged reduction, the fixed time before and after each
+call and between calls, the compute jitter), and takes what the measurement takes: the step
+is the longest rank's call (``breakdown._step_times``: the ranks' calls of one step are not
+simultaneous, a stage runs a little ahead), the bubble each rank's share of its calls not
+spent in model compute (``breakdown._continuous_bubble``), mean over ranks.
 """
 
 from __future__ import annotations
@@ -65,33 +66,23 @@ def _calls(run: Run, steps):
             yield r, s, lo, hi, np.sort(inside, order="start")
 
 
-def _clock_offsets(run: Run, steps) -> list[float]:
-    """Per world rank, its clock minus rank 0's: the median over steps of the difference of
-    the ends of the step's world collective (every rank leaves it within a message of the
-    others)."""
-    ends = defaultdict(dict)
-    for r, s, _, _, e in _calls(run, steps):
-        coll = e[np.char.startswith(e["kind"].astype(str), "world.")]
-        if coll.size:
-            ends[r][s] = float(coll["end"].max())
-    out = []
-    for r in range(run.world_size):
-        both = [ends[r][s] - ends[0][s] for s in ends[r] if s in ends[0]]
-        out.append(_med(both))
-    return out
-
-
-def _latencies(run: Run, steps, schedule) -> list[float]:
-    """p2p latency per pair of neighbouring ranks. In a continuous run one direction often has
-    no receive that waited for its send (at small m a rank sends its forward a step before the
-    peer takes it): the other direction's minimum, less the clock offset measured at the
-    steps' collectives, bounds the latency. The smaller of the two directions' bounds."""
+def _latencies(run: Run, steps, schedule) -> tuple[list[float], bool]:
+    """(p2p latency per pair of neighbouring ranks, whether some pair had to assume no clock
+    offset). Both directions' minima averaged cancel the ranks' clock offset
+    (``costmodel.transfer_times``); in a continuous run one direction often has no receive that
+    waited for its send (at small m a rank sends its forward a step before the peer takes it),
+    and the ranks never meet to measure the offset at: there the one direction's minimum, the
+    clocks taken as one (each rank starts its clock right after a world barrier)."""
     best = one_way_minima(as_one_step(run, schedule.microbatches, steps), steps[:1], schedule)
-    off = _clock_offsets(run, steps)
-    pairs = defaultdict(list)
+    out, assumed = [], False
     for (a, b), d in best.items():
-        pairs[(min(a, b), max(a, b))].append(d - (off[b] - off[a]))
-    return [max(0.0, min(v)) for v in pairs.values()]
+        if (b, a) in best:
+            if a < b:
+                out.append(max(0.0, (d + best[(b, a)]) / 2))
+        else:
+            out.append(max(0.0, d))
+            assumed = True
+    return out, assumed
 
 
 def in_calls(run: Run, steps) -> tuple[Run, list[int]]:
@@ -128,7 +119,7 @@ def fit_continuous(run: Run, steps, schedule, cuts):
             d = o[o["chunk"] == c]
             upd[(int(run.coords[r, 1]), int(c))].append(float((d["end"] - d["start"]).mean()))
     model.per_unit.update({(p, c, "UPDATE"): float(np.mean(v)) for (p, c), v in upd.items()})
-    over, pre, post, meet = [], [], defaultdict(list), defaultdict(list)
+    over, pre, post, meet, ends = [], [], [], [], defaultdict(list)
     for r, s, lo, hi, e in _calls(run, steps):
         if not e.size:
             continue
@@ -139,37 +130,42 @@ def fit_continuous(run: Run, steps, schedule, cuts):
         if pipe.size and n > 0:
             over.append(_uncovered(pipe["start"], pipe["end"]) / n)
         pre.append(float(e["start"].min()) - lo)
-        post[s].append(hi - float(e["end"].max()))
-        meet[s].append(float((coll["end"] - coll["start"]).sum()))
+        post.append(hi - float(e["end"].max()))
+        ends[r].append((lo, hi))
+        meet.append(float((coll["end"] - coll["start"]).sum()))
     model.overhead = _med(over)
     model.step_pre = _med(pre)
-    # the last rank to arrive waits least: the all-reduce itself, and the rest after it
-    model.sync = _med([min(v) for v in meet.values()])
-    model.step_post = _med([min(v) for v in post.values()])
+    # each rank's own post and read of the lagged reduction: nobody waits for another there
+    model.sync = _med(meet)
+    model.step_post = _med(post)
+    # between a rank's calls (the loop's own work: metrics, progress, dump flushes, counted by
+    # their median): the neighbour waiting for this rank's next message waits through it
+    model.step_gap = _med([b[0] - a[1] for calls in ends.values()
+                           for a, b in zip(sorted(calls), sorted(calls)[1:])])
     ev = np.concatenate(run.events)
     ev = ev[np.isin(ev["step"], steps)]
     model.send_post, model.recv_post = post_costs(ev)
-    lat = _latencies(run, steps, schedule)
+    lat, assumed = _latencies(run, steps, schedule)
     model.latency = _med(lat)
-    notes = [] if lat else ["no messages both ways between two ranks to time: p2p latency 0"]
+    notes = [] if lat else ["no receive waited for its send: p2p latency 0"]
+    if assumed:
+        notes.append("p2p latency of one direction only, the ranks' clocks taken as one")
     return model, notes
 
 
 def _outcome(sim, spans, cuts, steps) -> dict:
-    """{step, bubble, compute}: the measured steps' mean span and one pipeline window over the
-    model compute of their calls (``breakdown._continuous_bubble`` measures the same)."""
+    """{step, bubble, compute} of the measured steps' calls, as ``breakdown`` measures them:
+    the mean over steps of the longest rank's call, and per rank 1 - its model compute in its
+    calls / their total span, mean over ranks."""
     k0, k1 = min(steps), max(steps)
-    busy, lo, hi = [], np.inf, -np.inf
+    busy, bubble = [], []
     for r, tl in enumerate(sim.timeline):
         calls = tl[(cuts[r][k0 - 1] if k0 > 0 else 0):cuts[r][k1]]
-        mine = [(a, b) for a, b, act in calls if act.op in ("F", "B", "W", "BW")]
-        busy.append(sum(b - a for a, b in mine))
-        if mine:
-            lo, hi = min(lo, mine[0][0]), max(hi, max(b for _, b in mine))
-    window = hi - lo
-    return {"step": float(np.mean([spans[s] for s in steps])),
-            "bubble": float(np.mean([1 - b / window for b in busy])) if window > 0 else 0.0,
-            "compute": busy}
+        busy.append(sum(b - a for a, b, act in calls if act.op in ("F", "B", "W", "BW")))
+        total = sum(spans[r][k] for k in steps)
+        bubble.append(1 - busy[-1] / total if total > 0 else 0.0)
+    return {"step": float(np.mean([max(sp[k] for sp in spans) for k in steps])),
+            "bubble": float(np.mean(bubble)), "compute": busy}
 
 
 def _model(run: Run, steps, kind: str, pp: int, m: int) -> tuple:
@@ -213,7 +209,7 @@ def calibrated_continuous(run: Run, steps, kind: str, pp: int, m: int) -> dict:
             "compute": compute.tolist(),
             "model": {k: getattr(model, k) for k in (
                 "overhead", "send_post", "recv_post", "latency", "sync", "step_pre",
-                "step_post", "default_bytes")} | {
+                "step_post", "step_gap", "default_bytes")} | {
                 "samples": model.samples if model.jitter else 1,
                 "jitter_cv": float(np.std(model.jitter)) if model.jitter else 0.0},
             "mean_costs": {"step_time": whole["step"], "bubble": whole["bubble"]},

@@ -183,7 +183,7 @@ def prediction_text(result: dict) -> str:
               f"compute jitter cv {m.get('jitter_cv', 0.0):.3f} ({m.get('samples', 1)} draws)")
     if pr.get("continuous_steps"):
         fitted += (f"\n  continuous: its lists over {pr['continuous_steps']} steps, run a step at "
-                   "a time, the ranks meeting in each step's all-reduce")
+                   "a time, each rank's calls back to back (no meeting between steps)")
     table = _table(["predicted vs measured", "measured", "predicted", "diff"], rows)
     return "  calibrated cost model (fitted from unit durations, mpipar.analysis.costmodel):\n" + \
         "\n".join("  " + line for line in table.splitlines()) + "\n" + fitted + \

@@ -257,7 +257,13 @@ class Continuous(PipeDream):
             q.zero_grad()
         older = self._older_by_chunk()
         self.start_step, self._fed = t.step, {}
-        return ContinuousRun(ex, self._feed, older=older)
+        return ContinuousRun(ex, self._feed, older=older, zero=self._zero_chunk)
+
+    def _zero_chunk(self, c) -> None:
+        """Chunk c's gradients zeroed: one fill per bucket of ``GradSync``, which holds every
+        parameter's gradient as a view (as ``GradSync.zero_grads`` relies on)."""
+        for b in self.t.sync.buckets[c]:
+            b.grad.fill(0)
 
     def _older_by_chunk(self):
         """The older weights the run starts with, {chunk: arrays} (None: PipeDream keeps
@@ -290,13 +296,16 @@ class ContinuousTwoBW(Continuous):
 
     def apply_update(self, mb, c):
         """mb is its step's last; the step's gradient (taken on the older buffer) goes to the
-        current weights, which first become the chunk's older buffer."""
+        current weights, which first become the chunk's older buffer: the stash's copy of them
+        when the next step's forwards kept one (never written to: a stashed version is only
+        swapped in), else a copy."""
         ps = self.t.chunks[c].params()
-        keep = {id(q): q.data.copy() for q in ps}
+        stash = self.segment.st.stash if self.segment is not None else None
+        kept = stash.kept.get((c, stash.current[c] - 1)) if stash is not None else None
+        keep = {id(q): w for q, w in zip(ps, kept or [q.data.copy() for q in ps])}
         self.older.arrays = [keep.get(id(q), w) for q, w in zip(self.t.params, self.older.arrays)]
         super().apply_update(mb, c)
-        for q in ps:
-            q.zero_grad()
+        self._zero_chunk(c)
 
 
 STEP_CLASSES = {"synchronous": Synchronous, "2bw": TwoBW, "pipedream": PipeDream,

@@ -5,7 +5,8 @@ usage: pipedream_equiv.py DATA.h5 DP PP TP MICROBATCHES [KIND [MODE]]
 KIND: pipedream (default) or pipedream-2bw. MODE: ``step`` (a flush after every step, the
 default), ``continuous`` (no flush: one continuous schedule for all STEPS steps), ``vsync``
 (continuous with vertical sync), ``drains`` (continuous, drained after step 1 as before an
-evaluation or a checkpoint), ``recompute`` (continuous, with full recomputation).
+evaluation or a checkpoint), ``recompute`` (continuous, with full recomputation), ``auto``
+(continuous, stages cut by ``parallel.layout = "auto"``).
 The replay (world rank 0, no MPI) applies the rules the schedule implies: micro-batch j runs
 chunk c forward and backward with weight version ``weight_versions(schedule)[(j, c)]`` (weight
 stashing) and its gradient, averaged over dp replicas, updates chunk c at the schedule's UPDATE
@@ -31,7 +32,7 @@ from mpipar.training import Batches, Trainer, stage_bounds, step_lr
 
 STEPS = 4
 SEGMENTS = {"step": [1] * STEPS, "continuous": [STEPS], "vsync": [STEPS], "drains": [2, 2],
-            "recompute": [STEPS]}
+            "recompute": [STEPS], "auto": [STEPS]}
 
 
 def make_cfg(data, dp, pp, tp, m, kind="pipedream", mode="step"):
@@ -42,6 +43,7 @@ def make_cfg(data, dp, pp, tp, m, kind="pipedream", mode="step"):
         "parallel.schedule": kind, "parallel.microbatches": m, "run.trace": False,
         "parallel.continuous": mode != "step", "parallel.vertical_sync": mode == "vsync",
         "parallel.recompute": mode == "recompute",
+        "parallel.layout": "auto" if mode == "auto" else "",
         "data.path": data, "model.n_layer": 4, "model.n_embd": 16, "model.n_head": 4,
         "model.block_size": 8, "model.init_std": 0.2})
 

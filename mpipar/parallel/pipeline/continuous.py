@@ -5,7 +5,8 @@ of step k (``actions.step_cuts``; the forwards of later steps' micro-batches tha
 early included), keeping every activation, gradient, posted receive and weight version
 (``stash.VersionStash``) between calls. ``fetch(step)`` hands over that step's micro-batches
 when a forward first needs them: the trainer feeds step k+1 while step k's micro-batches are
-still in flight.
+still in flight; ``run_step(k)`` reads steps k and k + 1 before its first action (the call
+may start step k + 1's forwards), so a batch read is never timed as a forward or a loss.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ class _Lazy:
 class ContinuousRun:
     """One continuous schedule on this rank, run a step at a time (module doc)."""
 
-    def __init__(self, executor, fetch, older=None):
+    def __init__(self, executor, fetch, older=None, zero=True):
         s = executor.schedule
         self.executor, self.schedule, self.m = executor, s, s.microbatches
+        # only the ranks with the first chunk (inputs) or the last (targets) read batches
+        self.fetch = fetch if {0, executor.last} & set(executor.chunks) else None
         self.cuts = step_cuts(s, executor.actions)
         self.next_step, self.pos = 0, 0
         scale = 1.0 / s.microbatches if s.kind == "pipedream-2bw" else 1.0
@@ -39,7 +42,7 @@ class ContinuousRun:
         self.st = StepState(_Lazy(fetch, self.m, 0), _Lazy(fetch, self.m, 1), False, scale,
                             executor._receives(x0))
         self.st.stash = VersionStash(s, executor.chunks, older,
-                                     zero_each=s.kind != "pipedream-2bw")
+                                     zero_each=s.kind != "pipedream-2bw" and zero)
 
     @property
     def done(self) -> bool:
@@ -52,6 +55,9 @@ class ContinuousRun:
         before the next step's begin on the rank holding the loss)."""
         k = self.next_step
         ex, st = self.executor, self.st
+        for j in (k, k + 1):  # read before the actions, so no F or LOSS region times a read
+            if self.fetch is not None and j < self.schedule.steps:
+                self.fetch(j)
         tracer = ex.tracer
         base = tracer.step if tracer is not None else 0
         for a in ex.actions[self.pos:self.cuts[k]]:

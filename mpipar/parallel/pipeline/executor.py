@@ -170,6 +170,10 @@ class PipelineExecutor:
         x = self._chunk_input(st, mb, c)
         clock = self._clock
         if st.stash is not None:
+            if st.stash.copies(mb, c):  # the copy of a version is the stash's work, not F's
+                self._stash_work(mb, c, st.stash.keep, mb, c, chunk)
+            else:
+                st.stash.keep(mb, c, chunk)
             with clock("F", mb, c) if clock else nullcontext(), st.stash.forward(mb, c, chunk):
                 y = chunk.forward(x, mb)
         elif clock is None:
@@ -224,8 +228,9 @@ class PipelineExecutor:
             st.grads_out[(mb, c)] = dx
 
     def _stash_work(self, mb, c, work, *args):
-        """A weight-version action of an asynchronous run (the swap to a stashed version and
-        gradient zeroing before BW, the copy of a version an UPDATE ends), timed as STASH."""
+        """A weight-version action of an asynchronous run (the copy of a version before F or
+        when an UPDATE ends it, the swap to a stashed version and gradient zeroing before BW),
+        timed as STASH."""
         if self._clock is None:
             return work(*args)
         with self._clock("STASH", mb, c):

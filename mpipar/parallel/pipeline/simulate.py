@@ -44,7 +44,9 @@ class CostModel:
     chunk's last weight pass ends (``dp_overlap``) or after the rank's last action; reductions of
     one rank run one after another. ``sync``: the collective all ranks meet at after the pipeline
     (gradient norm). ``optimizer[rank]``: the optimizer step. ``step_pre`` / ``step_post``: fixed
-    time before the first action and after the optimizer (batch fetch, loss all-reduce, ...).
+    time before the first action and after the optimizer (batch fetch, loss all-reduce, ...);
+    ``step_gap``: a continuous run's time between one call and the next on a rank (the training
+    loop's own work), which a neighbour waiting for this rank's messages sees.
     ``jitter``: multipliers (mean 1) that one compute's duration takes around its cost, as
     sampled from a dump (``costmodel.jitter``); ``simulate(..., draw=k)`` gives every compute
     one drawn at random (seed k); a prediction averages ``samples`` such draws.
@@ -65,6 +67,7 @@ class CostModel:
     optimizer: dict = field(default_factory=dict)
     step_pre: float = 0.0
     step_post: float = 0.0
+    step_gap: float = 0.0
     jitter: tuple = ()
     samples: int = 32
 
@@ -221,38 +224,44 @@ class _Timed(Replay):
 
 class _Stepped(_Timed):
     """``_Timed`` over a continuous schedule run a step at a time: rank r's call k runs its
-    actions (in ``order[r]``) up to ``cuts[r][k]``, and all ranks then meet (the step's world
-    collective, ``sync``) before any starts call k + 1 (after ``step_post`` + ``step_pre``)."""
+    actions (in ``order[r]``) up to ``cuts[r][k]``, then posts and reads its share of the lagged
+    loss reduction (``sync``, on its own clock: the ranks never meet there,
+    ``training/lagged.py``), and after ``step_post``, ``step_gap`` (between the calls) and
+    ``step_pre`` starts call k + 1. Ranks
+    wait for one another only in their receives, as the executor does."""
 
     def __init__(self, s: Schedule, model: CostModel, order, cuts, draw=None):
         super().__init__(s, model, draw)
-        self.streams, self.cuts, self.k = order, cuts, 0
-        self.spans, self.call_start = [], 0.0  # per call: its span, barrier to barrier
+        self.streams, self.cuts = order, cuts
+        self.k = [0] * len(order)  # each rank's call in progress
+        self.spans = [[] for _ in order]  # per rank, per call: its span, start to end
+        self.call_start = [0.0] * len(order)
 
     def can_run(self, r: int, a: Action) -> bool:
-        return self.pos[r] < self.cuts[r][self.k] and super().can_run(r, a)
+        k = self.k[r]
+        return k < len(self.cuts[r]) and self.pos[r] < self.cuts[r][k] and super().can_run(r, a)
 
     def before_round(self) -> bool:
-        if self.k >= len(self.cuts[0]) or any(
-                self.pos[r] < self.cuts[r][self.k] for r in range(len(self.streams))):
-            return False
-        m = self.model
-        meet = max(self.now) + m.sync
-        self.spans.append(meet + m.step_post - self.call_start)
-        self.call_start = meet + m.step_post
-        self.now = [self.call_start + m.step_pre] * len(self.streams)
-        self.k += 1
-        return True
+        m, moved = self.model, False
+        for r in range(len(self.streams)):
+            while self.k[r] < len(self.cuts[r]) and self.pos[r] >= self.cuts[r][self.k[r]]:
+                end = self.now[r] + m.sync + m.step_post
+                self.spans[r].append(end - self.call_start[r])
+                self.call_start[r] = end + m.step_gap
+                self.now[r] = end + m.step_gap + m.step_pre
+                self.k[r] += 1
+                moved = True
+        return moved
 
 
 def simulate_steps(s: Schedule, model: CostModel, order, cuts, draw=None) -> tuple:
-    """(``SimResult`` with the timeline, [span of each step's call]) of continuous schedule
-    ``s`` run a step at a time (``_Stepped``; ``order[r]``: rank r's actions as its executor
-    runs them, ``cuts[r]``: ``continuous.step_cuts`` of them)."""
+    """(``SimResult`` with the timeline, per rank [span of each of its calls]) of continuous
+    schedule ``s`` run a step at a time (``_Stepped``; ``order[r]``: rank r's actions as its
+    executor runs them, ``cuts[r]``: ``continuous.step_cuts`` of them)."""
     model = as_model(model)
     sim = _Stepped(s, model, order, cuts, draw)
     sim.play()
-    makespan = max(sim.now) if s.pp else 0.0
+    makespan = max(sim.call_start) - model.step_gap if s.pp else 0.0  # the last call's end
     per_rank = [(makespan - b) / makespan if makespan > 0 else 0.0 for b in sim.busy]
     return SimResult(makespan=makespan, busy=sim.busy,
                      bubble_fraction=sum(per_rank) / s.pp if s.pp else 0.0,

@@ -20,7 +20,9 @@ from .versions import weight_versions
 class VersionStash:
     """Weight versions of this rank's chunks (module doc). ``older``: {chunk: arrays} of version
     -1 (2BW's older buffer carried in); ``zero_each``: zero the gradients before each backward
-    (PipeDream: one update per micro-batch) or let them accumulate (2BW: one per step)."""
+    (PipeDream: one update per micro-batch) or let them accumulate (2BW: one per step); a
+    callable ``zero_each(chunk)`` zeroes them its own way (the trainer: one fill per gradient
+    bucket instead of one per parameter)."""
 
     def __init__(self, schedule, chunks: dict, older=None, zero_each=True):
         self.map = {k: v for k, v in weight_versions(schedule).items() if k[1] in chunks}
@@ -28,7 +30,9 @@ class VersionStash:
         self.current = dict.fromkeys(chunks, 0)  # chunk -> UPDATEs done on it
         self.kept = {(c, -1): w for c, w in (older or {}).items() if c in chunks}
         self.saved = {}  # (mb, chunk) -> the arrays its backward runs with
-        self.zero_each = zero_each
+        self.zero = zero_each if callable(zero_each) else self._zero if zero_each else None
+        # each chunk's parameters, listed once: a swap per action walked the layers each time
+        self.params = {c: ch.params() for c, ch in chunks.items()}
 
     def _weights(self, c, v, chunk):
         if (c, v) not in self.kept:
@@ -36,40 +40,50 @@ class VersionStash:
                 raise ScheduleError(f"F of chunk {c} needs weight version {v}, which this rank "
                                     f"no longer holds or has not made (it is at "
                                     f"{self.current[c]})")
-            self.kept[(c, v)] = [p.data.copy() for p in chunk.params()]
+            self.kept[(c, v)] = [p.data.copy() for p in self.params[c]]
         return self.kept[(c, v)]
 
-    @contextmanager
-    def forward(self, mb, c, chunk):
-        """F(mb, c) with its version's weights; stashes them for its backward."""
+    def copies(self, mb, c) -> bool:
+        """Whether ``keep(mb, c)`` copies a version (the executor times that copy as STASH)."""
+        return (c, self.map[(mb, c)]) not in self.kept
+
+    def keep(self, mb, c, chunk) -> None:
+        """Before F(mb, c): stash its version's weights for its backward (copied when the rank
+        holds no copy of that version yet: an UPDATE comes before the backward)."""
         v = self.map[(mb, c)]
-        w = self._weights(c, v, chunk)
-        self.saved[(mb, c)] = w
+        self.saved[(mb, c)] = self._weights(c, v, chunk)
         self.uses[(c, v)] -= 1
         if not self.uses[(c, v)]:
             del self.kept[(c, v)]  # the stash holds it until the backward
-        if v == self.current[c]:  # the current weights are the version: no swap
+
+    @contextmanager
+    def forward(self, mb, c, chunk):
+        """F(mb, c) with the weights ``keep`` stashed for it (swapped in unless current)."""
+        if self.map[(mb, c)] == self.current[c]:  # the current weights are the version
             yield
             return
-        with _swapped(chunk.params(), w, zero=False):
+        with _swapped(self.params[c], self.saved[(mb, c)], zero=False):
             yield
 
     def swap_in(self, mb, c, chunk) -> list:
         """Before BW(mb, c): put in the weights F(mb, c) ran with (and zero the gradients when
         each micro-batch updates on its own). Returns the arrays ``restore`` puts back after
         the backward. Kept apart from the backward so the executor times it on its own."""
-        params = chunk.params()
+        params = self.params[c]
         current = [p.data for p in params]
         for p, w in zip(params, self.saved.pop((mb, c))):
             p.data = w
-            if self.zero_each:
-                p.zero_grad()
+        if self.zero is not None:
+            self.zero(c)
         return current
 
-    @staticmethod
-    def restore(chunk, current) -> None:
+    def _zero(self, c) -> None:
+        for p in self.params[c]:
+            p.zero_grad()
+
+    def restore(self, chunk, current) -> None:
         """After BW: the current weights back in place (``swap_in``'s return)."""
-        for p, w in zip(chunk.params(), current):
+        for p, w in zip(self.params[chunk.index], current):
             p.data = w
 
     def updating(self, c, chunk):
@@ -77,7 +91,7 @@ class VersionStash:
         needs it (2BW: the next step's forwards on the last stages; vertical sync)."""
         v = self.current[c]
         if self.uses[(c, v)] > 0 and (c, v) not in self.kept:
-            self.kept[(c, v)] = [p.data.copy() for p in chunk.params()]
+            self.kept[(c, v)] = [p.data.copy() for p in self.params[c]]
         self.current[c] = v + 1
 
 

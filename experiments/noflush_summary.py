@@ -1,0 +1,86 @@
+"""The flush / no-flush comparison of ``noflush_ab.sh``, per configuration and round.
+
+usage: python experiments/noflush_summary.py OUT
+
+For every run ``OUT/r<round>_<cfg>_m<m>_<schedule>`` it reads the dump (``mpipar.analysis``)
+and prints the measured bubble (each rank's share of its step not in model compute, mean over
+ranks), the pipeline bubble (``b_calls``; a continuous run: the same over each rank's calls)
+and its calibrated prediction (a continuous run: ``predict_continuous``, the simulation on the
+costs fitted from that dump), the step time
+measured and predicted, and tokens/s; a continuous row also its bubble and tokens/s against
+the 1F1B run of the same round, configuration and m, and whether it meets the bar: bubble at
+least ``BUBBLE_GAIN`` below 1F1B's and within ``PRED_TOL`` of its own prediction, tokens/s at
+least ``SPEED_GAIN`` above 1F1B's.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from pathlib import Path
+
+from mpipar.analysis import breakdown
+
+BUBBLE_GAIN, PRED_TOL, SPEED_GAIN = 0.03, 0.015, 0.05
+NAME = re.compile(r"r(\d+)_(\w+?)_m(\d+)_(.+)$")
+
+
+def rows(out: Path) -> list[dict]:
+    found = []
+    for d in sorted(out.iterdir()):
+        m = NAME.match(d.name)
+        if not (m and (d / "trace.h5").exists()):
+            continue
+        s = breakdown(str(d / "trace.h5"))["summary"]
+        found.append({"round": int(m[1]), "cfg": m[2], "m": int(m[3]), "sched": m[4],
+                      "bubble": s["bubble"], "bubble_pipe": s["bubble_pipeline"],
+                      "bubble_pred": _num(s.get("bubble_pred")),
+                      "step_ms": 1e3 * s["step_time"],
+                      "step_pred_ms": 1e3 * _num(s.get("step_time_pred")),
+                      "tok_s": s["tokens_per_s"]})
+    return found
+
+
+def _num(x) -> float:
+    return float(x) if isinstance(x, (int, float)) else math.nan
+
+
+def verdicts(found: list[dict]) -> None:
+    """Adds, to each continuous row, its gains over the matching 1F1B row and the verdict."""
+    base = {(r["round"], r["cfg"], r["m"]): r for r in found if r["sched"] == "1f1b"}
+    for r in found:
+        ref = base.get((r["round"], r["cfg"], r["m"]))
+        if r["sched"] == "1f1b" or ref is None:
+            continue
+        r["d_bubble"] = r["bubble"] - ref["bubble"]
+        r["speedup"] = r["tok_s"] / ref["tok_s"] - 1
+        # the prediction simulates a continuous run's bubble over its calls (bubble_pipe)
+        r["ok"] = (r["d_bubble"] <= -BUBBLE_GAIN and r["speedup"] >= SPEED_GAIN
+                   and abs(r["bubble_pred"] - r["bubble_pipe"]) <= PRED_TOL)
+
+
+def pct(x) -> str:
+    return "" if x is None or math.isnan(x) else f"{100 * x:.1f}%"
+
+
+def main(out: Path) -> None:
+    found = rows(out)
+    verdicts(found)
+    head = (f"{'run':34s} {'bubble':>7s} {'b_calls':>7s} {'b_pred':>7s} {'step_ms':>8s} "
+            f"{'pred_ms':>8s} {'tok/s':>9s} {'d_bub':>7s} {'speedup':>8s}  bar")
+    print(head)
+    print("-" * len(head))
+    for r in found:
+        name = f"r{r['round']}_{r['cfg']}_m{r['m']}_{r['sched']}"
+        print(f"{name:34s} {pct(r['bubble']):>7s} {pct(r['bubble_pipe']):>7s} "
+              f"{pct(r['bubble_pred']):>7s} {r['step_ms']:8.2f} {r['step_pred_ms']:8.2f} "
+              f"{r['tok_s']:9.3e} {pct(r.get('d_bubble')):>7s} {pct(r.get('speedup')):>8s}  "
+              f"{'' if 'ok' not in r else ('met' if r['ok'] else 'not met')}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or not Path(sys.argv[1]).is_dir():
+        sys.exit("usage: python experiments/noflush_summary.py OUT (the folder noflush_ab.sh "
+                 "wrote)")
+    main(Path(sys.argv[1]))

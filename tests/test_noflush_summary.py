@@ -1,0 +1,34 @@
+"""experiments/noflush_summary.py: each continuous run judged against its round's 1F1B run."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+
+import noflush_summary  # noqa: E402
+
+
+def _row(sched, bubble, tok_s, pipe=None, pred=None, rnd=1, cfg="tiny", m=4):
+    return {"round": rnd, "cfg": cfg, "m": m, "sched": sched, "bubble": bubble,
+            "bubble_pipe": bubble if pipe is None else pipe,
+            "bubble_pred": bubble if pred is None else pred, "tok_s": tok_s}
+
+
+def test_a_continuous_run_meets_the_bar_only_on_all_three_counts():
+    rows = [_row("1f1b", 0.28, 100.0),
+            _row("pipedream-2bw-cont", 0.15, 115.0, pipe=0.153, pred=0.145),  # meets
+            _row("pipedream-cont", 0.21, 104.0),  # tokens/s only 4 % above
+            _row("pipedream-cont", 0.26, 110.0, m=4, rnd=1, cfg="tiny"),  # bubble 2 points
+            _row("pipedream-2bw-cont", 0.15, 115.0, pipe=0.153, pred=0.12),  # prediction off
+            _row("pipedream-2bw-cont", 0.10, 200.0, rnd=2)]  # no 1F1B in its round: no verdict
+    noflush_summary.verdicts(rows)
+    assert [r.get("ok") for r in rows] == [None, True, False, False, False, None]
+    assert abs(rows[1]["d_bubble"] + 0.13) < 1e-12 and abs(rows[1]["speedup"] - 0.15) < 1e-12
+
+
+def test_the_folder_is_read_by_run_name(tmp_path, capsys):
+    (tmp_path / "r1_tiny_m4_1f1b").mkdir()  # no dump inside: skipped, not a crash
+    (tmp_path / "pattern.h5").write_bytes(b"")
+    assert noflush_summary.rows(tmp_path) == []
+    noflush_summary.main(tmp_path)
+    assert "speedup" in capsys.readouterr().out
