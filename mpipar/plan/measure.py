@@ -4,9 +4,10 @@ It writes the schema of the bundled specs (``plan/clusters/*.toml``, read by ``c
 every number measured here, none taken from a datasheet:
 
 - ``[gemm]`` and ``[peak_tflops]``: one rank's square matrix-product rate r(n) = 2 n^3 / t at
-  several sizes n, fitted to the bundled form r(n) = R n / (n + half_dim) (least squares on
-  1/r = 1/R + (half_dim / R) / n); R is written as the peak and ``max_efficiency`` = 1, so
-  ``Cluster.gemm_efficiency`` reproduces the fit. ``sms = 1`` and a 1 x 1 tile: no wave
+  several sizes n, fitted to the bundled form r(n) = R n / (n + half_dim) (``fit_gemm``: least
+  absolute log error, robust to one size slowed by load); R is written as the peak and
+  ``max_efficiency`` = 1, so ``Cluster.gemm_efficiency`` reproduces the fit. ``sms = 1`` and
+  a 1 x 1 tile: no wave
   quantization on a CPU. fp32 sets ``half_dim``; fp64 is measured for its own peak.
 - ``[hbm]``: ``bandwidth_gbs`` the element-wise rate (c = a + b on arrays far beyond the
   caches: 3 arrays of bytes moved per pass), ``capacity_gb`` the node's physical memory.
@@ -18,6 +19,8 @@ every number measured here, none taken from a datasheet:
 - ``[executor]``: the fitted per-action overhead, send/receive posting, the gradient-norm
   collective and fixed per-step costs of a tiny traced pp = 2 training run
   (``mpipar.analysis.costmodel.fit``): the executor's own cost, what no FLOP count gives.
+- ``[units]``: mpipar's own GPT block, head, embedding and MLP unit timed at a tiny and a
+  reference shape (``plan.unit_bench``): the per-call floor and the element-wise factors.
 - ``cores_per_rank``, ``workspace_gb`` (the resident size of a Python process with NumPy).
 """
 
@@ -64,13 +67,20 @@ def gemm_rates(sizes, dtype, budget: float) -> list[tuple[int, float]]:
 
 
 def fit_gemm(rates) -> tuple[float, float]:
-    """(R FLOP/s, half_dim) of r(n) = R n / (n + half_dim), least squares on 1/r against 1/n."""
-    x = np.array([1.0 / n for n, _ in rates])
-    y = np.array([1.0 / r for _, r in rates])
-    slope, icpt = np.polyfit(x, y, 1)
-    if icpt <= 0:  # rates still rising at the largest size: the largest is the best estimate
-        return max(r for _, r in rates), 1.0
-    return 1.0 / icpt, max(float(slope / icpt), 1.0)
+    """(R FLOP/s, half_dim) of r(n) = R n / (n + half_dim): for each half_dim on a fine log
+    grid, R the median of r / (n / (n + half_dim)), and the pair with the least sum of
+    |log(measured / fitted)|: one size slowed by a neighbour's load moves it little (a least-
+    squares fit let one slow large size halve R)."""
+    n = np.array([x for x, _ in rates], float)
+    r = np.array([y for _, y in rates], float)
+    best = (np.inf, float(r.max()), 1.0)
+    for h in np.geomspace(0.1, 1e5, 4000):
+        g = n / (n + h)
+        big = float(np.median(r / g))
+        cost = float(np.abs(np.log(r / (big * g))).sum())
+        if cost < best[0]:
+            best = (cost, big, float(h))
+    return best[1], best[2]
 
 
 def memory_rate(elements: int, budget: float) -> float:
@@ -154,23 +164,45 @@ def executor_costs(quick: bool, timeout: float) -> dict:
             "step_pre_us": model.step_pre, "step_post_us": model.step_post}
 
 
+def local_rates(quick: bool) -> dict:
+    """{"fp32": [(n, FLOP/s)], "fp64": [...], "mem": bytes/s} in this process."""
+    budget = 0.05 if quick else 0.5
+    sizes = QUICK_SIZES if quick else SIZES
+    from .unit_bench import measure_units
+
+    return {"fp32": gemm_rates(sizes, np.float32, budget),
+            "fp64": gemm_rates(sizes, np.float64, budget),
+            "mem": memory_rate(1 << (20 if quick else 24), budget),
+            "units": measure_units(quick)}
+
+
+def _local_rates_one_thread(quick: bool, timeout: float) -> dict:
+    """``local_rates`` in a child process started with one BLAS thread: a training rank's
+    share on a node it fills (``mpipar.threads``); BLAS reads its thread count at import."""
+    import json
+
+    code = ("import json; from mpipar.plan.measure import local_rates; "
+            f"print(json.dumps(local_rates({quick})))")
+    got = json.loads(_run([sys.executable, "-c", code], timeout, "the rate measurement"))
+    return {k: [tuple(x) for x in v] if isinstance(v, list) else v for k, v in got.items()}
+
+
 def measure(ranks: int = 2, inter_node: bool = False, quick: bool = False,
             timeout: float = 120.0, say=print) -> dict:
     """Everything the spec holds, as {section: {key: value}} (values in the file's units)."""
     if ranks < 2:
         raise PlanError(f"--ranks {ranks}: links need two ranks at least; pass --ranks 2")
-    os.environ.update(THREAD_ENV)  # one rank's rate: one BLAS thread, as a training rank runs
-    budget = 0.05 if quick else 0.5
     sizes = QUICK_SIZES if quick else SIZES
-    say(f"matrix products, n = {', '.join(map(str, sizes))} ...")
-    r32 = gemm_rates(sizes, np.float32, budget)
-    r64 = gemm_rates(sizes, np.float64, budget)
+    say(f"matrix products, n = {', '.join(map(str, sizes))}, one BLAS thread ...")
+    rates = _local_rates_one_thread(quick, timeout)
+    r32, r64, mem, units = rates["fp32"], rates["fp64"], rates["mem"], rates["units"]
     peak32, half = fit_gemm(r32)
     peak64, _ = fit_gemm(r64)
     say("  fp32 " + ", ".join(f"n={n} {r / 1e9:.2f}" for n, r in r32) + " GFLOP/s; fitted "
         f"R {peak32 / 1e9:.2f} GFLOP/s, half_dim {half:.1f}")
     say("  fp64 " + ", ".join(f"n={n} {r / 1e9:.2f}" for n, r in r64) + " GFLOP/s")
-    mem = memory_rate(1 << (20 if quick else 24), budget)
+    say("model units (us; floor / reference shape, plan/unit_bench.py): " + ", ".join(
+        f"{k} {v * 1e6:.0f}" for k, v in units.items() if k.startswith("ref_")))
     say(f"element-wise c = a + b: {mem / 1e9:.2f} GB/s")
     say(f"p2p and all-reduce over {ranks} ranks (commbench) ...")
     intra = links(ranks, False, quick, timeout)
@@ -197,6 +229,7 @@ def measure(ranks: int = 2, inter_node: bool = False, quick: bool = False,
         "gemm": {"sms": 1, "tile_rows": 1, "tile_cols": 1, "max_efficiency": 1.0,
                  "half_dim": half},
         "executor": {k: max(v * 1e6, 1e-3) for k, v in ex.items()},  # > 0: the schema
+        "units": {f"{k}_us": max(v * 1e6, 1e-3) for k, v in units.items()},
         "_inter_measured": inter is not None,
         "_rates": {"fp32": r32, "fp64": r64},
     }
@@ -228,7 +261,7 @@ def to_toml(spec: dict) -> str:
         f"workspace_gb = {spec['workspace_gb']:.4g}   # resident size of Python + NumPy",
     ]
     for sec in ("peak_tflops", "hbm", "intra_node", "inter_node", "collective", "gemm",
-                "executor"):
+                "executor", "units"):
         lines.append("")
         if sec == "inter_node" and not spec["_inter_measured"]:
             lines.append("# NOT measured across nodes: a copy of [intra_node] "

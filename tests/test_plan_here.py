@@ -1,0 +1,102 @@
+"""``mpipar.plan.here``: a run planned from a cluster spec, through the calibrated path's model."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpipar.analysis.memory_model import predict_run
+from mpipar.parallel.pipeline.formulas import textbook_bubble
+from mpipar.plan import PlanError, load_cluster
+from mpipar.plan.here import calibration, phase_times, planned, unit_costs
+
+SPEC = """
+name = "test"
+gpus_per_node = 4
+workspace_gb = 0.1
+[peak_tflops]
+fp32 = 0.05
+[hbm]
+capacity_gb = 16.0
+bandwidth_gbs = 10.0
+efficiency = 1.0
+[intra_node]
+bandwidth_gbs = 1e9
+latency_us = 0.001
+efficiency = 1.0
+[inter_node]
+bandwidth_gbs = 1.0
+latency_us = 50.0
+efficiency = 1.0
+[gemm]
+sms = 1
+tile_rows = 1
+tile_cols = 1
+max_efficiency = 1.0
+half_dim = 16.0
+"""
+
+
+def _cluster(tmp_path, extra=""):
+    path = tmp_path / "spec.toml"
+    path.write_text(SPEC + extra)
+    return load_cluster(str(path))
+
+
+def _mlp(schedule="1f1b", m=4, **par):
+    return {"model": {"kind": "mlp", "sizes": [64] * 5},
+            "train": {"batch_size": 512, "dtype": "float32"},
+            "parallel": {"schedule": schedule, "microbatches": m, **par}}
+
+
+def test_equal_stages_give_the_closed_form_bubble(tmp_path):
+    """An MLP of equal layers over pp = 2, no executor costs: the planned pipeline bubble is the
+    textbook (p-1)/(m+p-1) (to the 1e-9 s p2p latency), from the same simulator the calibrated
+    column runs."""
+    got = planned(_mlp(), {"dp": 1, "pp": 2, "tp": 1}, _cluster(tmp_path))
+    assert got["bubble"] == pytest.approx(textbook_bubble("1f1b", 2, 4), abs=1e-5)
+    assert len(got["compute"]) == 2 and got["compute"][0] == pytest.approx(got["compute"][1])
+    assert got["step"] > 0
+
+
+def test_planned_memory_is_the_memory_model(tmp_path):
+    cfg, grid = _mlp("gpipe", 4), {"dp": 2, "pp": 2, "tp": 1}
+    got = planned(cfg, grid, _cluster(tmp_path))
+    assert got["memory"] == [r["total"] for r in predict_run(cfg, grid)]
+
+
+def test_recomputation_and_dp_cost_more(tmp_path):
+    gpt = {"model": {"kind": "gpt", "vocab_size": 256, "block_size": 32, "n_layer": 2,
+                     "n_embd": 32, "n_head": 2},
+           "train": {"batch_size": 8, "seq_len": 32, "dtype": "float32"},
+           "parallel": {"schedule": "1f1b", "microbatches": 2}}
+    c = _cluster(tmp_path)
+    base = planned(gpt, {"dp": 1, "pp": 1, "tp": 1}, c)
+    full = planned({**gpt, "parallel": {**gpt["parallel"], "recompute": "full"}},
+                   {"dp": 1, "pp": 1, "tp": 1}, c)
+    assert full["compute"][0] > base["compute"][0]
+    two = planned(gpt, {"dp": 2, "pp": 1, "tp": 1}, c)
+    assert two["comm"][0] > base["comm"][0]  # the gradient all-reduce
+
+
+def test_unit_calibration_reproduces_the_reference(tmp_path):
+    """A [units] section: the reference shape's phases come out as written there."""
+    from mpipar.plan.unit_bench import REF
+
+    width, rows = REF["mlp"]
+    extra = ("\n[units]\nfloor_linear_f_us = 5.0\nfloor_linear_b_us = 6.0\n"
+             "floor_linear_w_us = 4.0\nref_linear_f_us = 900.0\n"
+             "ref_linear_b_us = 1500.0\nref_linear_w_us = 700.0\n")
+    c = _cluster(tmp_path, extra)
+    cal = calibration(c)
+    cfg = {"model": {"kind": "mlp", "sizes": [width] * 3},
+           "train": {"batch_size": rows, "dtype": "float32"}}
+    u = unit_costs(cfg, {"dp": 1, "pp": 1, "tp": 1}, c)[0]
+    f, b, w = phase_times(u, cal, "none")
+    assert (f, b, w) == pytest.approx((900e-6, 1500e-6, 700e-6), rel=1e-9)
+
+
+def test_continuous_is_refused_with_a_reason(tmp_path):
+    cfg = _mlp()
+    cfg["parallel"]["continuous"] = True
+    with pytest.raises(PlanError, match="continuous"):
+        planned(cfg, {"dp": 1, "pp": 2, "tp": 1}, _cluster(tmp_path))
