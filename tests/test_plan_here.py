@@ -100,3 +100,26 @@ def test_continuous_is_refused_with_a_reason(tmp_path):
     cfg["parallel"]["continuous"] = True
     with pytest.raises(PlanError, match="continuous"):
         planned(cfg, {"dp": 1, "pp": 2, "tp": 1}, _cluster(tmp_path))
+
+
+def test_analyze_prints_measured_calibrated_and_planned(tmp_path, capsys, monkeypatch):
+    """``mpipar analyze --spec``: the three columns side by side; without a spec, a line
+    saying how to make one; a spec that is not there: one error line, exit 2."""
+    from mpipar.analysis.synthetic_run import write_run
+    from mpipar.cli import main
+
+    path = tmp_path / "syn.h5"
+    write_run(path, dp=1, pp=2, tp=1, steps=4, schedule="1f1b", microbatches=4)
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SPEC)
+    monkeypatch.delenv("MPIPAR_SPEC", raising=False)
+    assert main(["analyze", str(path), "--spec", str(spec)]) == 0
+    out = capsys.readouterr().out
+    assert "measured | calibrated | planned" in out
+    for row in ("step time (ms)", "bubble (pipeline window)", "pp1 compute", "pp0 communication",
+                "pp1 peak memory"):
+        assert row in out
+    assert main(["analyze", str(path)]) == 0
+    assert "planned: no machine spec (mpipar plan measure" in capsys.readouterr().out
+    assert main(["analyze", str(path), "--spec", str(tmp_path / "none.toml")]) == 2
+    assert "neither a bundled spec nor a file" in capsys.readouterr().err

@@ -44,7 +44,7 @@ def test_measure_writes_a_spec_that_cluster_reads(tmp_path):
     assert c.peak["fp32"] > 0 and c.gemm_max_efficiency == 1.0 and c.sms == 1
     assert c.gemm_efficiency(10 * c.gemm_half_dim) == pytest.approx(10 / 11)  # R n / (n + h)
     assert c.intra.latency > 0 and c.intra.bandwidth > 0 and c.collective is not None
-    assert dict(c.executor).keys() >= {"action_overhead", "send_post", "sync", "step_post"}
+    assert dict(c.executor).keys() >= {"action_overhead", "send_post", "step_pre", "step_post"}
     assert c.hbm_capacity > 1e8 and c.cores_per_rank > 0
 
 

@@ -19,8 +19,8 @@ tensor-parallel rank (1D Megatron cut, ``models.counts``):
   all-reduces) and weight gradients (the GEMM time again); ``full`` recomputation adds the
   whole forward to B, ``selective`` the attention core's GEMM time and traffic;
 - p2p: the spec's p2p latency and bandwidth, the boundary activation's bytes; per-action
-  overhead, send/receive posting, the gradient-norm collective and fixed per-step costs: the
-  spec's ``[executor]`` section (zero when a bundled spec has none);
+  overhead, send/receive posting and fixed per-step costs: the spec's ``[executor]`` section
+  (zero when a bundled spec has none); the gradient-norm all-reduce: the collective latency;
 - dp: each chunk's gradients all-reduced in ``bucket_mb`` buckets (latency per bucket, ring
   volume 2 (dp-1)/dp bytes / bus bandwidth); optimizer: AdamW's ~12 values of traffic per
   parameter (weights, gradient, two moments read and written, the update and clipping) / the
@@ -91,7 +91,7 @@ def unit_costs(config: dict, grid: dict, c: Cluster) -> list[dict]:
     seq = int(_get(config, "seq_len", 0) or m.get("block_size"))
     dims = GPTDims.of({"block_size": seq, **m})
     split = split_of(config, grid)
-    selective = str(_get(config, "recompute", "none")) == "selective"
+    selective = str(_get(config, "recompute", "none")).lower() == "selective"
     T, d, heads = b * seq, dims.n_embd, dims.n_head
     parts = block_flops(dims, seq)
     out = []
@@ -185,6 +185,7 @@ def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int):
         raise PlanError("planned costs need the model's stage bounds (model.kind gpt or mlp)")
     _, s = _peak(c, config)
     recompute = str(_get(config, "recompute", "none")).lower()
+    recompute = {"true": "full", "false": "none"}.get(recompute, recompute)  # older configs
     dp = int(grid.get("dp", 1))
     zero = dp if _get(config, "zero1") and dp > 1 else 1
     ex = dict(c.executor)
@@ -210,7 +211,8 @@ def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int):
     model.default_bytes = s * _boundary(config, grid, boundary_values)
     model.overhead = ex.get("action_overhead", 0.0)
     model.send_post, model.recv_post = ex.get("send_post", 0.0), ex.get("recv_post", 0.0)
-    model.sync = ex.get("sync", 0.0)
+    world = dp * sched.pp * int(grid.get("tp", 1))
+    model.sync = coll.latency if world > 1 else 0.0  # the gradient-norm all-reduce
     model.step_pre, model.step_post = ex.get("step_pre", 0.0), ex.get("step_post", 0.0)
     return model.check()
 
@@ -255,3 +257,29 @@ def planned(config: dict, grid: dict, cluster: Cluster) -> dict:
     out["memory_parts"] = mem
     out["spec"] = cluster.name
     return out
+
+
+SPEC_ENV = "MPIPAR_SPEC"  # a spec of this machine (``mpipar plan measure --out FILE``)
+
+
+def attach_planned(runs, results, spec: str | None) -> None:
+    """Put ``planned`` (or ``planned_note``, why not) in each result's summary, for the
+    planned column of ``mpipar analyze``. ``spec``: a spec file or bundled name, else the
+    file ``$MPIPAR_SPEC`` names; neither: a note saying how to make one."""
+    import os
+
+    from .cluster import load_cluster
+
+    spec = spec or os.environ.get(SPEC_ENV)
+    if not spec:
+        for res in results:
+            res["summary"]["planned_note"] = ("planned: no machine spec (mpipar plan measure "
+                                              "--out here.toml, then --spec here.toml or "
+                                              f"${SPEC_ENV})")
+        return
+    cluster = load_cluster(spec)  # a bad spec: one PlanError for the command to print
+    for run, res in zip(runs, results, strict=True):
+        try:
+            res["summary"]["planned"] = planned(run.config, run.grid, cluster)
+        except (PlanError, KeyError, ValueError, TypeError) as exc:
+            res["summary"]["planned_note"] = f"planned: not available ({exc})"

@@ -16,9 +16,10 @@ every number measured here, none taken from a datasheet:
   (``mpipar/mpi/bench``) run under ``mpiexec`` with ``--ranks`` ranks; ``[inter_node]`` the same
   across nodes with ``--inter-node`` (ranks over the emulated cluster's nodes through
   ``mpipar cluster mpiexec --ppn 1``), else a copy of ``[intra_node]``, marked so.
-- ``[executor]``: the fitted per-action overhead, send/receive posting, the gradient-norm
-  collective and fixed per-step costs of a tiny traced pp = 2 training run
-  (``mpipar.analysis.costmodel.fit``): the executor's own cost, what no FLOP count gives.
+- ``[executor]``: the fitted per-action overhead, send/receive posting and fixed per-step
+  costs of a tiny traced pp = 2 training run (``mpipar.analysis.costmodel.fit``; not its
+  gradient-norm collective: that fit holds the ranks' imbalance): the executor's own cost,
+  what no FLOP count gives.
 - ``[units]``: mpipar's own GPT block, head, embedding and MLP unit timed at a tiny and a
   reference shape (``plan.unit_bench``): the per-call floor and the element-wise factors.
 - ``cores_per_rank``, ``workspace_gb`` (the resident size of a Python process with NumPy).
@@ -160,8 +161,8 @@ def executor_costs(quick: bool, timeout: float) -> dict:
         steps = [s for s in run.steps() if s > 0] or list(run.steps())
         _, model, _, _ = run_model(run, steps, "1f1b", 2, 4, 1)
     return {"action_overhead_us": model.overhead, "send_post_us": model.send_post,
-            "recv_post_us": model.recv_post, "sync_us": model.sync,
-            "step_pre_us": model.step_pre, "step_post_us": model.step_post}
+            "recv_post_us": model.recv_post, "step_pre_us": model.step_pre,
+            "step_post_us": model.step_post}
 
 
 def local_rates(quick: bool) -> dict:

@@ -46,10 +46,11 @@ def _mlp_model(width: int):
 
 
 def _phases(unit, x, dy, budget: float) -> tuple[float, float, float]:
-    """Fastest forward, backward-input and weight pass of ``unit`` over repeats in ``budget``."""
-    best = [np.inf] * 3
+    """Median forward, backward-input and weight pass of ``unit`` over repeats in ``budget``
+    (the median, not the fastest: a dump's unit costs are means over a run's steps)."""
+    got = []
     end, n = time.perf_counter() + budget, 0
-    while n < 3 or time.perf_counter() < end:
+    while n < 5 or time.perf_counter() < end:
         t0 = time.perf_counter()
         unit.forward(x)
         t1 = time.perf_counter()
@@ -57,9 +58,9 @@ def _phases(unit, x, dy, budget: float) -> tuple[float, float, float]:
         t2 = time.perf_counter()
         unit.backward_weight()
         t3 = time.perf_counter()
-        best = [min(a, b) for a, b in zip(best, (t1 - t0, t2 - t1, t3 - t2), strict=True)]
+        got.append((t1 - t0, t2 - t1, t3 - t2))
         n += 1
-    return tuple(best)
+    return tuple(float(x) for x in np.median(np.array(got), axis=0))
 
 
 class _WithLoss:
