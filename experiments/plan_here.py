@@ -114,7 +114,7 @@ def measure_row(args, out: Path, row, cluster, table: str) -> dict:
     path = train(args, out, row)
     run = load(str(path))
     s = breakdown(run)["summary"]
-    pl = planned(run.config, run.grid, cluster)
+    pl = planned(run.config, run.grid, cluster, args.emulated)
     mem = measured_memory(run)
     got = max(mem) if mem else None
     want = max(pl["memory"]) if pl.get("memory") else None

@@ -48,6 +48,7 @@ class Cluster:
     collective: Link | None = None
     executor: tuple = ()
     cores_per_rank: float = 0.0
+    cores_per_node: int = 0  # CPU specs: ranks beyond it share cores (0: no such term)
     units: tuple = ()  # measured model-unit times, seconds (``plan.unit_bench``)
 
     def gemm_efficiency(self, smallest_dim: float) -> float:
@@ -129,6 +130,7 @@ def load_cluster(spec: str) -> Cluster:
         executor=tuple(sorted((k.removesuffix("_us"), _get(data, f"executor.{k}", where) * 1e-6)
                               for k in data.get("executor", {}))),
         cores_per_rank=float(data.get("cores_per_rank", 0.0)),
+        cores_per_node=int(data.get("cores_per_node", 0)),
         units=tuple(sorted((k.removesuffix("_us"), _get(data, f"units.{k}", where) * 1e-6)
                            for k in data.get("units", {}))),
     )

@@ -21,6 +21,9 @@ tensor-parallel rank (1D Megatron cut, ``models.counts``):
 - p2p: the spec's p2p latency and bandwidth, the boundary activation's bytes; per-action
   overhead, send/receive posting and fixed per-step costs: the spec's ``[executor]`` section
   (zero when a bundled spec has none); the gradient-norm all-reduce: the collective latency;
+- core sharing (CPU specs, ``cores_per_node``): a node running more ranks than it has cores
+  gives each rank cores / ranks of one (MPI waits poll, so an idle rank still holds its core):
+  every CPU cost (units, optimizer, executor) is divided by that share; links are not;
 - dp: each chunk's gradients all-reduced in ``bucket_mb`` buckets (latency per bucket, ring
   volume 2 (dp-1)/dp bytes / bus bandwidth); optimizer: AdamW's ~12 values of traffic per
   parameter (weights, gradient, two moments read and written, the update and clipping) / the
@@ -172,8 +175,17 @@ def phase_times(u: dict, cal: dict, recompute: str) -> tuple[float, float, float
     return f, b, t["w"]
 
 
-def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int):
-    """The ``CostModel`` of the run's lowered schedule ``sched``, from the spec (module doc)."""
+def core_share(c: Cluster, ranks_per_node: int) -> float:
+    """The fraction of a core each rank gets (module doc); 1 without ``cores_per_node``."""
+    if c.cores_per_node <= 0 or ranks_per_node <= c.cores_per_node:
+        return 1.0
+    return c.cores_per_node / ranks_per_node
+
+
+def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,
+               ranks_per_node: int | None = None):
+    """The ``CostModel`` of the run's lowered schedule ``sched``, from the spec (module doc).
+    ``ranks_per_node``: default every rank of the run on one node."""
     from mpipar.analysis.memory_model import chunk_bounds
     from mpipar.models.counts import boundary_values
     from mpipar.parallel.pipeline.simulate import CostModel
@@ -214,6 +226,12 @@ def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int):
     world = dp * sched.pp * int(grid.get("tp", 1))
     model.sync = coll.latency if world > 1 else 0.0  # the gradient-norm all-reduce
     model.step_pre, model.step_post = ex.get("step_pre", 0.0), ex.get("step_post", 0.0)
+    share = core_share(c, ranks_per_node or world)
+    if share < 1:
+        model.per_unit = {k: t / share for k, t in model.per_unit.items()}
+        model.optimizer = {k: t / share for k, t in model.optimizer.items()}
+        for name in ("overhead", "send_post", "recv_post", "step_pre", "step_post"):
+            setattr(model, name, getattr(model, name) / share)
     return model.check()
 
 
@@ -234,9 +252,10 @@ def _boundary(config, grid, boundary_values) -> float:
     return b * seq * boundary_values(dims, split_of(config, grid))
 
 
-def planned(config: dict, grid: dict, cluster: Cluster) -> dict:
+def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | None = None) -> dict:
     """{step, bubble, bubble_step, compute[p], comm[p], overhead[p], memory[p] | None,
-    memory_parts} of the run ``config`` on ``grid`` (dp, pp, tp), from the spec alone."""
+    memory_parts} of the run ``config`` on ``grid`` (dp, pp, tp), from the spec alone
+    (``ranks_per_node``: default all ranks on one node)."""
     from mpipar.analysis.memory_model import predict_run
     from mpipar.analysis.predict import expected_outcome
     from mpipar.parallel.pipeline.generators import build_schedule
@@ -250,7 +269,7 @@ def planned(config: dict, grid: dict, cluster: Cluster) -> dict:
         raise PlanError("planned: a continuous (no flush) run is not planned; the calibrated "
                         "column covers it")
     sched = lower(build_schedule(kind, pp, m, virtual_stages=v))
-    model = cost_model(config, grid, cluster, sched, v)
+    model = cost_model(config, grid, cluster, sched, v, ranks_per_node)
     out = expected_outcome(sched, [model])
     mem = predict_run(config, grid)
     out["memory"] = [r["total"] for r in mem] if mem else None

@@ -22,7 +22,8 @@ every number measured here, none taken from a datasheet:
   what no FLOP count gives.
 - ``[units]``: mpipar's own GPT block, head, embedding and MLP unit timed at a tiny and a
   reference shape (``plan.unit_bench``): the per-call floor and the element-wise factors.
-- ``cores_per_rank``, ``workspace_gb`` (the resident size of a Python process with NumPy).
+- ``cores_per_node`` (the cores this process may run on), ``cores_per_rank``,
+  ``workspace_gb`` (the resident size of a Python process with NumPy).
 """
 
 from __future__ import annotations
@@ -215,11 +216,12 @@ def measure(ranks: int = 2, inter_node: bool = False, quick: bool = False,
     ex = executor_costs(quick, timeout)
     say("  " + ", ".join(f"{k[:-3]} {v * 1e6:.0f} us" for k, v in ex.items()))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    cores = os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0)) or os.cpu_count() or 1
     return {
         "name": "measured-" + os.uname().nodename,
         "gpus_per_node": ranks,
         "cores_per_rank": max(cores / ranks, 0.0),
+        "cores_per_node": cores,
         "workspace_gb": rss / 1e9,
         "peak_tflops": {"fp32": peak32 / 1e12, "fp64": peak64 / 1e12},
         "hbm": {"capacity_gb": _physical_memory() / 1e9, "bandwidth_gbs": mem / 1e9,
@@ -259,6 +261,7 @@ def to_toml(spec: dict) -> str:
         f'name = "{spec["name"]}"',
         f"gpus_per_node = {spec['gpus_per_node']}          # ranks per node measured",
         f"cores_per_rank = {spec['cores_per_rank']:.3g}",
+        f"cores_per_node = {spec['cores_per_node']}         # more ranks than this share cores",
         f"workspace_gb = {spec['workspace_gb']:.4g}   # resident size of Python + NumPy",
     ]
     for sec in ("peak_tflops", "hbm", "intra_node", "inter_node", "collective", "gemm",
