@@ -128,8 +128,10 @@ def test_analyze_prints_measured_calibrated_and_planned(tmp_path, capsys, monkey
 def test_ranks_beyond_the_cores_share_them(tmp_path):
     """cores_per_node = 2: four ranks on a node each get half a core (every CPU cost doubles);
     two ranks get a whole one; spread over two nodes, four ranks do too."""
-    c = _cluster(tmp_path, "")
-    shared = _cluster(tmp_path, "").__class__(**{**c.__dict__, "cores_per_node": 2})
+    import dataclasses
+
+    c = _cluster(tmp_path)
+    shared = dataclasses.replace(c, cores_per_node=2)
     cfg, grid = _mlp(), {"dp": 2, "pp": 2, "tp": 1}
     alone = planned(cfg, grid, c)
     four = planned(cfg, grid, shared)
