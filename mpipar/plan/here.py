@@ -103,7 +103,8 @@ def unit_costs(config: dict, grid: dict, c: Cluster) -> list[dict]:
         kind = "embed" if i == 0 else ("head" if i == len(counts) - 1 else "block")
         row = {"kind": kind, "gemm": 0.0, "core_gemm": 0.0, "core_mem": 0.0, "tp": 0.0,
                "params": u.params,
-               "mem": c.hbm_time(2 * s * T * (u.stored + u.work) + u.id_bytes * T)}
+               # the attention probabilities (``u.core``) are the core's, counted apart
+               "mem": c.hbm_time(2 * s * T * (u.stored - u.core + u.work) + u.id_bytes * T)}
         if kind == "head":  # the head: the logits GEMM (its loss is element-wise)
             row["gemm"] = _gemm(c, peak, u.flops * T / tp, min(T, dims.vocab_size / tp))
         elif u.flops:
