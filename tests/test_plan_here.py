@@ -138,3 +138,19 @@ def test_ranks_beyond_the_cores_share_them(tmp_path):
     assert four["compute"] == pytest.approx([2 * x for x in alone["compute"]])
     assert planned(cfg, grid, shared, ranks_per_node=2)["compute"] == pytest.approx(
         alone["compute"])
+
+
+def test_action_floor_is_what_the_probe_took_beyond_the_units(tmp_path):
+    """[executor] probe_f_us / probe_b_us: the floor is the probe's measured mean less this
+    model's mean for the probe run; it adds to every chunk's F; none without the probe."""
+    from mpipar.plan.here import action_floor
+
+    plain = _cluster(tmp_path)
+    assert action_floor(plain) == (0.0, 0.0)
+    c = _cluster(tmp_path, "\n[executor]\nprobe_f_us = 5000.0\nprobe_b_us = 9000.0\n")
+    f, b = action_floor(c)
+    assert 0 < f < 5e-3 and 0 < b < 9e-3
+    cfg, grid = _mlp(), {"dp": 1, "pp": 2, "tp": 1}
+    bare = planned(cfg, grid, c, with_floor=False)
+    got = planned(cfg, grid, c)
+    assert got["compute"][0] == pytest.approx(bare["compute"][0] + 4 * (f + b))  # m = 4

@@ -21,6 +21,10 @@ tensor-parallel rank (1D Megatron cut, ``models.counts``):
 - p2p: the spec's p2p latency and bandwidth, the boundary activation's bytes; per-action
   overhead, send/receive posting and fixed per-step costs: the spec's ``[executor]`` section
   (zero when a bundled spec has none); the gradient-norm all-reduce: the collective latency;
+- the executor's work inside a compute event beyond its units' own calls (fetching the input,
+  the pools, the trace): ``action_floor``, the probe run's measured mean F and backward per
+  chunk (``[executor] probe_f_us`` / ``probe_b_us``, ``measure.PROBE``) less what this model
+  gives that run without it; added to every chunk's F and B (backward-input, or the fused BW);
 - core sharing (CPU specs, ``cores_per_node``): a node running more ranks than it has cores
   gives each rank cores / ranks of one (MPI waits poll, so an idle rank still holds its core):
   every CPU cost (units, optimizer, executor) is divided by that share; links are not;
@@ -183,10 +187,30 @@ def core_share(c: Cluster, ranks_per_node: int) -> float:
     return c.cores_per_node / ranks_per_node
 
 
+def action_floor(c: Cluster) -> tuple[float, float]:
+    """(F, backward) seconds the executor adds inside each compute event (module doc); (0, 0)
+    without the probe's numbers."""
+    from mpipar.parallel.pipeline.generators import build_schedule
+    from mpipar.parallel.pipeline.lowering import lower
+
+    from .measure import PROBE
+
+    ex = dict(c.executor)
+    if "probe_f" not in ex or "probe_b" not in ex:
+        return 0.0, 0.0
+    sched = lower(build_schedule("1f1b", 2, 4, virtual_stages=1))
+    model = cost_model(PROBE, {"dp": 1, "pp": 2, "tp": 1}, c, sched, 1, 2, floor=(0.0, 0.0))
+    fwd = [t for (_, _, op), t in model.per_unit.items() if op == "F"]
+    bwd = [t for (_, _, op), t in model.per_unit.items() if op == "BW"]
+    return (max(ex["probe_f"] - sum(fwd) / len(fwd), 0.0),
+            max(ex["probe_b"] - sum(bwd) / len(bwd), 0.0))
+
+
 def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,
-               ranks_per_node: int | None = None):
+               ranks_per_node: int | None = None, floor: tuple | None = None):
     """The ``CostModel`` of the run's lowered schedule ``sched``, from the spec (module doc).
-    ``ranks_per_node``: default every rank of the run on one node."""
+    ``ranks_per_node``: default every rank of the run on one node; ``floor``: the executor's
+    (F, backward) in-event floor, default ``action_floor``."""
     from mpipar.analysis.memory_model import chunk_bounds
     from mpipar.models.counts import boundary_values
     from mpipar.parallel.pipeline.simulate import CostModel
@@ -206,11 +230,13 @@ def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,
     bucket = max(1.0, float(_get(config, "bucket_mb", 4.0)) * 2**20)
     model = CostModel(unit={})
     params = {}
+    floor_f, floor_b = action_floor(c) if floor is None else floor
     for chunk, (lo, hi) in bounds.items():
         p = sched.rank_of(chunk)
         fwd, bwd_in, wgt = (sum(x) for x in zip(*(phase_times(u, cal, recompute)
                                                    for u in units[lo:hi]), strict=True))
         us = units[lo:hi]
+        fwd, bwd_in = fwd + floor_f, bwd_in + floor_b
         for op, val in (("F", fwd), ("B", bwd_in), ("W", wgt), ("BW", bwd_in + wgt)):
             model.per_unit[(p, chunk, op)] = val
         n = sum(u["params"] for u in us)
@@ -253,10 +279,12 @@ def _boundary(config, grid, boundary_values) -> float:
     return b * seq * boundary_values(dims, split_of(config, grid))
 
 
-def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | None = None) -> dict:
+def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | None = None,
+            with_floor: bool = True) -> dict:
     """{step, bubble, bubble_step, compute[p], comm[p], overhead[p], memory[p] | None,
     memory_parts} of the run ``config`` on ``grid`` (dp, pp, tp), from the spec alone
-    (``ranks_per_node``: default all ranks on one node)."""
+    (``ranks_per_node``: default all ranks on one node; ``with_floor`` False: without the
+    executor's in-event floor, ``action_floor``)."""
     from mpipar.analysis.memory_model import predict_run
     from mpipar.analysis.predict import expected_outcome
     from mpipar.parallel.pipeline.generators import build_schedule
@@ -270,7 +298,8 @@ def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | No
         raise PlanError("planned: a continuous (no flush) run is not planned; the calibrated "
                         "column covers it")
     sched = lower(build_schedule(kind, pp, m, virtual_stages=v))
-    model = cost_model(config, grid, cluster, sched, v, ranks_per_node)
+    model = cost_model(config, grid, cluster, sched, v, ranks_per_node,
+                       None if with_floor else (0.0, 0.0))
     out = expected_outcome(sched, [model])
     mem = predict_run(config, grid)
     out["memory"] = [r["total"] for r in mem] if mem else None

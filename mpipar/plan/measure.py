@@ -143,27 +143,38 @@ def _lat_bw(rows, bus: float) -> tuple[float, float]:
     return lat, bus * float(large["bytes"]) / extra
 
 
+# the executor probe: a tiny GPT over pp = 2, 1F1B, m = 4 (``here.action_floor`` rebuilds it)
+PROBE = {"model": {"kind": "gpt", "vocab_size": 256, "block_size": 16, "n_layer": 2,
+                   "n_embd": 16, "n_head": 2},
+         "train": {"seq_len": 16, "batch_size": 8, "dtype": "float32"},
+         "parallel": {"schedule": "1f1b", "microbatches": 4, "partition": "uniform"}}
+
+
 def executor_costs(quick: bool, timeout: float) -> dict:
-    """The fitted executor costs of a tiny traced pp = 2 GPT run (module doc)."""
+    """The fitted executor costs of the tiny traced pp = 2 run ``PROBE`` (module doc), and its
+    mean measured F (+ LOSS) and backward per chunk action (``here.action_floor``)."""
     from mpipar.analysis.dump import load as load_run
     from mpipar.analysis.predict import run_model
 
+    sets = [f"{sec}.{k}={v}" for sec, body in PROBE.items() for k, v in body.items()]
     with tempfile.TemporaryDirectory() as tmp:
         cmd = ["mpiexec", "-n", "2", sys.executable, "-m", "mpipar.cli", "train", "--out", tmp,
-               "--pp", "2", "--set", "model.kind=gpt", "--set", "model.vocab_size=256",
-               "--set", "model.block_size=16", "--set", "model.n_layer=2",
-               "--set", "model.n_embd=16", "--set", "model.n_head=2",
-               "--set", "train.seq_len=16", "--set", "train.batch_size=8",
-               "--set", "parallel.schedule=1f1b", "--set", "parallel.microbatches=4",
-               "--set", f"train.steps={3 if quick else 6}", "--set", "train.eval_interval=0",
-               "--set", "run.progress=false", "--set", "run.trace=true"]
+               "--pp", "2", "--set", f"train.steps={3 if quick else 6}",
+               "--set", "train.eval_interval=0", "--set", "run.progress=false",
+               "--set", "run.trace=true"]
+        for one in sets:
+            cmd += ["--set", one]
         _run(cmd, timeout, "the tiny training run")
         run = load_run(str(Path(tmp) / "trace.h5"))
         steps = [s for s in run.steps() if s > 0] or list(run.steps())
         _, model, _, _ = run_model(run, steps, "1f1b", 2, 4, 1)
+    per = model.per_unit
+    fwd = [t for (_, _, op), t in per.items() if op == "F"]
+    bwd = [t for (_, _, op), t in per.items() if op == "B"]
     return {"action_overhead_us": model.overhead, "send_post_us": model.send_post,
             "recv_post_us": model.recv_post, "step_pre_us": model.step_pre,
-            "step_post_us": model.step_post}
+            "step_post_us": model.step_post, "probe_f_us": float(np.mean(fwd)),
+            "probe_b_us": float(np.mean(bwd))}
 
 
 def local_rates(quick: bool) -> dict:
