@@ -17,7 +17,7 @@ every number measured here, none taken from a datasheet:
   across nodes with ``--inter-node`` (ranks over the emulated cluster's nodes through
   ``mpipar cluster mpiexec --ppn 1``), else a copy of ``[intra_node]``, marked so.
 - ``[executor]``: the fitted per-action overhead, send/receive posting and fixed per-step
-  costs of a tiny traced pp = 2 training run (``mpipar.analysis.costmodel.fit``; not its
+  costs of a tiny traced pp = 2 MLP run (``mpipar.analysis.costmodel.fit``; not its
   gradient-norm collective: that fit holds the ranks' imbalance): the executor's own cost,
   what no FLOP count gives.
 - ``[units]``: mpipar's own GPT block, head, embedding and MLP unit timed at a tiny and a
@@ -143,10 +143,11 @@ def _lat_bw(rows, bus: float) -> tuple[float, float]:
     return lat, bus * float(large["bytes"]) / extra
 
 
-# the executor probe: a tiny GPT over pp = 2, 1F1B, m = 4 (``here.action_floor`` rebuilds it)
-PROBE = {"model": {"kind": "gpt", "vocab_size": 256, "block_size": 16, "n_layer": 2,
-                   "n_embd": 16, "n_head": 2},
-         "train": {"seq_len": 16, "batch_size": 8, "dtype": "float32"},
+# the executor probe: an MLP of four tiny linears over pp = 2, 1F1B, m = 4; its units cost
+# their measured floor (``unit_bench.FLOOR``'s shape), so what its compute events take beyond
+# them is the executor's own (``here.action_floor`` rebuilds it)
+PROBE = {"model": {"kind": "mlp", "sizes": [8, 8, 8, 8, 8], "task": "regression"},
+         "train": {"batch_size": 8, "dtype": "float32"},
          "parallel": {"schedule": "1f1b", "microbatches": 4, "partition": "uniform"}}
 
 
@@ -223,7 +224,7 @@ def measure(ranks: int = 2, inter_node: bool = False, quick: bool = False,
     say("  " + _link_line(intra))
     if inter:
         say("  across nodes: " + _link_line(inter))
-    say("executor costs of a tiny traced pp = 2 run ...")
+    say("executor costs of a tiny traced pp = 2 MLP run ...")
     ex = executor_costs(quick, timeout)
     say("  " + ", ".join(f"{k[:-3]} {v * 1e6:.0f} us" for k, v in ex.items()))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
