@@ -154,3 +154,21 @@ def test_action_floor_is_what_the_probe_took_beyond_the_units(tmp_path):
     bare = planned(cfg, grid, c, with_floor=False)
     got = planned(cfg, grid, c)
     assert got["compute"][0] == pytest.approx(bare["compute"][0] + 4 * (f + b))  # m = 4
+
+
+def test_tensor_count_is_the_built_models():
+    """The optimizer's per-tensor term counts the tensors mpipar builds, unit by unit."""
+    from mpipar.backend import Backend
+    from mpipar.config import load_config
+    from mpipar.models import build_model
+    from mpipar.models.spec import GPTDims, gpt_units
+    from mpipar.plan.here import _tensors
+
+    for tied in ("false", "true"):
+        cfg = load_config(None, {"model.kind": "gpt", "model.vocab_size": "16",
+                                 "model.block_size": "8", "model.n_layer": "2",
+                                 "model.n_embd": "8", "model.n_head": "2",
+                                 "model.tie_embeddings": tied, "train.seq_len": "8"})
+        model = build_model(cfg.model, Backend("cpu", "float32"))
+        units = gpt_units(GPTDims.of(vars(cfg.model)))
+        assert [_tensors(u) for u in units] == [len(u.params()) for u in model.units]

@@ -31,7 +31,9 @@ tensor-parallel rank (1D Megatron cut, ``models.counts``):
 - dp: each chunk's gradients all-reduced in ``bucket_mb`` buckets (latency per bucket, ring
   volume 2 (dp-1)/dp bytes / bus bandwidth); optimizer: AdamW's ~12 values of traffic per
   parameter (weights, gradient, two moments read and written, the update and clipping) / the
-  element-wise rate, split by dp under ZeRO-1.
+  element-wise rate, split by dp under ZeRO-1, plus the measured AdamW cost per parameter
+  tensor (``[units] opt_tensor_us``, ``unit_bench.optimizer_per_tensor``) times the rank's
+  tensors.
 """
 
 from __future__ import annotations
@@ -89,11 +91,12 @@ def unit_costs(config: dict, grid: dict, c: Cluster) -> list[dict]:
         return [{"kind": "linear", "gemm": _gemm(c, peak, 2 * a * o * b, min(b, a, o)),
                  "core_gemm": 0.0,
                  "mem": c.hbm_time(2 * s * b * (a + 3 * o)), "core_mem": 0.0, "tp": 0.0,
-                 "params": a * o + o} for a, o in zip(sizes[:-1], sizes[1:], strict=True)]
+                 "params": a * o + o, "tensors": 2}
+                for a, o in zip(sizes[:-1], sizes[1:], strict=True)]
     if model_kind(config) != "gpt":
         raise PlanError("planned costs need a GPT or an MLP config (model.kind)")
     from mpipar.models.counts import block_flops, gpt_counts
-    from mpipar.models.spec import GPTDims
+    from mpipar.models.spec import GPTDims, gpt_units
 
     seq = int(_get(config, "seq_len", 0) or m.get("block_size"))
     dims = GPTDims.of({"block_size": seq, **m})
@@ -103,10 +106,10 @@ def unit_costs(config: dict, grid: dict, c: Cluster) -> list[dict]:
     parts = block_flops(dims, seq)
     out = []
     counts = gpt_counts(dims, split, seq, selective)  # embedding, blocks, head
-    for i, u in enumerate(counts):
+    for i, (u, unit) in enumerate(zip(counts, gpt_units(dims), strict=True)):
         kind = "embed" if i == 0 else ("head" if i == len(counts) - 1 else "block")
         row = {"kind": kind, "gemm": 0.0, "core_gemm": 0.0, "core_mem": 0.0, "tp": 0.0,
-               "params": u.params,
+               "params": u.params, "tensors": _tensors(unit),
                # the attention probabilities (``u.core``) are the core's, counted apart
                "mem": c.hbm_time(2 * s * T * (u.stored - u.core + u.work) + u.id_bytes * T)}
         if kind == "head":  # the head: the logits GEMM (its loss is element-wise)
@@ -119,6 +122,22 @@ def unit_costs(config: dict, grid: dict, c: Cluster) -> list[dict]:
             row["tp"] = 2 * _allreduce(coll, s * T * d, tp)
         out.append(row)
     return out
+
+
+def _tensors(unit) -> int:
+    """Parameter tensors of a GPT unit (``models.spec``): a linear's weight (none when tied to
+    the embedding) and bias, a norm's two, an embedding table."""
+    from mpipar.models import spec
+
+    n = 0
+    for part in unit.leaves():
+        if isinstance(part, spec.Linear):
+            n += (0 if part.tied else 1) + (1 if part.bias else 0)
+        elif isinstance(part, spec.Norm):
+            n += 2
+        elif isinstance(part, (spec.TokenEmbedding, spec.PositionEmbedding)):
+            n += 1
+    return n
 
 
 # without a measured [units] section (the bundled GPU specs): no floor, the backward-input's
@@ -229,7 +248,7 @@ def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,
     coll = c.collective or c.intra
     bucket = max(1.0, float(_get(config, "bucket_mb", 4.0)) * 2**20)
     model = CostModel(unit={})
-    params = {}
+    params, tensors = {}, {}
     floor_f, floor_b = action_floor(c) if floor is None else floor
     for chunk, (lo, hi) in bounds.items():
         p = sched.rank_of(chunk)
@@ -241,11 +260,14 @@ def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,
             model.per_unit[(p, chunk, op)] = val
         n = sum(u["params"] for u in us)
         params[p] = params.get(p, 0.0) + n
+        tensors[p] = tensors.get(p, 0) + sum(u["tensors"] for u in us)
         if dp > 1:
             nbytes = s * n
             model.dp_reduce[(p, chunk)] = (math.ceil(nbytes / bucket) * coll.latency
                                            + _allreduce(coll, nbytes, dp) - coll.latency)
-    model.optimizer = {p: c.hbm_time(ADAM_TRAFFIC * s * n / zero) for p, n in params.items()}
+    per_tensor = dict(c.units).get("opt_tensor", 0.0)
+    model.optimizer = {p: c.hbm_time(ADAM_TRAFFIC * s * n / zero) + per_tensor * tensors[p]
+                       for p, n in params.items()}
     model.latency, model.bandwidth = c.intra.latency, c.intra.bandwidth * c.intra.efficiency
     model.default_bytes = s * _boundary(config, grid, boundary_values)
     model.overhead = ex.get("action_overhead", 0.0)

@@ -37,12 +37,7 @@ def _gpt_model(d: int, heads: int, seq: int):
 
 
 def _mlp_model(width: int):
-    from mpipar.backend import Backend
-    from mpipar.config import load_config
-    from mpipar.models import build_model
-
-    cfg = load_config(None, {"model.kind": "mlp", "model.sizes": f"[{width},{width},{width}]"})
-    return build_model(cfg.model, Backend("cpu", "float32"))
+    return _mlp_model_of([width] * 3)
 
 
 def _phases(unit, x, dy, budget: float) -> tuple[float, float, float]:
@@ -102,10 +97,40 @@ def mlp_units(width: int, b: int, budget: float) -> dict:
                                                strict=True)}
 
 
+def optimizer_per_tensor(budget: float, tensors: int = 32) -> float:
+    """Median seconds of mpipar's AdamW step per parameter tensor, over ``tensors`` tiny ones
+    (an MLP of 8-wide linears, weight and bias each): the per-tensor cost that a step pays
+    whatever the sizes (its traffic is the element-wise rate's, counted apart)."""
+    from mpipar.nn.optim import AdamW
+
+    model = _mlp_model_of([8] * (tensors // 2 + 1))
+    params = model.params()
+    for prm in params:
+        prm.grad[...] = 1e-3
+    opt = AdamW(params, lr=1e-3, weight_decay=0.1)
+    got = []
+    end = time.perf_counter() + budget
+    while len(got) < 5 or time.perf_counter() < end:
+        t0 = time.perf_counter()
+        opt.step()
+        got.append(time.perf_counter() - t0)
+    return float(np.median(got)) / len(params)
+
+
+def _mlp_model_of(sizes):
+    from mpipar.backend import Backend
+    from mpipar.config import load_config
+    from mpipar.models import build_model
+
+    cfg = load_config(None, {"model.kind": "mlp", "model.sizes": "[" + ",".join(map(str, sizes))
+                             + "]"})
+    return build_model(cfg.model, Backend("cpu", "float32"))
+
+
 def measure_units(quick: bool) -> dict:
-    """{"floor_<unit>_<phase>": s, "ref_<unit>_<phase>": s} (seconds)."""
+    """{"floor_<unit>_<phase>": s, "ref_<unit>_<phase>": s, "opt_tensor": s} (seconds)."""
     budget = 0.05 if quick else 0.4
-    out = {}
+    out = {"opt_tensor": optimizer_per_tensor(budget)}
     for tag, shapes in (("floor", FLOOR), ("ref", REF)):
         got = gpt_units(*shapes["gpt"], budget) | mlp_units(*shapes["mlp"], budget)
         out.update({f"{tag}_{k}": v for k, v in got.items()})
