@@ -206,3 +206,18 @@ def test_a_continuous_schedule_run_a_step_at_a_time_never_meets_between_steps():
     assert spans[0][0] != pytest.approx(spans[1][0])
     free = simulate(s)  # no barriers: the lists flow on, so they end sooner
     assert free.makespan < sim.makespan
+
+
+def test_textbook_bubble_is_the_makespan_form_of_its_one_home():
+    """simulate.textbook_bubble and plan.pipeline.closed_form are formulas' functions: the
+    bubble is 1 - m (f+b+w) / makespan at f = b = w = 1, the same figure either way."""
+    from mpipar.parallel.pipeline import formulas
+    from mpipar.plan.pipeline import closed_form
+
+    assert textbook_bubble is formulas.textbook_bubble
+    for kind, p, m, v in (("gpipe", 4, 8, 1), ("1f1b", 3, 6, 1), ("interleaved", 4, 8, 2),
+                          ("zb-h1", 4, 4, 1), ("naive", 4, 1, 1)):
+        span = closed_form(kind, p, m, v, 1.0, 1.0, 1.0)
+        assert textbook_bubble(kind, p, m, v) == pytest.approx(1 - 3 * m / span, abs=1e-12)
+    assert textbook_bubble("interleaved", 4, 6, 2) == pytest.approx(3 / 15)  # any m, published
+    assert closed_form("interleaved", 4, 6, 2, 1, 1, 1) is None  # not exact in the simulator

@@ -135,6 +135,8 @@ def summary_text(result: dict) -> str:
         lines.append(f"  prediction: {s['predict_note']}")
     if isinstance(s.get("predicted"), dict):
         lines.append(prediction_text(result))
+    if "planned" in s or "planned_note" in s:
+        lines.append(three_columns_text(result))
     return "\n".join(lines)
 
 
@@ -188,6 +190,49 @@ def prediction_text(result: dict) -> str:
     return "  calibrated cost model (fitted from unit durations, mpipar.analysis.costmodel):\n" + \
         "\n".join("  " + line for line in table.splitlines()) + "\n" + fitted + \
         _memory_parts(pr.get("memory_parts"))
+
+
+def _mean_on(values, on) -> float | None:
+    return float(np.nanmean(np.asarray(values, float)[on])) if values is not None else None
+
+
+def _pick(pred: dict, key: str, p: int):
+    return pred[key][p] if pred.get(key) and p < len(pred[key]) else None
+
+
+def three_columns_text(result: dict) -> str:
+    """Measured | calibrated (fitted from this dump) | planned (from a cluster spec alone, no
+    dump: ``mpipar.plan.here``): the same simulator and memory model on two sources of costs.
+    Per pipeline rank, compute counts F, B, W, R and LOSS (tp collectives inside them), as the
+    calibrated model does; communication is what lies outside the units."""
+    s, t = result["summary"], result["ranks"]
+    if "planned" not in s:
+        return "  " + s.get("planned_note", "planned: n/a")
+    pl, pr = s["planned"], s.get("predicted") if isinstance(s.get("predicted"), dict) else {}
+
+    def row(name, meas, cal, plan, unit="ms"):
+        show = {"ms": lambda x: _ms(x), "%": lambda x: fmt(x, "bubble"),
+                "MiB": lambda x: f"{x / 2**20:.1f}"}[unit]
+        cells = [show(x) if isinstance(x, (int, float)) else "n/a" for x in (meas, cal, plan)]
+        return [f"{name} ({unit})", *cells, _diff(plan, meas, pct=unit == "%")]
+
+    rows = [row("step time", s["step_time"], s.get("step_time_pred"), pl["step"]),
+            row("bubble (pipeline window)", s["bubble_pipeline"], s.get("bubble_pred"),
+                pl["bubble"], "%")]
+    mem = s.get("memory_measured")
+    for p in range(len(pl["compute"])):
+        on = t["pp"] == p
+        comp = float(np.nanmean(sum(t[k][on] for k in ("F", "B", "W", "R", "LOSS"))))
+        comm = float(np.nanmean(t["comm"][on] - t["comm_tp"][on]))
+        rows.append(row(f"pp{p} compute", comp, _pick(pr, "compute", p), pl["compute"][p]))
+        rows.append(row(f"pp{p} communication", comm, _pick(pr, "comm", p), pl["comm"][p]))
+        rows.append(row(f"pp{p} peak memory", _mean_on(mem, on), _pick(pr, "memory", p),
+                        pl["memory"][p] if pl.get("memory") else None, "MiB"))
+    table = _table(["measured | calibrated | planned", "measured", "calibrated", "planned",
+                    "planned-measured"], rows)
+    return (f"  planned from cluster spec {pl.get('spec', '?')} (mpipar.plan.here: the calibrated "
+            "path's simulator and memory model, costs from FLOPs, bytes and the spec):\n"
+            + "\n".join("  " + line for line in table.splitlines()))
 
 
 def _memory_parts(parts) -> str:

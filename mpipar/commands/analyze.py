@@ -65,6 +65,14 @@ def add_arguments(parser) -> None:
         "prediction of it beside (unless --chrome-trace-predicted)",
     )
     parser.add_argument(
+        "--spec",
+        default=None,
+        metavar="FILE",
+        help="cluster spec for the planned column (mpipar plan measure --out FILE; default "
+        "$MPIPAR_SPEC): step, bubble, per-rank compute, communication and memory from the spec "
+        "alone, beside measured and calibrated",
+    )
+    parser.add_argument(
         "--chrome-trace-predicted",
         default=None,
         metavar="FILE",
@@ -144,6 +152,9 @@ def run(args) -> int:
                 r.name = f"{r.name}#{n + 1}"
             runs.append(r)
         results = [breakdown(r, step=args.step, peak=args.peak) for r in runs]
+        from mpipar.plan.here import attach_planned
+
+        attach_planned(runs, results, args.spec)  # a bad spec: PlanError, a ValueError
     except (DumpError, FileNotFoundError, ValueError) as exc:
         print(f"mpipar analyze: error: {exc}", file=sys.stderr)
         return 2

@@ -1,4 +1,5 @@
-"""``mpipar plan``: predict a GPT training step at cluster scale, print the best configurations."""
+"""``mpipar plan``: predict a GPT training step at cluster scale, print the best configurations;
+``mpipar plan measure --out here.toml``: measure this machine into a cluster spec."""
 
 from __future__ import annotations
 
@@ -19,13 +20,23 @@ COLUMNS = (  # (key, header, width, format); text columns are left-aligned
 
 
 def add_arguments(p) -> None:
+    p.add_argument("action", nargs="?", choices=("measure",),
+                   help="measure: write a cluster spec of this machine (--out FILE; GEMM rate, "
+                   "element-wise rate, p2p and all-reduce, executor costs) instead of planning")
+    p.add_argument("--out", help="measure: the spec file to write (TOML)")
+    p.add_argument("--ranks", type=int, default=2, help="measure: ranks per node (default 2)")
+    p.add_argument("--inter-node", action="store_true",
+                   help="measure: also time links across the emulated cluster's nodes "
+                   "(mpipar cluster mpiexec --ppn 1); otherwise [inter_node] copies [intra_node]")
+    p.add_argument("--quick", action="store_true",
+                   help="measure: tiny sizes, seconds (for tests); the spec is rough")
     p.add_argument("--model", help="preset name (gpt-1.7b ... gpt-1t, gpt3-175b) or a TOML file")
     for name in ("layers", "hidden", "heads", "seq", "vocab"):
         p.add_argument(f"--{name}", type=int, help=f"GPT {name} (overrides --model's)")
     p.add_argument("--cluster", default="dgx-a100-80gb",
                    help="bundled spec (dgx-a100-80gb, dgx-h100, h200) or a TOML file")
-    p.add_argument("--gpus", type=int, required=True, help="GPUs in all")
-    p.add_argument("--global-batch", type=int, required=True, help="sequences per step")
+    p.add_argument("--gpus", type=int, help="GPUs in all (required to plan)")
+    p.add_argument("--global-batch", type=int, help="sequences per step (required to plan)")
     p.add_argument("--dtype", default="bf16", help="bf16 (default, mixed precision), fp16, fp32")
     p.add_argument("--fix", help="fix some of dp,pp,tp,schedule,microbatch_size,recompute,v,sp,"
                    "zero1,dp_overlap,placement (e.g. dp=8,pp=4,tp=8; placement=tp-dp-pp is "
@@ -67,10 +78,37 @@ def _text(rows, model, cluster, args, seconds) -> str:
     return "\n".join(lines)
 
 
+def _measure(args) -> int:
+    from pathlib import Path
+
+    from mpipar.plan import PlanError, load_cluster
+    from mpipar.plan.measure import measure, to_toml
+
+    try:
+        if not args.out:
+            raise PlanError("give --out FILE.toml: where to write the measured spec")
+        if not Path(args.out).resolve().parent.is_dir():
+            raise PlanError(f"--out {args.out}: its directory does not exist")
+        t0 = time.perf_counter()
+        spec = measure(args.ranks, args.inter_node, args.quick)
+        Path(args.out).write_text(to_toml(spec))
+        load_cluster(args.out)  # what it wrote must read back
+    except PlanError as exc:
+        print(f"mpipar plan measure: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out} in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
 def run(args) -> int:
     from mpipar.plan import PlanError, load_cluster, parse_fix, plan
 
+    if args.action == "measure":
+        return _measure(args)
     try:
+        for flag in ("gpus", "global_batch"):
+            if getattr(args, flag) is None:
+                raise PlanError(f"give --{flag.replace('_', '-')} (or use `mpipar plan measure`)")
         if args.top < 1:
             raise PlanError(f"--top must be at least 1, got {args.top}")
         model = _shape(args)

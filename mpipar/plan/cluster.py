@@ -43,6 +43,13 @@ class Cluster:
     workspace: float  # bytes per GPU reserved (CUDA context, NCCL buffers, fragmentation)
     sms: int = 108  # streaming multiprocessors: one output tile each per wave
     tile: tuple[int, int] = (256, 128)  # a large GEMM's output tile (rows, columns)
+    # measured specs only (``mpipar plan measure``): the collective link, the executor's own
+    # costs in seconds (action_overhead, send_post, recv_post, sync, step_pre, step_post)
+    collective: Link | None = None
+    executor: tuple = ()
+    cores_per_rank: float = 0.0
+    cores_per_node: int = 0  # CPU specs: ranks beyond it share cores (0: no such term)
+    units: tuple = ()  # measured model-unit times, seconds (``plan.unit_bench``)
 
     def gemm_efficiency(self, smallest_dim: float) -> float:
         """Achievable fraction of peak for a GEMM whose smallest dimension per GPU is given:
@@ -119,6 +126,13 @@ def load_cluster(spec: str) -> Cluster:
         workspace=_get(data, "workspace_gb", where) * 1e9,
         sms=int(_get(data, "gemm.sms", where)),
         tile=(int(_get(data, "gemm.tile_rows", where)), int(_get(data, "gemm.tile_cols", where))),
+        collective=_link(data, "collective", where) if "collective" in data else None,
+        executor=tuple(sorted((k.removesuffix("_us"), _get(data, f"executor.{k}", where) * 1e-6)
+                              for k in data.get("executor", {}))),
+        cores_per_rank=float(data.get("cores_per_rank", 0.0)),
+        cores_per_node=int(data.get("cores_per_node", 0)),
+        units=tuple(sorted((k.removesuffix("_us"), _get(data, f"units.{k}", where) * 1e-6)
+                           for k in data.get("units", {}))),
     )
 
 

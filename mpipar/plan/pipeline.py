@@ -1,17 +1,9 @@
 """Pipeline timing of a step from mpipar's own schedules: exact closed forms, simulator fallback.
 
-For equal stages with per-micro-batch costs F, B, W per stage (BW = B + W), mpipar's simulator
-(``simulate(build_schedule(...))``, sends free) gives exactly (tests/test_plan.py checks it at
-small p, m, v over several cost ratios)::
-
-    gpipe, 1f1b    (m + p - 1) (F + BW)
-    interleaved    (m + (p - 1)/v) (F + BW)           (m a multiple of p)
-    zb-h1          m (F + B + W) + (p - 1) max(F + B - W, F, B)   (m >= p)
-
-(Qi et al. 2023 give (p - 1)(F + B - W) for ZB-H1's idle time, which holds while W <= min(F, B);
-the max is what the simulator shows beyond it: a hop along the pipeline costs at least F or B.)
-    naive          p (F + BW)                          (m = 1)
-
+For equal stages with per-micro-batch costs F, B, W per stage (BW = B + W), the makespans
+mpipar's simulator gives exactly (``simulate(build_schedule(...))``, sends free;
+tests/test_plan.py checks them) are ``mpipar.parallel.pipeline.formulas.makespan`` (strict), the
+one home of the closed forms (gpipe/1f1b (m + p - 1)(F + BW), interleaved, zb-h1, naive);
 and at most these micro-batches hold activations on the first rank, in stage units::
 
     gpipe m;  1f1b, zb-h1 min(p, m);  interleaved min(m v, 2(p-1) + (v-1)p + 1) / v chunks,
@@ -29,6 +21,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from mpipar.parallel.pipeline.formulas import makespan
 from mpipar.parallel.pipeline.generators import build_schedule
 from mpipar.parallel.pipeline.simulate import simulate
 
@@ -53,18 +46,9 @@ def _simulated_makespan(kind: str, p: int, m: int, v: int, b_ratio: float, w_rat
 
 
 def closed_form(kind: str, p: int, m: int, v: int, f: float, b: float, w: float) -> float | None:
-    """Makespan of equal stages with per-stage costs f, b, w; None where no closed form holds."""
-    if kind in ("gpipe", "1f1b"):
-        return (m + p - 1) * (f + b + w)
-    if kind == "interleaved":
-        return (m + (p - 1) / v) * (f + b + w) if m % p == 0 else None
-    if kind == "zb-h1":
-        if p == 1:
-            return m * (f + b + w)
-        return m * (f + b + w) + (p - 1) * max(f + b - w, f, b) if m >= p else None
-    if kind == "naive":
-        return p * (f + b + w) if m == 1 else None
-    return None
+    """Makespan of equal stages with per-stage costs f, b, w; None where no closed form holds
+    exactly in mpipar's simulator (``formulas.makespan``, their one home)."""
+    return makespan(kind, p, m, v, f, b, w, strict=True)
 
 
 def pipeline_time(kind: str, p: int, m: int, v: int, stages: list[tuple[float, float, float]]):

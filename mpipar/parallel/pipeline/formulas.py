@@ -12,14 +12,62 @@ Two bubble measures, both with F = B = W = 1 per stage (a chunk costs 1/v of tha
 
 Peak activations are in micro-batches of a whole stage (a V chunk holds half a stage's), the
 papers' M_B unit; 1F1B's is pp (on its first rank).
+
+This module is also the one home of the classic schedules' closed forms (``makespan``,
+``textbook_bubble``): the simulator's textbook figure (``simulate.textbook_bubble``), the
+planner's pipeline timing (``mpipar.plan.pipeline``) and the analysis all read them here.
 """
 
 from __future__ import annotations
 
-from .simulate import SimResult
+
+def makespan(kind: str, p: int, m: int, v: int, f: float, b: float, w: float, *,
+             strict: bool = True) -> float | None:
+    """Makespan of a flushed step of equal stages with per-stage, per-micro-batch costs f, b, w
+    (BW = b + w); None where no closed form holds.
+
+    ``strict``: only where mpipar's simulator gives exactly this (tests/test_plan.py checks it):
+    interleaved needs m a multiple of p, naive m = 1. Otherwise the published form wherever the
+    paper states it (interleaved for any m, naive as m micro-batches one after another)::
+
+        gpipe, 1f1b    (m + p - 1) (f + b + w)       Huang et al. 2019; Narayanan et al. 2021
+        interleaved    (m + (p - 1)/v) (f + b + w)   Megatron-LM SC'21, sec. 2.2.2
+        zb-h1          m (f + b + w) + (p - 1) max(f + b - w, f, b)   (m >= p)
+        naive          m p (f + b + w)
+
+    ZB-H1: Qi et al. 2023 (sec. 3.1) give (p - 1)(f + b - w) idle time, which holds while
+    w <= min(f, b); the max is what the simulator shows beyond it (a hop costs at least f or b).
+    """
+    c = f + b + w
+    if kind in ("gpipe", "1f1b"):
+        return (m + p - 1) * c
+    if kind == "interleaved":
+        return (m + (p - 1) / v) * c if (m % p == 0 or not strict) else None
+    if kind == "zb-h1":
+        if p == 1:
+            return m * c
+        return m * c + (p - 1) * max(f + b - w, f, b) if m >= p else None
+    if kind == "naive":
+        return p * c if m == 1 else (None if strict else m * p * c)
+    return None
 
 
-def span_bubble(result: SimResult) -> float:
+def textbook_bubble(kind: str, pp: int, microbatches: int, virtual_stages: int = 1) -> float | None:
+    """The published bubble fraction, as idle time / total time (the simulator's normalisation),
+    from ``makespan`` with f = b = w = 1: (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(v m + p-1)
+    interleaved, (p-1)/(3m + p-1) ZB-H1 (m >= p), (p-1)/p naive.
+
+    None where no closed form applies: asynchronous PipeDream has no flush, so its bubble
+    vanishes in the steady state; ZB-H1 with fewer micro-batches than stages; unknown kinds.
+    """
+    m = microbatches
+    total = makespan(kind, pp, m, virtual_stages, 1.0, 1.0, 1.0, strict=False)
+    if total is None:
+        return None
+    return (total - 3.0 * m) / total
+
+
+def span_bubble(result) -> float:
     """1 - busy / span of the rank with the longest span (first compute start to last end)."""
     worst = 0.0
     for r, row in enumerate(result.timeline):
@@ -31,7 +79,7 @@ def span_bubble(result: SimResult) -> float:
     return worst
 
 
-def peak_stage_activations(result: SimResult, virtual_stages: int) -> float:
+def peak_stage_activations(result, virtual_stages: int) -> float:
     """The most activations any rank holds, in micro-batches of a whole stage."""
     return max(result.peak_activations) / virtual_stages
 

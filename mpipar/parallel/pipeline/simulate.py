@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .actions import Action, Schedule, ScheduleError, matching
+from .formulas import textbook_bubble  # noqa: F401  (its home; imported from here too)
 from .replay import UNIT_COSTS, Replay
 
 DEFAULT_COSTS = UNIT_COSTS
@@ -299,31 +300,3 @@ def simulate(s: Schedule, costs: dict | CostModel | None = None, draw=None) -> S
         pipeline_end=list(ends),
         dp_timeline=[list(x) for x in dp_spans],
     )
-
-
-def textbook_bubble(kind: str, pp: int, microbatches: int, virtual_stages: int = 1) -> float | None:
-    """The published bubble fraction, as idle time / total time (the simulator's normalisation).
-
-    Returns None where no closed form applies: asynchronous PipeDream has no flush, so its
-    bubble vanishes in the steady state; ZB-H1 with fewer micro-batches than stages; unknown
-    kinds.
-    """
-    p, m, v = pp, microbatches, virtual_stages
-    if kind == "naive":
-        # One micro-batch through p stages: each device works 1/p of the time.
-        return (p - 1) / p
-    if kind in ("gpipe", "1f1b"):
-        # GPipe (Huang et al. 2019, sec. 2.2): bubble O((p-1)/(m+p-1)); 1F1B / PipeDream-Flush
-        # (Narayanan et al. 2021, "Memory-Efficient Pipeline-Parallel DNN Training") has the
-        # same bubble, less memory: idle (p-1)(tf+tb) out of (m+p-1)(tf+tb).
-        return (p - 1) / (m + p - 1)
-    if kind == "interleaved":
-        # Narayanan et al. 2021 (Megatron-LM, SC'21, sec. 2.2.2): bubble time / ideal time =
-        # (p-1)/(v*m); as idle / total that is (p-1)/(v*m + p-1).
-        return (p - 1) / (v * m + p - 1)
-    if kind == "zb-h1":
-        # Qi et al. 2023 ("Zero Bubble Pipeline Parallelism", sec. 3.1): ZB-H1 idles
-        # (p-1)(tF + tB - tW) per rank against 1F1B's (p-1)(tF + tB + tW): a third of it with
-        # tF = tB = tW = 1. Total time 3m + p - 1; the paper's schedule assumes m >= p.
-        return (p - 1) / (3 * m + p - 1) if m >= p else None
-    return None

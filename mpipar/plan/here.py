@@ -1,0 +1,356 @@
+"""A run planned from a cluster spec alone: the calibrated path's model, the spec's costs.
+
+``mpipar.analysis.predict`` fits a ``CostModel`` from a dump and simulates the run's lowered
+schedule; this module fills the same ``CostModel`` from the configuration's FLOPs and bytes and
+a cluster spec (``mpipar plan measure`` writes one of this machine), and runs the same simulator
+and the same outcome arithmetic (``predict.expected_outcome``, ``pipeline_bubble``) and the same
+memory model (``memory_model.predict_run``). So a planned and a calibrated column differ only
+in where the costs came from.
+
+Costs, per micro-batch of ``T`` tokens (GPT; samples for the MLP), ``s`` bytes per value, on one
+tensor-parallel rank (1D Megatron cut, ``models.counts``):
+
+- forward of a unit: each GEMM's FLOPs / (peak x ``Cluster.gemm_efficiency`` at its smallest
+  dimension: tokens, its output width on this rank, or the head dimension for the attention
+  core), plus element-wise traffic (the values the unit keeps for the backward and its
+  transient buffers, written and read once: ``2 s T (stored + work)`` / the element-wise rate),
+  plus two tensor-parallel all-reduces of ``T d`` values per block (collective link);
+- backward: input gradients (the forward's GEMM time again, twice its traffic, its two
+  all-reduces) and weight gradients (the GEMM time again); ``full`` recomputation adds the
+  whole forward to B, ``selective`` the attention core's GEMM time and traffic;
+- p2p: the spec's p2p latency and bandwidth, the boundary activation's bytes; per-action
+  overhead, send/receive posting and fixed per-step costs: the spec's ``[executor]`` section
+  (zero when a bundled spec has none); the gradient-norm all-reduce: the collective latency;
+- the executor's work inside a compute event beyond its units' own calls (fetching the input,
+  the pools, the trace): ``action_floor``, the probe run's measured mean F and backward per
+  chunk (``[executor] probe_f_us`` / ``probe_b_us``, ``measure.PROBE``) less what this model
+  gives that run without it; added to every chunk's F and B (backward-input, or the fused BW);
+- core sharing (CPU specs, ``cores_per_node``): a node running more ranks than it has cores
+  gives each rank cores / ranks of one (MPI waits poll, so an idle rank still holds its core):
+  every CPU cost (units, optimizer, executor) is divided by that share; links are not;
+- dp: each chunk's gradients all-reduced in ``bucket_mb`` buckets (latency per bucket, ring
+  volume 2 (dp-1)/dp bytes / bus bandwidth); optimizer: AdamW's ~12 values of traffic per
+  parameter (weights, gradient, two moments read and written, the update and clipping) / the
+  element-wise rate, split by dp under ZeRO-1, plus the measured AdamW cost per parameter
+  tensor (``[units] opt_tensor_us``, ``unit_bench.optimizer_per_tensor``) times the rank's
+  tensors.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .cluster import Cluster
+from .errors import PlanError
+
+DTYPE_KEYS = {"float32": ("fp32", 4), "float64": ("fp64", 8), "bfloat16": ("bf16", 2),
+              "float16": ("fp16", 2)}
+ADAM_TRAFFIC = 12  # values per parameter the optimizer step reads and writes (module doc)
+
+
+def _get(config, key, default=None):
+    from mpipar.analysis.flops import setting
+
+    return setting(config, key, default)
+
+
+def _peak(cluster: Cluster, config: dict) -> tuple[float, int]:
+    dtype = str(_get(config, "dtype", "float32"))
+    key, s = DTYPE_KEYS.get(dtype, ("fp32", 4))
+    peak = cluster.peak.get(key) or cluster.peak.get("fp32")
+    if not peak:
+        raise PlanError(f"cluster {cluster.name} gives no peak for {key}; it has "
+                        f"{', '.join(cluster.peak)} (measure one: mpipar plan measure)")
+    return peak, s
+
+
+def _allreduce(link, nbytes: float, n: int) -> float:
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return link.latency + 2 * (n - 1) / n * nbytes / (link.bandwidth * link.efficiency)
+
+
+def _gemm(c: Cluster, peak: float, flops: float, smallest: float) -> float:
+    return flops / (peak * c.gemm_efficiency(max(smallest, 1.0))) if flops else 0.0
+
+
+def unit_costs(config: dict, grid: dict, c: Cluster) -> list[dict]:
+    """Per model unit, one micro-batch on one tp rank: {gemm, core_gemm, mem, core_mem, tp,
+    params} in seconds (``params`` in values), as the module doc counts them."""
+    from mpipar.analysis.flops import model_kind, model_section
+    from mpipar.analysis.memory_model import split_of
+
+    peak, s = _peak(c, config)
+    tp, dp = int(grid.get("tp", 1)), int(grid.get("dp", 1))
+    mb = int(_get(config, "microbatches", 1) or 1)
+    b = max(int(_get(config, "batch_size", 1) or 1) // (mb * dp), 1)
+    m = model_section(config)
+    coll = c.collective or c.intra
+    if model_kind(config) == "mlp":
+        sizes = [int(x) for x in m.get("sizes", [])]
+        return [{"kind": "linear", "gemm": _gemm(c, peak, 2 * a * o * b, min(b, a, o)),
+                 "core_gemm": 0.0,
+                 "mem": c.hbm_time(2 * s * b * (a + 3 * o)), "core_mem": 0.0, "tp": 0.0,
+                 "params": a * o + o, "tensors": 2}
+                for a, o in zip(sizes[:-1], sizes[1:], strict=True)]
+    if model_kind(config) != "gpt":
+        raise PlanError("planned costs need a GPT or an MLP config (model.kind)")
+    from mpipar.models.counts import block_flops, gpt_counts
+    from mpipar.models.spec import GPTDims, gpt_units
+
+    seq = int(_get(config, "seq_len", 0) or m.get("block_size"))
+    dims = GPTDims.of({"block_size": seq, **m})
+    split = split_of(config, grid)
+    selective = str(_get(config, "recompute", "none")).lower() == "selective"
+    T, d, heads = b * seq, dims.n_embd, dims.n_head
+    parts = block_flops(dims, seq)
+    out = []
+    counts = gpt_counts(dims, split, seq, selective)  # embedding, blocks, head
+    for i, (u, unit) in enumerate(zip(counts, gpt_units(dims), strict=True)):
+        kind = "embed" if i == 0 else ("head" if i == len(counts) - 1 else "block")
+        row = {"kind": kind, "gemm": 0.0, "core_gemm": 0.0, "core_mem": 0.0, "tp": 0.0,
+               "params": u.params, "tensors": _tensors(unit),
+               # the attention probabilities (``u.core``) are the core's, counted apart
+               "mem": c.hbm_time(2 * s * T * (u.stored - u.core + u.work) + u.id_bytes * T)}
+        if kind == "head":  # the head: the logits GEMM (its loss is element-wise)
+            row["gemm"] = _gemm(c, peak, u.flops * T / tp, min(T, dims.vocab_size / tp))
+        elif u.flops:
+            core = parts.get("attn.core", 0)
+            row["gemm"] = _gemm(c, peak, (u.flops - core) * T / tp, min(T, d / tp))
+            row["core_gemm"] = _gemm(c, peak, core * T / tp, d / heads)
+            row["core_mem"] = c.hbm_time(2 * s * T * u.core)
+            row["tp"] = 2 * _allreduce(coll, s * T * d, tp)
+        out.append(row)
+    return out
+
+
+def _tensors(unit) -> int:
+    """Parameter tensors of a GPT unit (``models.spec``): a linear's weight (none when tied to
+    the embedding) and bias, a norm's two, an embedding table."""
+    from mpipar.models import spec
+
+    n = 0
+    for part in unit.leaves():
+        if isinstance(part, spec.Linear):
+            n += (0 if part.tied else 1) + (1 if part.bias else 0)
+        elif isinstance(part, spec.Norm):
+            n += 2
+        elif isinstance(part, (spec.TokenEmbedding, spec.PositionEmbedding)):
+            n += 1
+    return n
+
+
+# without a measured [units] section (the bundled GPU specs): no floor, the backward-input's
+# element-wise traffic twice the forward's, none in the weight pass (``costs.layer_cost``'s rule)
+DEFAULT_K = {"f": 1.0, "b": 2.0, "w": 0.0}
+
+
+def _phase_parts(u: dict) -> dict:
+    """{phase: (GEMM seconds, element-wise seconds)} of a unit: the backward-input redoes the
+    forward's GEMMs (attention core included), the weight pass only the weights' GEMMs."""
+    return {"f": (u["gemm"] + u["core_gemm"], u["mem"] + u["core_mem"]),
+            "b": (u["gemm"] + u["core_gemm"], u["mem"] + u["core_mem"]),
+            "w": (u["gemm"], u["mem"])}
+
+
+def calibration(c: Cluster) -> dict:
+    """{(unit kind, phase): (floor s, k)} from the spec's ``[units]`` (``plan.unit_bench``): k
+    makes the reference shape's phase come out as measured there. {} without that section."""
+    from .unit_bench import REF
+
+    got = dict(c.units)
+    if not got:
+        return {}
+    d, heads, seq, b = REF["gpt"]
+    width, rows = REF["mlp"]
+    ref_cfg = {"gpt": {"model": {"kind": "gpt", "vocab_size": 256, "block_size": seq,
+                                 "n_layer": 1, "n_embd": d, "n_head": heads},
+                       "train": {"batch_size": b, "seq_len": seq, "dtype": "float32"}},
+               "mlp": {"model": {"kind": "mlp", "sizes": [width, width, width]},
+                       "train": {"batch_size": rows, "dtype": "float32"}}}
+    ref = {}
+    for cfg in ref_cfg.values():
+        for u in unit_costs(cfg, {"dp": 1, "pp": 1, "tp": 1}, c):
+            ref.setdefault(u["kind"], u)
+    out = {}
+    for kind, u in ref.items():
+        for ph, (gemm, mem) in _phase_parts(u).items():
+            floor = got.get(f"floor_{kind}_{ph}", 0.0)
+            measured = got.get(f"ref_{kind}_{ph}")
+            if measured is None:
+                continue
+            k = max(measured - floor - gemm, 0.0) / mem if mem > 0 else 0.0
+            out[(kind, ph)] = (floor, k)
+    return out
+
+
+def phase_times(u: dict, cal: dict, recompute: str) -> tuple[float, float, float]:
+    """(F, B, W) of one unit: floor + GEMM + k x element-wise per phase, tp collectives in F
+    and B, recomputation in B (full: the forward again; selective: the attention core's)."""
+    t = {}
+    for ph, (gemm, mem) in _phase_parts(u).items():
+        floor, k = cal.get((u["kind"], ph), (0.0, DEFAULT_K[ph]))
+        t[ph] = floor + gemm + k * mem
+    f, b = t["f"] + u["tp"], t["b"] + u["tp"]
+    if recompute == "full":
+        b += f
+    elif recompute == "selective":
+        b += u["core_gemm"] + cal.get((u["kind"], "f"), (0.0, 1.0))[1] * u["core_mem"]
+    return f, b, t["w"]
+
+
+def core_share(c: Cluster, ranks_per_node: int) -> float:
+    """The fraction of a core each rank gets (module doc); 1 without ``cores_per_node``."""
+    if c.cores_per_node <= 0 or ranks_per_node <= c.cores_per_node:
+        return 1.0
+    return c.cores_per_node / ranks_per_node
+
+
+def action_floor(c: Cluster) -> tuple[float, float]:
+    """(F, backward) seconds the executor adds inside each compute event (module doc); (0, 0)
+    without the probe's numbers."""
+    from mpipar.parallel.pipeline.generators import build_schedule
+    from mpipar.parallel.pipeline.lowering import lower
+
+    from .measure import PROBE
+
+    ex = dict(c.executor)
+    if "probe_f" not in ex or "probe_b" not in ex:
+        return 0.0, 0.0
+    sched = lower(build_schedule("1f1b", 2, 4, virtual_stages=1))
+    model = cost_model(PROBE, {"dp": 1, "pp": 2, "tp": 1}, c, sched, 1, 2, floor=(0.0, 0.0))
+    fwd = [t for (_, _, op), t in model.per_unit.items() if op == "F"]
+    bwd = [t for (_, _, op), t in model.per_unit.items() if op == "BW"]
+    return (max(ex["probe_f"] - sum(fwd) / len(fwd), 0.0),
+            max(ex["probe_b"] - sum(bwd) / len(bwd), 0.0))
+
+
+def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,
+               ranks_per_node: int | None = None, floor: tuple | None = None):
+    """The ``CostModel`` of the run's lowered schedule ``sched``, from the spec (module doc).
+    ``ranks_per_node``: default every rank of the run on one node; ``floor``: the executor's
+    (F, backward) in-event floor, default ``action_floor``."""
+    from mpipar.analysis.memory_model import chunk_bounds
+    from mpipar.models.counts import boundary_values
+    from mpipar.parallel.pipeline.simulate import CostModel
+
+    units = unit_costs(config, grid, c)
+    cal = calibration(c)
+    bounds = chunk_bounds(config, grid, v)
+    if bounds is None:
+        raise PlanError("planned costs need the model's stage bounds (model.kind gpt or mlp)")
+    _, s = _peak(c, config)
+    recompute = str(_get(config, "recompute", "none")).lower()
+    recompute = {"true": "full", "false": "none"}.get(recompute, recompute)  # older configs
+    dp = int(grid.get("dp", 1))
+    zero = dp if _get(config, "zero1") and dp > 1 else 1
+    ex = dict(c.executor)
+    coll = c.collective or c.intra
+    bucket = max(1.0, float(_get(config, "bucket_mb", 4.0)) * 2**20)
+    model = CostModel(unit={})
+    params, tensors = {}, {}
+    floor_f, floor_b = action_floor(c) if floor is None else floor
+    for chunk, (lo, hi) in bounds.items():
+        p = sched.rank_of(chunk)
+        fwd, bwd_in, wgt = (sum(x) for x in zip(*(phase_times(u, cal, recompute)
+                                                   for u in units[lo:hi]), strict=True))
+        us = units[lo:hi]
+        fwd, bwd_in = fwd + floor_f, bwd_in + floor_b
+        for op, val in (("F", fwd), ("B", bwd_in), ("W", wgt), ("BW", bwd_in + wgt)):
+            model.per_unit[(p, chunk, op)] = val
+        n = sum(u["params"] for u in us)
+        params[p] = params.get(p, 0.0) + n
+        tensors[p] = tensors.get(p, 0) + sum(u["tensors"] for u in us)
+        if dp > 1:
+            nbytes = s * n
+            model.dp_reduce[(p, chunk)] = (math.ceil(nbytes / bucket) * coll.latency
+                                           + _allreduce(coll, nbytes, dp) - coll.latency)
+    per_tensor = dict(c.units).get("opt_tensor", 0.0)
+    model.optimizer = {p: c.hbm_time(ADAM_TRAFFIC * s * n / zero) + per_tensor * tensors[p]
+                       for p, n in params.items()}
+    model.latency, model.bandwidth = c.intra.latency, c.intra.bandwidth * c.intra.efficiency
+    model.default_bytes = s * _boundary(config, grid, boundary_values)
+    model.overhead = ex.get("action_overhead", 0.0)
+    model.send_post, model.recv_post = ex.get("send_post", 0.0), ex.get("recv_post", 0.0)
+    world = dp * sched.pp * int(grid.get("tp", 1))
+    model.sync = coll.latency if world > 1 else 0.0  # the gradient-norm all-reduce
+    model.step_pre, model.step_post = ex.get("step_pre", 0.0), ex.get("step_post", 0.0)
+    share = core_share(c, ranks_per_node or world)
+    if share < 1:
+        model.per_unit = {k: t / share for k, t in model.per_unit.items()}
+        model.optimizer = {k: t / share for k, t in model.optimizer.items()}
+        for name in ("overhead", "send_post", "recv_post", "step_pre", "step_post"):
+            setattr(model, name, getattr(model, name) / share)
+    return model.check()
+
+
+def _boundary(config, grid, boundary_values) -> float:
+    """Values of the activation one micro-batch sends between stages."""
+    from mpipar.analysis.flops import model_kind, model_section
+    from mpipar.analysis.memory_model import split_of
+    from mpipar.models.spec import GPTDims
+
+    m = model_section(config)
+    dp = int(grid.get("dp", 1))
+    mb = int(_get(config, "microbatches", 1) or 1)
+    b = max(int(_get(config, "batch_size", 1) or 1) // (mb * dp), 1)
+    if model_kind(config) == "mlp":
+        return b * max(int(x) for x in m.get("sizes", [1]))
+    seq = int(_get(config, "seq_len", 0) or m.get("block_size"))
+    dims = GPTDims.of({"block_size": seq, **m})
+    return b * seq * boundary_values(dims, split_of(config, grid))
+
+
+def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | None = None,
+            with_floor: bool = True) -> dict:
+    """{step, bubble, bubble_step, compute[p], comm[p], overhead[p], memory[p] | None,
+    memory_parts} of the run ``config`` on ``grid`` (dp, pp, tp), from the spec alone
+    (``ranks_per_node``: default all ranks on one node; ``with_floor`` False: without the
+    executor's in-event floor, ``action_floor``)."""
+    from mpipar.analysis.memory_model import predict_run
+    from mpipar.analysis.predict import expected_outcome
+    from mpipar.parallel.pipeline.generators import build_schedule
+    from mpipar.parallel.pipeline.lowering import lower
+
+    kind = str(_get(config, "schedule", "1f1b") or "1f1b")
+    pp = int(grid.get("pp", 1))
+    m = int(_get(config, "microbatches", 1) or 1)
+    v = int(_get(config, "virtual_stages", 1) or 1)
+    if _get(config, "continuous", False):
+        raise PlanError("planned: a continuous (no flush) run is not planned; the calibrated "
+                        "column covers it")
+    sched = lower(build_schedule(kind, pp, m, virtual_stages=v))
+    model = cost_model(config, grid, cluster, sched, v, ranks_per_node,
+                       None if with_floor else (0.0, 0.0))
+    out = expected_outcome(sched, [model])
+    mem = predict_run(config, grid)
+    out["memory"] = [r["total"] for r in mem] if mem else None
+    out["memory_parts"] = mem
+    out["spec"] = cluster.name
+    return out
+
+
+SPEC_ENV = "MPIPAR_SPEC"  # a spec of this machine (``mpipar plan measure --out FILE``)
+
+
+def attach_planned(runs, results, spec: str | None) -> None:
+    """Put ``planned`` (or ``planned_note``, why not) in each result's summary, for the
+    planned column of ``mpipar analyze``. ``spec``: a spec file or bundled name, else the
+    file ``$MPIPAR_SPEC`` names; neither: a note saying how to make one."""
+    import os
+
+    from .cluster import load_cluster
+
+    spec = spec or os.environ.get(SPEC_ENV)
+    if not spec:
+        for res in results:
+            res["summary"]["planned_note"] = ("planned: no machine spec (mpipar plan measure "
+                                              "--out here.toml, then --spec here.toml or "
+                                              f"${SPEC_ENV})")
+        return
+    cluster = load_cluster(spec)  # a bad spec: one PlanError for the command to print
+    for run, res in zip(runs, results, strict=True):
+        try:
+            res["summary"]["planned"] = planned(run.config, run.grid, cluster)
+        except (PlanError, KeyError, ValueError, TypeError) as exc:
+            res["summary"]["planned_note"] = f"planned: not available ({exc})"

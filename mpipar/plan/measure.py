@@ -1,0 +1,288 @@
+"""``mpipar plan measure``: a cluster spec of this machine, measured on the spot.
+
+It writes the schema of the bundled specs (``plan/clusters/*.toml``, read by ``cluster.py``),
+every number measured here, none taken from a datasheet:
+
+- ``[gemm]`` and ``[peak_tflops]``: one rank's square matrix-product rate r(n) = 2 n^3 / t at
+  several sizes n, fitted to the bundled form r(n) = R n / (n + half_dim) (``fit_gemm``: least
+  absolute log error, robust to one size slowed by load); R is written as the peak and
+  ``max_efficiency`` = 1, so ``Cluster.gemm_efficiency`` reproduces the fit. ``sms = 1`` and
+  a 1 x 1 tile: no wave
+  quantization on a CPU. fp32 sets ``half_dim``; fp64 is measured for its own peak.
+- ``[hbm]``: ``bandwidth_gbs`` the element-wise rate (c = a + b on arrays far beyond the
+  caches: 3 arrays of bytes moved per pass), ``capacity_gb`` the node's physical memory.
+- ``[intra_node]`` / ``[collective]``: point-to-point one-way latency (the smallest message) and
+  bandwidth (the largest), all-reduce latency and bus bandwidth, from ``mpipar commbench``
+  (``mpipar/mpi/bench``) run under ``mpiexec`` with ``--ranks`` ranks; ``[inter_node]`` the same
+  across nodes with ``--inter-node`` (ranks over the emulated cluster's nodes through
+  ``mpipar cluster mpiexec --ppn 1``), else a copy of ``[intra_node]``, marked so.
+- ``[executor]``: the fitted per-action overhead, send/receive posting and fixed per-step
+  costs of a tiny traced pp = 2 MLP run (``mpipar.analysis.costmodel.fit``; not its
+  gradient-norm collective: that fit holds the ranks' imbalance): the executor's own cost,
+  what no FLOP count gives.
+- ``[units]``: mpipar's own GPT block, head, embedding and MLP unit timed at a tiny and a
+  reference shape (``plan.unit_bench``): the per-call floor and the element-wise factors.
+- ``cores_per_node`` (the cores this process may run on), ``cores_per_rank``,
+  ``workspace_gb`` (the resident size of a Python process with NumPy).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .errors import PlanError
+
+SIZES = (32, 64, 128, 256, 512, 768)
+QUICK_SIZES = (16, 32, 64)
+THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def _best_time(fn, budget: float, least: int = 3) -> float:
+    """The fastest of repeated calls of ``fn`` within ``budget`` seconds (at least ``least``)."""
+    best, t_end, n = float("inf"), time.perf_counter() + budget, 0
+    while n < least or time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+        n += 1
+    return best
+
+
+def gemm_rates(sizes, dtype, budget: float) -> list[tuple[int, float]]:
+    """[(n, FLOP/s)] of an n x n by n x n product in ``dtype``."""
+    out = []
+    for n in sizes:
+        a = np.random.default_rng(0).standard_normal((n, n)).astype(dtype)
+        b = a.T.copy()
+        c = np.empty_like(a)
+        t = _best_time(lambda a=a, b=b, c=c: np.matmul(a, b, out=c), budget)
+        out.append((n, 2.0 * n**3 / t))
+    return out
+
+
+def fit_gemm(rates) -> tuple[float, float]:
+    """(R FLOP/s, half_dim) of r(n) = R n / (n + half_dim): for each half_dim on a fine log
+    grid, R the median of r / (n / (n + half_dim)), and the pair with the least sum of
+    |log(measured / fitted)|: one size slowed by a neighbour's load moves it little (a least-
+    squares fit let one slow large size halve R)."""
+    n = np.array([x for x, _ in rates], float)
+    r = np.array([y for _, y in rates], float)
+    best = (np.inf, float(r.max()), 1.0)
+    for h in np.geomspace(0.1, 1e5, 4000):
+        g = n / (n + h)
+        big = float(np.median(r / g))
+        cost = float(np.abs(np.log(r / (big * g))).sum())
+        if cost < best[0]:
+            best = (cost, big, float(h))
+    return best[1], best[2]
+
+
+def memory_rate(elements: int, budget: float) -> float:
+    """Bytes/s of c = a + b in float32 (read 2, write 1)."""
+    a = np.ones(elements, np.float32)
+    b = np.ones(elements, np.float32)
+    c = np.empty_like(a)
+    t = _best_time(lambda: np.add(a, b, out=c), budget)
+    return 3 * 4 * elements / t
+
+
+def _physical_memory() -> float:
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def _run(cmd: list[str], timeout: float, what: str) -> str:
+    env = dict(os.environ, **THREAD_ENV)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        raise PlanError(f"{what} took over {timeout:.0f} s: {' '.join(cmd)}") from None
+    except FileNotFoundError as exc:
+        raise PlanError(f"{what}: {exc.filename} not found (is MPI installed?)") from None
+    if done.returncode != 0:
+        raise PlanError(f"{what} failed (exit {done.returncode}): {' '.join(cmd)}\n"
+                        f"{(done.stdout + done.stderr)[-1500:]}")
+    return done.stdout
+
+
+def _launcher(ranks: int, inter_node: bool) -> list[str]:
+    if inter_node:
+        return [sys.executable, "-m", "mpipar.cli", "cluster", "mpiexec", "--ppn", "1", "--"]
+    return ["mpiexec", "-n", str(ranks)]
+
+
+def links(ranks: int, inter_node: bool, quick: bool, timeout: float) -> dict:
+    """{"p2p": (latency s, bytes/s), "allreduce": (latency s, bus bytes/s)} from commbench."""
+    import h5py
+
+    sizes = "8,1M" if quick else "8,64K,4M"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "commbench.h5"
+        cmd = _launcher(ranks, inter_node) + [
+            sys.executable, "-m", "mpipar.cli", "commbench", "--sizes", sizes, "--iters",
+            "3" if quick else "10", "--collectives", "allreduce", "--out", str(out)]
+        _run(cmd, timeout, "commbench")
+        with h5py.File(out, "r") as f:
+            p2p, ar = f["p2p"][()], f["allreduce"][()]
+    return {"p2p": _lat_bw(p2p, 1.0), "allreduce": _lat_bw(ar, 2.0 * (ranks - 1) / ranks)}
+
+
+def _lat_bw(rows, bus: float) -> tuple[float, float]:
+    """(latency, bandwidth) from the smallest and largest message's Comm time; ``bus`` the
+    nccl-tests factor (2 (n-1)/n for all-reduce): bytes/s that moves per rank."""
+    small, large = rows[np.argmin(rows["bytes"])], rows[np.argmax(rows["bytes"])]
+    lat = float(small["comm_s"])
+    extra = max(float(large["comm_s"]) - lat, 1e-12)
+    return lat, bus * float(large["bytes"]) / extra
+
+
+# the executor probe: an MLP of four tiny linears over pp = 2, 1F1B, m = 4; its units cost
+# their measured floor (``unit_bench.FLOOR``'s shape), so what its compute events take beyond
+# them is the executor's own (``here.action_floor`` rebuilds it)
+PROBE = {"model": {"kind": "mlp", "sizes": [8, 8, 8, 8, 8], "task": "regression"},
+         "train": {"batch_size": 8, "dtype": "float32"},
+         "parallel": {"schedule": "1f1b", "microbatches": 4, "partition": "uniform"}}
+
+
+def executor_costs(quick: bool, timeout: float) -> dict:
+    """The fitted executor costs of the tiny traced pp = 2 run ``PROBE`` (module doc), and its
+    mean measured F (+ LOSS) and backward per chunk action (``here.action_floor``)."""
+    from mpipar.analysis.dump import load as load_run
+    from mpipar.analysis.predict import run_model
+
+    sets = [f"{sec}.{k}={v}" for sec, body in PROBE.items() for k, v in body.items()]
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = ["mpiexec", "-n", "2", sys.executable, "-m", "mpipar.cli", "train", "--out", tmp,
+               "--pp", "2", "--set", f"train.steps={3 if quick else 6}",
+               "--set", "train.eval_interval=0", "--set", "run.progress=false",
+               "--set", "run.trace=true"]
+        for one in sets:
+            cmd += ["--set", one]
+        _run(cmd, timeout, "the tiny training run")
+        run = load_run(str(Path(tmp) / "trace.h5"))
+        steps = [s for s in run.steps() if s > 0] or list(run.steps())
+        _, model, _, _ = run_model(run, steps, "1f1b", 2, 4, 1)
+    per = model.per_unit
+    fwd = [t for (_, _, op), t in per.items() if op == "F"]
+    bwd = [t for (_, _, op), t in per.items() if op == "B"]
+    return {"action_overhead_us": model.overhead, "send_post_us": model.send_post,
+            "recv_post_us": model.recv_post, "step_pre_us": model.step_pre,
+            "step_post_us": model.step_post, "probe_f_us": float(np.mean(fwd)),
+            "probe_b_us": float(np.mean(bwd))}
+
+
+def local_rates(quick: bool) -> dict:
+    """{"fp32": [(n, FLOP/s)], "fp64": [...], "mem": bytes/s} in this process."""
+    budget = 0.05 if quick else 0.5
+    sizes = QUICK_SIZES if quick else SIZES
+    from .unit_bench import measure_units
+
+    return {"fp32": gemm_rates(sizes, np.float32, budget),
+            "fp64": gemm_rates(sizes, np.float64, budget),
+            "mem": memory_rate(1 << (20 if quick else 24), budget),
+            "units": measure_units(quick)}
+
+
+def _local_rates_one_thread(quick: bool, timeout: float) -> dict:
+    """``local_rates`` in a child process started with one BLAS thread: a training rank's
+    share on a node it fills (``mpipar.threads``); BLAS reads its thread count at import."""
+    import json
+
+    code = ("import json; from mpipar.plan.measure import local_rates; "
+            f"print(json.dumps(local_rates({quick})))")
+    got = json.loads(_run([sys.executable, "-c", code], timeout, "the rate measurement"))
+    return {k: [tuple(x) for x in v] if isinstance(v, list) else v for k, v in got.items()}
+
+
+def measure(ranks: int = 2, inter_node: bool = False, quick: bool = False,
+            timeout: float = 120.0, say=print) -> dict:
+    """Everything the spec holds, as {section: {key: value}} (values in the file's units)."""
+    if ranks < 2:
+        raise PlanError(f"--ranks {ranks}: links need two ranks at least; pass --ranks 2")
+    sizes = QUICK_SIZES if quick else SIZES
+    say(f"matrix products, n = {', '.join(map(str, sizes))}, one BLAS thread ...")
+    rates = _local_rates_one_thread(quick, timeout)
+    r32, r64, mem, units = rates["fp32"], rates["fp64"], rates["mem"], rates["units"]
+    peak32, half = fit_gemm(r32)
+    peak64, _ = fit_gemm(r64)
+    say("  fp32 " + ", ".join(f"n={n} {r / 1e9:.2f}" for n, r in r32) + " GFLOP/s; fitted "
+        f"R {peak32 / 1e9:.2f} GFLOP/s, half_dim {half:.1f}")
+    say("  fp64 " + ", ".join(f"n={n} {r / 1e9:.2f}" for n, r in r64) + " GFLOP/s")
+    say("model units (us; floor / reference shape, plan/unit_bench.py): " + ", ".join(
+        f"{k} {v * 1e6:.0f}" for k, v in units.items() if k.startswith("ref_")))
+    say(f"element-wise c = a + b: {mem / 1e9:.2f} GB/s")
+    say(f"p2p and all-reduce over {ranks} ranks (commbench) ...")
+    intra = links(ranks, False, quick, timeout)
+    inter = links(ranks, True, quick, timeout) if inter_node else None
+    say("  " + _link_line(intra))
+    if inter:
+        say("  across nodes: " + _link_line(inter))
+    say("executor costs of a tiny traced pp = 2 MLP run ...")
+    ex = executor_costs(quick, timeout)
+    say("  " + ", ".join(f"{k[:-3]} {v * 1e6:.0f} us" for k, v in ex.items()))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    cores = len(os.sched_getaffinity(0)) or os.cpu_count() or 1
+    return {
+        "name": "measured-" + os.uname().nodename,
+        "gpus_per_node": ranks,
+        "cores_per_rank": max(cores / ranks, 0.0),
+        "cores_per_node": cores,
+        "workspace_gb": rss / 1e9,
+        "peak_tflops": {"fp32": peak32 / 1e12, "fp64": peak64 / 1e12},
+        "hbm": {"capacity_gb": _physical_memory() / 1e9, "bandwidth_gbs": mem / 1e9,
+                "efficiency": 1.0},
+        "intra_node": _link_section(intra["p2p"]),
+        "inter_node": _link_section((inter or intra)["p2p"]),
+        "collective": _link_section(intra["allreduce"]),
+        "gemm": {"sms": 1, "tile_rows": 1, "tile_cols": 1, "max_efficiency": 1.0,
+                 "half_dim": half},
+        "executor": {k: max(v * 1e6, 1e-3) for k, v in ex.items()},  # > 0: the schema
+        "units": {f"{k}_us": max(v * 1e6, 1e-3) for k, v in units.items()},
+        "_inter_measured": inter is not None,
+        "_rates": {"fp32": r32, "fp64": r64},
+    }
+
+
+def _link_line(got: dict) -> str:
+    (pl, pb), (al, ab) = got["p2p"], got["allreduce"]
+    return (f"p2p latency {pl * 1e6:.1f} us, {pb / 1e9:.2f} GB/s; all-reduce latency "
+            f"{al * 1e6:.1f} us, bus {ab / 1e9:.2f} GB/s")
+
+
+def _link_section(lat_bw) -> dict:
+    lat, bw = lat_bw
+    return {"bandwidth_gbs": bw / 1e9, "latency_us": max(lat * 1e6, 1e-3), "efficiency": 1.0}
+
+
+def to_toml(spec: dict) -> str:
+    """The spec as TOML, with a header saying how each section was measured."""
+    r = spec["_rates"]
+    lines = [
+        "# Measured by `mpipar plan measure` on this machine (mpipar/plan/measure.py).",
+        "# fp32 n x n products (GFLOP/s): "
+        + ", ".join(f"{n}: {x / 1e9:.2f}" for n, x in r["fp32"]),
+        "# peak_tflops = the fitted asymptote R of r(n) = R n / (n + half_dim); "
+        "max_efficiency = 1.",
+        f'name = "{spec["name"]}"',
+        f"gpus_per_node = {spec['gpus_per_node']}          # ranks per node measured",
+        f"cores_per_rank = {spec['cores_per_rank']:.3g}",
+        f"cores_per_node = {spec['cores_per_node']}         # more ranks than this share cores",
+        f"workspace_gb = {spec['workspace_gb']:.4g}   # resident size of Python + NumPy",
+    ]
+    for sec in ("peak_tflops", "hbm", "intra_node", "inter_node", "collective", "gemm",
+                "executor", "units"):
+        lines.append("")
+        if sec == "inter_node" and not spec["_inter_measured"]:
+            lines.append("# NOT measured across nodes: a copy of [intra_node] "
+                         "(run with --inter-node on the cluster)")
+        lines.append(f"[{sec}]")
+        for k, v in spec[sec].items():
+            lines.append(f"{k} = {v}" if isinstance(v, int) else f"{k} = {v:.6g}")
+    return "\n".join(lines) + "\n"

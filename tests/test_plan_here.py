@@ -1,0 +1,174 @@
+"""``mpipar.plan.here``: a run planned from a cluster spec, through the calibrated path's model."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpipar.analysis.memory_model import predict_run
+from mpipar.parallel.pipeline.formulas import textbook_bubble
+from mpipar.plan import PlanError, load_cluster
+from mpipar.plan.here import calibration, phase_times, planned, unit_costs
+
+SPEC = """
+name = "test"
+gpus_per_node = 4
+workspace_gb = 0.1
+[peak_tflops]
+fp32 = 0.05
+[hbm]
+capacity_gb = 16.0
+bandwidth_gbs = 10.0
+efficiency = 1.0
+[intra_node]
+bandwidth_gbs = 1e9
+latency_us = 0.001
+efficiency = 1.0
+[inter_node]
+bandwidth_gbs = 1.0
+latency_us = 50.0
+efficiency = 1.0
+[gemm]
+sms = 1
+tile_rows = 1
+tile_cols = 1
+max_efficiency = 1.0
+half_dim = 16.0
+"""
+
+
+def _cluster(tmp_path, extra=""):
+    path = tmp_path / "spec.toml"
+    path.write_text(SPEC + extra)
+    return load_cluster(str(path))
+
+
+def _mlp(schedule="1f1b", m=4, **par):
+    return {"model": {"kind": "mlp", "sizes": [64] * 5},
+            "train": {"batch_size": 512, "dtype": "float32"},
+            "parallel": {"schedule": schedule, "microbatches": m, **par}}
+
+
+def test_equal_stages_give_the_closed_form_bubble(tmp_path):
+    """An MLP of equal layers over pp = 2, no executor costs: the planned pipeline bubble is the
+    textbook (p-1)/(m+p-1) (to the 1e-9 s p2p latency), from the same simulator the calibrated
+    column runs."""
+    got = planned(_mlp(), {"dp": 1, "pp": 2, "tp": 1}, _cluster(tmp_path))
+    assert got["bubble"] == pytest.approx(textbook_bubble("1f1b", 2, 4), abs=1e-5)
+    assert len(got["compute"]) == 2 and got["compute"][0] == pytest.approx(got["compute"][1])
+    assert got["step"] > 0
+
+
+def test_planned_memory_is_the_memory_model(tmp_path):
+    cfg, grid = _mlp("gpipe", 4), {"dp": 2, "pp": 2, "tp": 1}
+    got = planned(cfg, grid, _cluster(tmp_path))
+    assert got["memory"] == [r["total"] for r in predict_run(cfg, grid)]
+
+
+def test_recomputation_and_dp_cost_more(tmp_path):
+    gpt = {"model": {"kind": "gpt", "vocab_size": 256, "block_size": 32, "n_layer": 2,
+                     "n_embd": 32, "n_head": 2},
+           "train": {"batch_size": 8, "seq_len": 32, "dtype": "float32"},
+           "parallel": {"schedule": "1f1b", "microbatches": 2}}
+    c = _cluster(tmp_path)
+    base = planned(gpt, {"dp": 1, "pp": 1, "tp": 1}, c)
+    full = planned({**gpt, "parallel": {**gpt["parallel"], "recompute": "full"}},
+                   {"dp": 1, "pp": 1, "tp": 1}, c)
+    assert full["compute"][0] > base["compute"][0]
+    two = planned(gpt, {"dp": 2, "pp": 1, "tp": 1}, c)
+    assert two["comm"][0] > base["comm"][0]  # the gradient all-reduce
+
+
+def test_unit_calibration_reproduces_the_reference(tmp_path):
+    """A [units] section: the reference shape's phases come out as written there."""
+    from mpipar.plan.unit_bench import REF
+
+    width, rows = REF["mlp"]
+    extra = ("\n[units]\nfloor_linear_f_us = 5.0\nfloor_linear_b_us = 6.0\n"
+             "floor_linear_w_us = 4.0\nref_linear_f_us = 900.0\n"
+             "ref_linear_b_us = 1500.0\nref_linear_w_us = 700.0\n")
+    c = _cluster(tmp_path, extra)
+    cal = calibration(c)
+    cfg = {"model": {"kind": "mlp", "sizes": [width] * 3},
+           "train": {"batch_size": rows, "dtype": "float32"}}
+    u = unit_costs(cfg, {"dp": 1, "pp": 1, "tp": 1}, c)[0]
+    f, b, w = phase_times(u, cal, "none")
+    assert (f, b, w) == pytest.approx((900e-6, 1500e-6, 700e-6), rel=1e-9)
+
+
+def test_continuous_is_refused_with_a_reason(tmp_path):
+    cfg = _mlp()
+    cfg["parallel"]["continuous"] = True
+    with pytest.raises(PlanError, match="continuous"):
+        planned(cfg, {"dp": 1, "pp": 2, "tp": 1}, _cluster(tmp_path))
+
+
+def test_analyze_prints_measured_calibrated_and_planned(tmp_path, capsys, monkeypatch):
+    """``mpipar analyze --spec``: the three columns side by side; without a spec, a line
+    saying how to make one; a spec that is not there: one error line, exit 2."""
+    from mpipar.analysis.synthetic_run import write_run
+    from mpipar.cli import main
+
+    path = tmp_path / "syn.h5"
+    write_run(path, dp=1, pp=2, tp=1, steps=4, schedule="1f1b", microbatches=4)
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SPEC)
+    monkeypatch.delenv("MPIPAR_SPEC", raising=False)
+    assert main(["analyze", str(path), "--spec", str(spec)]) == 0
+    out = capsys.readouterr().out
+    assert "measured | calibrated | planned" in out
+    for row in ("step time (ms)", "bubble (pipeline window)", "pp1 compute", "pp0 communication",
+                "pp1 peak memory"):
+        assert row in out
+    assert main(["analyze", str(path)]) == 0
+    assert "planned: no machine spec (mpipar plan measure" in capsys.readouterr().out
+    assert main(["analyze", str(path), "--spec", str(tmp_path / "none.toml")]) == 2
+    assert "neither a bundled spec nor a file" in capsys.readouterr().err
+
+
+def test_ranks_beyond_the_cores_share_them(tmp_path):
+    """cores_per_node = 2: four ranks on a node each get half a core (every CPU cost doubles);
+    two ranks get a whole one; spread over two nodes, four ranks do too."""
+    import dataclasses
+
+    c = _cluster(tmp_path)
+    shared = dataclasses.replace(c, cores_per_node=2)
+    cfg, grid = _mlp(), {"dp": 2, "pp": 2, "tp": 1}
+    alone = planned(cfg, grid, c)
+    four = planned(cfg, grid, shared)
+    assert four["compute"] == pytest.approx([2 * x for x in alone["compute"]])
+    assert planned(cfg, grid, shared, ranks_per_node=2)["compute"] == pytest.approx(
+        alone["compute"])
+
+
+def test_action_floor_is_what_the_probe_took_beyond_the_units(tmp_path):
+    """[executor] probe_f_us / probe_b_us: the floor is the probe's measured mean less this
+    model's mean for the probe run; it adds to every chunk's F; none without the probe."""
+    from mpipar.plan.here import action_floor
+
+    plain = _cluster(tmp_path)
+    assert action_floor(plain) == (0.0, 0.0)
+    c = _cluster(tmp_path, "\n[executor]\nprobe_f_us = 5000.0\nprobe_b_us = 9000.0\n")
+    f, b = action_floor(c)
+    assert 0 < f < 5e-3 and 0 < b < 9e-3
+    cfg, grid = _mlp(), {"dp": 1, "pp": 2, "tp": 1}
+    bare = planned(cfg, grid, c, with_floor=False)
+    got = planned(cfg, grid, c)
+    assert got["compute"][0] == pytest.approx(bare["compute"][0] + 4 * (f + b))  # m = 4
+
+
+def test_tensor_count_is_the_built_models():
+    """The optimizer's per-tensor term counts the tensors mpipar builds, unit by unit."""
+    from mpipar.backend import Backend
+    from mpipar.config import load_config
+    from mpipar.models import build_model
+    from mpipar.models.spec import GPTDims, gpt_units
+    from mpipar.plan.here import _tensors
+
+    for tied in ("false", "true"):
+        cfg = load_config(None, {"model.kind": "gpt", "model.vocab_size": "16",
+                                 "model.block_size": "8", "model.n_layer": "2",
+                                 "model.n_embd": "8", "model.n_head": "2",
+                                 "model.tie_embeddings": tied, "train.seq_len": "8"})
+        model = build_model(cfg.model, Backend("cpu", "float32"))
+        units = gpt_units(GPTDims.of(vars(cfg.model)))
+        assert [_tensors(u) for u in units] == [len(u.params()) for u in model.units]

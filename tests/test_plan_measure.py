@@ -1,0 +1,55 @@
+"""``mpipar plan measure``: a spec of this machine in the bundled schema (tiny sizes here)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mpipar.plan import load_cluster
+from mpipar.plan.measure import fit_gemm
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_gemm_fit_recovers_the_bundled_form():
+    """r(n) = R n / (n + h) sampled exactly: the fit returns R and h."""
+    rates = [(n, 5e10 * n / (n + 40.0)) for n in (16, 32, 64, 128, 256)]
+    peak, half = fit_gemm(rates)
+    assert peak == pytest.approx(5e10, rel=0.01) and half == pytest.approx(40.0, rel=0.01)
+
+
+def test_gemm_fit_shrugs_off_one_slowed_size():
+    """One size run beside a busy neighbour at a fifth of its rate: R stays within 10 %."""
+    rates = [(n, 5e10 * n / (n + 40.0)) for n in (32, 64, 128, 256, 512)]
+    rates[-1] = (512, rates[-1][1] / 5)
+    peak, half = fit_gemm(rates)
+    assert peak == pytest.approx(5e10, rel=0.1) and half == pytest.approx(40.0, rel=0.2)
+
+
+@pytest.mark.mpi
+def test_measure_writes_a_spec_that_cluster_reads(tmp_path):
+    out = tmp_path / "here.toml"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "mpipar.cli", "plan", "measure", "--quick",
+                           "--out", str(out)], capture_output=True, text=True, env=env,
+                          timeout=240, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for what in ("matrix products", "element-wise", "p2p latency", "action_overhead"):
+        assert what in done.stdout
+    c = load_cluster(str(out))
+    assert c.peak["fp32"] > 0 and c.gemm_max_efficiency == 1.0 and c.sms == 1
+    assert c.gemm_efficiency(10 * c.gemm_half_dim) == pytest.approx(10 / 11)  # R n / (n + h)
+    assert c.intra.latency > 0 and c.intra.bandwidth > 0 and c.collective is not None
+    assert dict(c.executor).keys() >= {"action_overhead", "send_post", "step_pre", "step_post"}
+    assert c.hbm_capacity > 1e8 and c.cores_per_rank > 0
+
+
+def test_measure_refuses_a_missing_out(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "mpipar.cli", "plan", "measure"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 2 and "--out" in done.stderr
