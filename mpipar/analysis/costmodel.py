@@ -30,7 +30,6 @@ from collections import defaultdict
 import numpy as np
 
 from .dump import Run
-from .index import all_events_in as _all_events_in
 from .index import events_in, ranks_with_events
 from .units import _unit_durations
 
@@ -40,24 +39,64 @@ PIPE_KINDS = ("F", "B", "W", "R", "LOSS", "pp.send", "pp.recv", "pp.wait")
 def post_costs(ev) -> tuple[float, float]:
     """(send post, receive post) from a rank's events: the median ``pp.send``, and the median
     ``pp.recv`` plus the lower quartile of ``pp.wait`` (a wait that found its message there)."""
-    dur = ev["end"] - ev["start"]
-    waits = dur[ev["kind"] == "pp.wait"]
-    return (_med(dur[ev["kind"] == "pp.send"]),
-            _med(dur[ev["kind"] == "pp.recv"]) + (float(np.percentile(waits, 25))
-                                                  if waits.size else 0.0))
+    dur, kinds = ev["end"] - ev["start"], ev["kind"]
+    return _post_costs({"send": dur[kinds == "pp.send"], "recv": dur[kinds == "pp.recv"],
+                        "wait": dur[kinds == "pp.wait"]})
+
+
+def _post_costs(cols: dict) -> tuple[float, float]:
+    """``post_costs`` from the durations of each kind (``_p2p_columns``)."""
+    empty = np.empty(0)
+    waits = cols.get("wait", empty)
+    return (_med(cols.get("send", empty)),
+            _med(cols.get("recv", empty)) + (float(np.percentile(waits, 25))
+                                             if waits.size else 0.0))
 
 
 def _med(values, default=0.0) -> float:
     return float(np.median(values)) if len(values) else default
 
 
-def _step_events(run: Run, steps) -> dict:
-    """{(world rank, step): events of that step sorted by start}, without STEP markers."""
-    out = {}
+def _step_parts(run: Run, steps, n_actions: dict) -> dict:
+    """name -> [(world rank, step, value)] of ``_rank_step_parts`` over the ranks with events
+    and ``steps``. Each rank's step is worked out once per run (cached in ``Run.cache``, the
+    array kept with it so its id stays its own): every replica's fit of every step asks."""
+    parts = defaultdict(list)
     for r in ranks_with_events(run):
+        ev = run.events[r]
+        p = int(run.coords[r, 1])
+        n = n_actions.get(p, 1)
         for s in steps:
-            out[(r, s)] = np.sort(events_in(run, r, s), order="start")
-    return out
+            key = ("step_parts", id(ev), int(s), n)
+            got = run.cache.get(key)
+            if got is None or got[0] is not ev:
+                e = np.sort(events_in(run, r, s), order="start")
+                got = run.cache[key] = (ev, _rank_step_parts(e, n) if e.size else {})
+            for name, val in got[1].items():
+                parts[name].append((r, s, val))
+    return parts
+
+
+def _p2p_columns(run: Run, steps) -> dict:
+    """{"send", "recv", "wait": durations; "bytes": send payloads} of the ranks with events in
+    ``steps``, rank after rank (what ``post_costs`` and ``default_bytes`` take medians of),
+    each rank's step worked out once per run (cached as ``_step_parts``)."""
+    cols = defaultdict(list)
+    for r in ranks_with_events(run):
+        ev = run.events[r]
+        for s in np.atleast_1d(steps):
+            key = ("p2p", id(ev), int(s))
+            got = run.cache.get(key)
+            if got is None or got[0] is not ev:
+                e = events_in(run, r, int(s))
+                dur, kinds = e["end"] - e["start"], e["kind"]
+                sends = kinds == "pp.send"
+                got = run.cache[key] = (ev, {"send": dur[sends], "recv": dur[kinds == "pp.recv"],
+                                             "wait": dur[kinds == "pp.wait"],
+                                             "bytes": e["bytes"][sends]})
+            for name, val in got[1].items():
+                cols[name].append(val)
+    return {k: np.concatenate(v) for k, v in cols.items()}
 
 
 def _uncovered(starts, ends) -> float:
@@ -153,34 +192,28 @@ def _rank_step_parts(e: np.ndarray, n_actions: int) -> dict:
     return out
 
 
-def fit(run: Run, steps, schedule) -> tuple:
-    """(``CostModel``, notes) for ``schedule`` (the run's, as data) from the dump's events."""
+def fit(run: Run, steps, schedule, skip=()) -> tuple:
+    """(``CostModel``, notes) for ``schedule`` (the run's, as data) from the dump's events.
+    ``skip``: attributes the caller sets itself ("latency", "jitter"): not fitted (left 0 / ())."""
     from mpipar.parallel.pipeline.simulate import CostModel
 
-    by = _step_events(run, steps)
     n_actions = {p: len(acts) for p, acts in enumerate(schedule.ranks)}
-    parts = defaultdict(list)  # name -> [(world rank, step, value)]
-    for (r, s), e in by.items():
-        if not e.size:
-            continue  # a rank left out (``predict.replicas`` empties the other replicas)
-        p = int(run.coords[r, 1])
-        for name, val in _rank_step_parts(e, n_actions.get(p, 1)).items():
-            parts[name].append((r, s, val))
+    parts = _step_parts(run, steps, n_actions)  # name -> [(world rank, step, value)]
     model = CostModel(per_unit=unit_costs(run, steps, schedule), unit={},
-                      jitter=jitter(run, steps, schedule))
+                      jitter=() if "jitter" in skip else jitter(run, steps, schedule))
     model.overhead = _med([v for _, _, v in parts["overhead"]])
-    ev = _all_events_in(run, steps)
-    model.send_post, model.recv_post = post_costs(ev)
-    lat = transfer_times(run, steps, schedule)
+    cols = _p2p_columns(run, steps)
+    model.send_post, model.recv_post = _post_costs(cols)
+    lat = [] if "latency" in skip else transfer_times(run, steps, schedule)
     model.latency = _med(lat)
-    sent = ev[ev["kind"] == "pp.send"]
-    model.default_bytes = float(np.median(sent["bytes"])) if sent.size else 0.0
+    sent = cols.get("bytes", np.empty(0))
+    model.default_bytes = float(np.median(sent)) if sent.size else 0.0
     model.dp_reduce = _per_pp_chunk(run, parts["dp"], parts["dp_chunks"], schedule)
     model.optimizer = _per_pp(run, parts["optimizer"])
     model.sync = _min_over_ranks(parts["sync"])
     model.step_post = _min_over_ranks(parts["step_post"])
     model.step_pre = _med([v for _, _, v in parts["step_pre"]])
-    notes = [] if lat or schedule.pp == 1 else [
+    notes = [] if lat or schedule.pp == 1 or "latency" in skip else [
         "no messages both ways between two ranks to time: p2p latency 0"]
     return model, notes
 

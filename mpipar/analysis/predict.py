@@ -168,92 +168,117 @@ def replicas(run: Run) -> list[Run]:
             for g in groups]
 
 
-def replica_models(run: Run, steps, kind: str, pp: int, m: int, v: int, fixed=None):
+def replica_models(run: Run, steps, kind: str, pp: int, m: int, v: int, fixed=None,
+                   simulate_them: bool = True):
     """(schedule, [fitted CostModel], fit notes, [SimResult]): one simulation per pipeline
     (``replicas``), each on its own measured unit costs, so that one replica's slower compute
     shows as the others' wait for the reduction, inside the pipeline window as measured. Each
     replica's dp time, as fitted, includes that wait; the reduction itself is what the replica
     that arrived last spent (the least, per rank and chunk), and every replica gets that.
     ``fixed``: per replica, {attribute: value} to use instead of what ``steps`` give (the p2p
-    latency and the compute jitter, fitted over all steps). The simulations are jitter-free."""
+    latency and the compute jitter, fitted over all steps; the fit then skips them). The
+    simulations are jitter-free; ``simulate_them`` False: none (an empty list)."""
     from mpipar.parallel.pipeline.generators import build_schedule
     from mpipar.parallel.pipeline.simulate import simulate
 
     from .costmodel import fit, jitter
 
     sched = lower(build_schedule(kind, pp, m, virtual_stages=v))
-    fitted = [fit(sub, steps, sched) for sub in replicas(run)]
+    given = set(fixed[0]) if fixed else set()
+    fitted = [fit(sub, steps, sched, skip=given) for sub in replicas(run)]
     models = [mod for mod, _ in fitted]
     keys = set().union(*(mod.dp_reduce for mod in models))
     least = {k: min(mod.dp_reduce.get(k, 0.0) for mod in models) for k in keys}
-    spread = jitter(run, steps, sched) if len(models) > 1 else models[0].jitter
+    if "jitter" in given:
+        spread = None
+    else:
+        spread = jitter(run, steps, sched) if len(models) > 1 else models[0].jitter
     for i, mod in enumerate(models):
         mod.dp_reduce = dict(least)
-        mod.jitter = spread  # the machine's, over every rank: one pool that replicas draw from
+        if spread is not None:
+            mod.jitter = spread  # the machine's, over every rank: one pool replicas draw from
         for name, val in (fixed[i] if fixed is not None else {}).items():
             setattr(mod, name, val)
-    return sched, models, fitted[0][1], [simulate(sched, mod) for mod in models]
-
-
-def _step(models, sims) -> tuple[float, list, list]:
-    """(step time, per pipeline rank compute, per pipeline rank communication) of replicas that
-    meet at the gradient-norm collective: the last replica's pipeline and reduction end, the
-    collective, the slowest optimizer, the fixed rest. Per rank: the mean over replicas."""
-    meet = max(max(sim.pipeline_end) for sim in sims) + min(mod.sync for mod in models)
-    opt = max(max(mod.optimizer.values(), default=0.0) for mod in models)
-    step = meet + opt + min(mod.step_post for mod in models)
-    # from each pipeline's own p2p and dp time: ``sim.comm`` already holds the waits of a
-    # meeting of this replica alone, and adding the replicas' meeting to it counted a rank's
-    # wait for the last stage twice (a 1F1B pp = 2 last stage: 22.1 predicted, 13.9 measured)
-    comm = [[c + (meet - e) + (opt - mod.optimizer.get(r, 0.0))
-             for r, (c, e) in enumerate(zip(sim.pipe_comm, sim.pipeline_end, strict=True))]
-            for mod, sim in zip(models, sims, strict=True)]
-    return step, np.mean([s.busy for s in sims], axis=0).tolist(), np.mean(comm, axis=0).tolist()
-
-
-def _outcome(models, sims) -> dict:
-    """{step, bubble, bubble_step, compute, comm, overhead} of one simulation per replica."""
-    step, compute, comm = _step(models, sims)
-    busy = [b for sim in sims for b in sim.busy]
-    return {"step": step, "bubble": pipeline_bubble(sims),
-            "bubble_step": sum(1 - b / step for b in busy) / len(busy) if step > 0 else 0.0,
-            "compute": compute, "comm": comm,
-            "overhead": np.mean([s.overhead for s in sims], axis=0).tolist()}
+    sims = [simulate(sched, mod) for mod in models] if simulate_them else []
+    return sched, models, fitted[0][1], sims
 
 
 def mean_outcome(outs: list[dict]) -> dict:
-    """The mean of ``_outcome`` dicts, key by key (lists element-wise)."""
+    """The mean of outcome dicts, key by key (lists element-wise)."""
     first = outs[0]
     return {k: (np.mean([o[k] for o in outs], axis=0).tolist() if isinstance(first[k], list)
                 else float(np.mean([o[k] for o in outs]))) for k in first}
 
 
-def expected_outcome(sched, models, sims=None, dp=None) -> dict:
-    """``_outcome`` averaged over ``samples`` draws of the models' compute jitter, or of
-    ``sims`` when no model has jitter. Each draw gives every compute its own duration, so a
-    slow one delays the receives that wait for it, as in a measured step; the average is the
-    expected step, not the step of expected costs. ``dp[i]``: replica i's data-parallel
-    coordinate; draw k of a replica is seeded (k, dp): tensor-parallel ranks of one replica
-    draw alike (the collectives inside each unit hold them together), dp replicas each their
-    own (deterministic either way)."""
-    from mpipar.parallel.pipeline.simulate import simulate
+def expected_outcomes(sched, groups: list, dp: list) -> list[dict]:
+    """Per list of replica models in ``groups`` (one per step, say): {step, bubble,
+    bubble_step, compute, comm, overhead} of the replicas, averaged over ``samples`` draws of
+    the models' compute jitter (one jitter-free replay when no model has jitter). Each draw
+    gives every compute its own duration, so a slow one delays the receives that wait for it,
+    as in a measured step; the average is the expected step, not the step of expected costs.
+    ``dp[i]``: replica i's data-parallel coordinate; draw k of a replica is seeded (k, dp):
+    tensor-parallel ranks of one replica draw alike (the collectives inside each unit hold them
+    together), dp replicas each their own (deterministic either way). Every replay of every
+    group runs in one batch (``batch_sim``)."""
+    from .batch_sim import Compiled, evaluate
 
-    if not any(mod.jitter for mod in models):
-        sims = sims or [simulate(sched, mod) for mod in models]
-        return _outcome(models, sims)
-    n = max(mod.samples for mod in models)
-    dp = dp or list(range(len(models)))
-    return mean_outcome([_outcome(models, [simulate(sched, mod, draw=(k, d))
-                                           for d, mod in zip(dp, models, strict=True)])
-                         for k in range(n)])
+    models, draws, draws_of = [], [], []
+    for mods in groups:
+        jit = any(mod.jitter for mod in mods)
+        n = max(mod.samples for mod in mods) if jit else 1
+        for k in range(n):
+            models += mods
+            draws += [(k, d) if jit else None for d in dp]
+        draws_of.append(n)
+    batch = evaluate(Compiled.of(sched), models, draws)
+    out, at = [], 0
+    for mods, n in zip(groups, draws_of, strict=True):
+        size = n * len(mods)
+        out.append(_outcome(mods, batch, slice(at, at + size), n))
+        at += size
+    return out
 
 
-def _predict(run: Run, steps, kind: str, pp: int, m: int, v: int, fixed=None) -> tuple:
-    """(``expected_outcome``, schedule, models, notes, jitter-free sims) of the replicas on
-    costs fitted from ``steps``."""
-    sched, models, notes, sims = replica_models(run, steps, kind, pp, m, v, fixed)
+def _outcome(models, batch, rows: slice, n: int) -> dict:
+    """The outcome of ``n`` draws (rows of ``batch``: draw-major, replica-minor) of replicas
+    that meet at the gradient-norm collective, averaged over the draws. Step: the last
+    replica's pipeline and reduction end, the collective, the slowest optimizer, the fixed
+    rest. Per pipeline rank: the mean over replicas. Bubble: ``pipeline_bubble``'s window (the
+    first to the last compute over every replica)."""
+    reps = len(models)
+    shape = (n, reps, -1)
+    busy = batch.busy[rows].reshape(shape)
+    pend = batch.pipeline_end[rows].reshape(shape)
+    pp = busy.shape[2]
+    meet = pend.max(axis=(1, 2)) + min(mod.sync for mod in models)
+    opt = max(max(mod.optimizer.values(), default=0.0) for mod in models)
+    step = meet + opt + min(mod.step_post for mod in models)
+    # from each pipeline's own p2p and dp time: the pipe_comm already holds the waits of a
+    # meeting of this replica alone, and adding the replicas' meeting to it counted a rank's
+    # wait for the last stage twice (a 1F1B pp = 2 last stage: 22.1 predicted, 13.9 measured)
+    opt_r = np.array([[mod.optimizer.get(r, 0.0) for r in range(pp)] for mod in models])
+    comm = batch.pipe_comm[rows].reshape(shape) + (meet[:, None, None] - pend) + (opt - opt_r)
+    first = batch.first_compute[rows].reshape(n, reps).min(axis=1)
+    last = batch.last_compute[rows].reshape(n, reps).max(axis=1)
+    window = last - first
+    flat = busy.reshape(n, -1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bubble = np.where(window > 0, (1 - flat / window[:, None]).mean(axis=1), 0.0)
+        bubble = np.where(np.isfinite(first), bubble, np.nan)  # no compute: no window
+        bubble_step = np.where(step > 0, (1 - flat / step[:, None]).mean(axis=1), 0.0)
+    return {"step": float(step.mean()), "bubble": float(bubble.mean()),
+            "bubble_step": float(bubble_step.mean()),
+            "compute": busy.mean(axis=1).mean(axis=0).tolist(),
+            "comm": comm.mean(axis=1).mean(axis=0).tolist(),
+            "overhead": batch.overhead[rows].reshape(shape).mean(axis=1).mean(axis=0).tolist()}
+
+
+def _predict(run: Run, steps, kind: str, pp: int, m: int, v: int) -> tuple:
+    """(``expected_outcomes`` of the replicas on costs fitted from ``steps``, schedule, models,
+    notes, jitter-free sims)."""
+    sched, models, notes, sims = replica_models(run, steps, kind, pp, m, v)
     dp = [d for d, _ in replica_keys(run)]
-    return expected_outcome(sched, models, sims, dp), sched, models, notes, sims
+    return expected_outcomes(sched, [models], dp)[0], sched, models, notes, sims
 
 
 def calibrated(run: Run, steps, kind: str, pp: int, m: int, v: int) -> dict:
@@ -273,7 +298,9 @@ def calibrated(run: Run, steps, kind: str, pp: int, m: int, v: int) -> dict:
         # the mean over the steps averages their draws too: about ``samples`` draws in all
         fixed = [{"latency": mod.latency, "jitter": mod.jitter,
                   "samples": max(8, mod.samples // len(steps))} for mod in models]
-        pred = mean_outcome([_predict(run, [s], kind, pp, m, v, fixed)[0] for s in steps])
+        groups = [replica_models(run, [s], kind, pp, m, v, fixed, simulate_them=False)[1]
+                  for s in steps]
+        pred = mean_outcome(expected_outcomes(sched, groups, [d for d, _ in replica_keys(run)]))
     mem = rank_memory(run.config, run.grid, sched, sims[0].peak_activations,
                       chunk_bounds(run.config, run.grid, v))
     model = models[0]
