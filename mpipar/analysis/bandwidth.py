@@ -45,12 +45,39 @@ def _collective_rows(ev) -> np.ndarray:
 
 
 def _rank_spans(run, r, steps):
-    """[(kind, op, bytes, seconds, overlapped)] of one rank's collectives in ``steps``."""
+    """[(kind, op, bytes, seconds, overlapped, count)] of one rank's collectives in ``steps``: the
+    posts of a non-blocking kind that a wait of its (axis, bytes) may complete, one by one
+    (paired in order); every other collective summed as one row per (kind, bytes)."""
     ev = _collective_rows(events_in(run, r, steps))
+    kinds = ev["kind"].astype(str)
+    parts = np.char.partition(kinds, ".") if kinds.size else np.empty((0, 3), dtype=str)
+    axis, op = parts[:, 0], parts[:, 2]
+    waits = op == "wait"
+    paired = np.zeros(len(ev), dtype=bool)  # rows of an (axis, bytes) that has waits
+    for ax, nb in {(str(x), int(b)) for x, b in zip(axis[waits], ev["bytes"][waits])}:
+        paired |= (axis == ax) & (ev["bytes"] == nb)
+    out = _paired_spans(ev[paired], kinds[paired])
+    rest = ~paired & ~waits
+    dur = ev["end"][rest] - ev["start"][rest]
+    for (kind, nbytes), idx in _groups(kinds[rest], ev["bytes"][rest]).items():
+        o = kind.partition(".")[2]
+        out.append((kind, o, nbytes * len(idx), float(dur[idx].sum()), False, len(idx)))
+    return out
+
+
+def _groups(kinds, nbytes) -> dict:
+    """{(kind, bytes): row indices}."""
+    out = defaultdict(list)
+    for i, key in enumerate(zip(kinds.tolist(), nbytes.tolist())):
+        out[key].append(i)
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
+def _paired_spans(ev, kinds) -> list:
+    """Posts paired in order with the waits that complete them (per axis and size)."""
     queued = defaultdict(deque)  # (axis, bytes) -> posts not yet paired with a wait
     spans = []  # [kind, op, bytes, start, end, overlapped]
-    for e in ev:
-        kind = e["kind"].decode() if isinstance(e["kind"], bytes) else str(e["kind"])
+    for e, kind in zip(ev, kinds.tolist()):
         axis, _, op = kind.partition(".")
         nbytes = int(e["bytes"])
         if op in OPS:
@@ -60,7 +87,7 @@ def _rank_spans(run, r, steps):
         elif op == "wait" and int(e["peer"]) < 0 and queued[(axis, nbytes)]:
             span = queued[(axis, nbytes)].popleft()
             span[4], span[5] = float(e["end"]), True
-    return [(k, op, b, end - start, o) for k, op, b, start, end, o in spans]
+    return [(k, op, b, end - start, o, 1) for k, op, b, start, end, o in spans]
 
 
 def bandwidth(run: Run | str, steps=None) -> list[dict]:
@@ -70,12 +97,12 @@ def bandwidth(run: Run | str, steps=None) -> list[dict]:
     steps = run.steps() if steps is None else list(steps)
     rows = {}
     for r in range(len(run.events)):
-        for kind, op, nbytes, seconds, overlapped in _rank_spans(run, r, steps):
+        for kind, op, nbytes, seconds, overlapped, count in _rank_spans(run, r, steps):
             n = _group_size(run, kind.partition(".")[0])
             size = nbytes * n if op == "allgather" else nbytes
             r = rows.setdefault(kind, {"kind": kind, "op": op, "group": n, "count": 0,
                                        "bytes": 0, "seconds": 0.0, "overlapped": False})
-            r["count"] += 1
+            r["count"] += count
             r["bytes"] += size
             r["seconds"] += seconds
             r["overlapped"] |= overlapped
