@@ -30,10 +30,9 @@ from collections import defaultdict
 import numpy as np
 
 from .dump import Run
+from .fit_parts import PIPE_KINDS, cached, step_p2p, step_parts  # noqa: F401 (re-exported)
 from .index import events_in, ranks_with_events
 from .units import _unit_durations
-
-PIPE_KINDS = ("F", "B", "W", "R", "LOSS", "pp.send", "pp.recv", "pp.wait")
 
 
 def post_costs(ev) -> tuple[float, float]:
@@ -58,43 +57,27 @@ def _med(values, default=0.0) -> float:
 
 
 def _step_parts(run: Run, steps, n_actions: dict) -> dict:
-    """name -> [(world rank, step, value)] of ``_rank_step_parts`` over the ranks with events
-    and ``steps``. Each rank's step is worked out once per run (cached in ``Run.cache``, the
-    array kept with it so its id stays its own): every replica's fit of every step asks."""
+    """name -> [(world rank, step, value)] of the step parts (module doc) over the ranks with events
+    and ``steps``, each rank's steps worked out at once, once per run
+    (``fit_parts.step_parts``): every replica's fit of every step asks."""
     parts = defaultdict(list)
     for r in ranks_with_events(run):
-        ev = run.events[r]
-        p = int(run.coords[r, 1])
-        n = n_actions.get(p, 1)
+        n = n_actions.get(int(run.coords[r, 1]), 1)
+        got = cached(run, r, ("step_parts", n), lambda ev, n=n: step_parts(ev, n))
         for s in steps:
-            key = ("step_parts", id(ev), int(s), n)
-            got = run.cache.get(key)
-            if got is None or got[0] is not ev:
-                e = np.sort(events_in(run, r, s), order="start")
-                got = run.cache[key] = (ev, _rank_step_parts(e, n) if e.size else {})
-            for name, val in got[1].items():
+            for name, val in got.get(int(s), {}).items():
                 parts[name].append((r, s, val))
     return parts
 
 
 def _p2p_columns(run: Run, steps) -> dict:
     """{"send", "recv", "wait": durations; "bytes": send payloads} of the ranks with events in
-    ``steps``, rank after rank (what ``post_costs`` and ``default_bytes`` take medians of),
-    each rank's step worked out once per run (cached as ``_step_parts``)."""
+    ``steps``, rank after rank (what ``post_costs`` and ``default_bytes`` take medians of)."""
     cols = defaultdict(list)
     for r in ranks_with_events(run):
-        ev = run.events[r]
+        got = cached(run, r, "p2p", step_p2p)
         for s in np.atleast_1d(steps):
-            key = ("p2p", id(ev), int(s))
-            got = run.cache.get(key)
-            if got is None or got[0] is not ev:
-                e = events_in(run, r, int(s))
-                dur, kinds = e["end"] - e["start"], e["kind"]
-                sends = kinds == "pp.send"
-                got = run.cache[key] = (ev, {"send": dur[sends], "recv": dur[kinds == "pp.recv"],
-                                             "wait": dur[kinds == "pp.wait"],
-                                             "bytes": e["bytes"][sends]})
-            for name, val in got[1].items():
+            for name, val in got.get(int(s), {}).items():
                 cols[name].append(val)
     return {k: np.concatenate(v) for k, v in cols.items()}
 
@@ -154,42 +137,6 @@ def jitter(run: Run, steps, schedule=None) -> tuple:
     q = np.quantile(np.concatenate(ratios), (np.arange(JITTER_POINTS) + 0.5) / JITTER_POINTS,
                     method="inverted_cdf")  # measured ratios, none made up between them
     return tuple(float(x) for x in q / q.mean())
-
-
-def _rank_step_parts(e: np.ndarray, n_actions: int) -> dict:
-    """Overhead, dp, optimizer and fixed parts of one rank's step (its events, sorted)."""
-    kinds = e["kind"]
-    marker = e[kinds == "STEP"]
-    body = e[kinds != "STEP"]
-    opt = body[body["kind"] == "OPT"]
-    opt_start = float(opt["start"].min()) if opt.size else math.inf
-    before = body[body["start"] < opt_start]
-    pipe = before[np.isin(before["kind"], PIPE_KINDS)]
-    out = {}
-    if pipe.size:
-        inside = before[(before["start"] >= pipe["start"].min())
-                        & (before["end"] <= pipe["end"].max())]
-        out["overhead"] = _uncovered(inside["start"], inside["end"]) / max(n_actions, 1)
-        pipe_end = float(pipe["end"].max())
-    else:
-        pipe_end = math.nan
-    dp = body[np.char.startswith(body["kind"].astype(str), "dp.")]
-    out["dp"] = float((dp["end"] - dp["start"]).sum())
-    out["dp_chunks"] = sorted({int(c) for c in dp["chunk"] if c >= 0})
-    if opt.size:
-        o0, o1 = opt_start, float(opt["end"].max())
-        is_comm = np.char.find(body["kind"].astype(str), ".") >= 0
-        nested = body[(body["start"] >= o0) & (body["end"] <= o1) & is_comm]
-        coll = float((nested["end"] - nested["start"]).sum())
-        out["optimizer"] = (o1 - o0) - coll
-        dp_gap = dp[(dp["start"] >= pipe_end) & (dp["end"] <= o0)] if pipe.size else dp[:0]
-        gap = o0 - pipe_end - float((dp_gap["end"] - dp_gap["start"]).sum())
-        out["sync"] = coll + (max(gap, 0.0) if not math.isnan(gap) else 0.0)
-        if marker.size:
-            out["step_post"] = float(marker["end"].max()) - o1
-    if marker.size and body.size:
-        out["step_pre"] = float(body["start"].min()) - float(marker["start"].min())
-    return out
 
 
 def fit(run: Run, steps, schedule, skip=()) -> tuple:

@@ -5,9 +5,8 @@ A Python loop over (rank, step) with a dozen numpy calls each cost 1-5 ms a step
 a grouped sum (``np.bincount``) or a grouped union of intervals: the intervals sorted by (step,
 start) once, a running maximum of their ends, a new block where a start passes it or a step
 begins, each block's end its maximum (``np.maximum.reduceat``). The running maximum is shared
-by all steps, which is exact when each step's window (its STEP marker) ends before the next
-begins, as a training loop's steps do; a rank whose windows overlap (no markers, a continuous
-run's spans) is worked out a step at a time with ``union_length``.
+by all steps, which is exact when each step's intervals end before the next step's begin, as a
+training loop's steps do (``grouped_union``; else a step at a time with ``union_length``).
 """
 
 from __future__ import annotations
@@ -59,27 +58,36 @@ def _categories(kinds: np.ndarray) -> np.ndarray:
     return cat[inv.reshape(-1)]
 
 
-class _Unions:
-    """Grouped unions of one rank's clipped intervals, sorted by (step, start) once."""
+def step_groups(ev: np.ndarray) -> tuple:
+    """(the distinct steps of ``ev`` sorted, each event's index among them, how many)."""
+    steps, g = np.unique(ev["step"], return_inverse=True)
+    return steps, g.reshape(-1), steps.size
 
-    def __init__(self, g, s, e, n: int):
-        order = np.lexsort((s, g))
-        self.g, self.s, self.e, self.n, self.order = g[order], s[order], e[order], n, order
 
-    def of(self, mask) -> np.ndarray:
-        """Per step, the length the intervals ``mask`` selects (in event order) cover."""
-        m = mask[self.order] & (self.e > self.s)
-        g, s, e = self.g[m], self.s[m], self.e[m]
-        out = np.zeros(self.n)
-        if not s.size:
-            return out
-        reach = np.maximum.accumulate(e)
-        new = np.empty(s.size, dtype=bool)
-        new[0] = True
-        new[1:] = (s[1:] > reach[:-1]) | (g[1:] != g[:-1])
-        at = np.flatnonzero(new)
-        return out + np.bincount(g[at], weights=np.maximum.reduceat(e, at) - s[at],
-                                 minlength=self.n)
+def grouped_union(g, s, e, n: int) -> np.ndarray:
+    """Per group 0..n-1, the length its intervals [s, e] cover (overlaps once; ``union_length``
+    of each group). One running maximum of the ends over the intervals sorted by (group,
+    start) when each group's intervals end before the next group's begin (steps one after
+    another); else a group at a time."""
+    out = np.zeros(n)
+    keep = e > s
+    g, s, e = g[keep], s[keep], e[keep]
+    if not s.size:
+        return out
+    lo, hi = np.full(n, np.inf), np.full(n, -np.inf)
+    np.minimum.at(lo, g, s)
+    np.maximum.at(hi, g, e)
+    used = np.isfinite(lo)
+    if not np.all(lo[used][1:] >= hi[used][:-1]):
+        return np.array([union_length(s[g == i], e[g == i]) for i in range(n)])
+    order = np.lexsort((s, g))
+    g, s, e = g[order], s[order], e[order]
+    reach = np.maximum.accumulate(e)
+    new = np.empty(s.size, dtype=bool)
+    new[0] = True
+    new[1:] = (s[1:] > reach[:-1]) | (g[1:] != g[:-1])
+    at = np.flatnonzero(new)
+    return out + np.bincount(g[at], weights=np.maximum.reduceat(e, at) - s[at], minlength=n)
 
 
 def rank_steps(ev: np.ndarray, steps: list[int]) -> dict:
@@ -132,15 +140,10 @@ def _unions(out, body, gb, cat, is_compute, lo, hi, n) -> None:
     """``busy``, ``exposed`` and the ``self_<k>`` columns: unions inside each step's window."""
     s = np.clip(body["start"], lo[gb], hi[gb])
     e = np.clip(body["end"], lo[gb], hi[gb])
-    has = out["has"]
-    lo_h, hi_h = lo[has], hi[has]
-    if np.all(lo_h[1:] >= hi_h[:-1]):  # windows one after another: one running maximum
-        u = _Unions(gb, s, e, n)
-        of = u.of
-    else:
-        def of(mask):
-            return np.array([union_length(s[mask & (gb == i)], e[mask & (gb == i)])
-                             for i in range(n)])
+
+    def of(mask):
+        return grouped_union(gb[mask], s[mask], e[mask], n)
+
     out["busy"] = of(np.ones(len(body), bool))
     out["exposed"] = out["busy"] - of(is_compute)
     covered, before = np.zeros(n), np.zeros(len(body), bool)
