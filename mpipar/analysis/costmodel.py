@@ -32,6 +32,7 @@ import numpy as np
 from .dump import Run
 from .fit_parts import PIPE_KINDS, cached, step_p2p, step_parts  # noqa: F401 (re-exported)
 from .index import events_in, ranks_with_events
+from .rank_steps import step_groups
 from .units import _unit_durations
 
 
@@ -53,7 +54,13 @@ def _post_costs(cols: dict) -> tuple[float, float]:
 
 
 def _med(values, default=0.0) -> float:
-    return float(np.median(values)) if len(values) else default
+    """``np.median``'s value; a short list without numpy's per-call cost."""
+    if not len(values):
+        return default
+    if isinstance(values, list) and len(values) < 64:
+        s, n = sorted(values), len(values)
+        return float(s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2)
+    return float(np.median(values))
 
 
 def _step_parts(run: Run, steps, n_actions: dict) -> dict:
@@ -82,6 +89,11 @@ def _p2p_columns(run: Run, steps) -> dict:
     return {k: np.concatenate(v) for k, v in cols.items()}
 
 
+def _mean(values) -> float:
+    """``np.mean``'s value of a list: numpy sums fewer than 8 numbers in order, as ``sum``."""
+    return sum(values) / len(values) if len(values) < 8 else float(np.mean(values))
+
+
 def _uncovered(starts, ends) -> float:
     """Time between min(starts) and max(ends) that no interval covers."""
     if not len(starts):
@@ -105,8 +117,8 @@ def unit_costs(run: Run, steps, schedule=None) -> dict:
         acc[(int(run.coords[r, 1]), c, op, r)] += [d for _, d in got]
     per_rank = defaultdict(list)
     for (p, c, op, _), durs in acc.items():
-        per_rank[(p, c, op)].append(float(np.mean(durs)))
-    out = {k: float(np.mean(v)) for k, v in per_rank.items()}
+        per_rank[(p, c, op)].append(_mean(durs))
+    out = {k: _mean(v) for k, v in per_rank.items()}
     for (p, c, op), val in list(out.items()):
         if op == "B":
             out.setdefault((p, c, "BW"), val)
@@ -168,13 +180,19 @@ def fit(run: Run, steps, schedule, skip=()) -> tuple:
 def _computes(ev: np.ndarray) -> tuple[dict, dict]:
     """({(mb, chunk): (F start, F end)}, {(mb, chunk): start of its backward (R or B)})."""
     fwd, bwd = {}, {}
-    for x in ev[np.isin(ev["kind"], ("F", "B", "R"))]:
-        key = (int(x["mb"]), int(x["chunk"]))
-        if x["kind"] == "F":
-            fwd.setdefault(key, (float(x["start"]), float(x["end"])))
+    k = ev["kind"]
+    e = ev[(k == "F") | (k == "B") | (k == "R")]
+    for kind, mb, c, t0, t1 in _columns(e, "kind", "mb", "chunk", "start", "end"):
+        if kind == "F":
+            fwd.setdefault((mb, c), (t0, t1))
         else:
-            bwd[key] = min(bwd.get(key, math.inf), float(x["start"]))
+            bwd[(mb, c)] = min(bwd.get((mb, c), math.inf), t0)
     return fwd, bwd
+
+
+def _columns(ev: np.ndarray, *names):
+    """Rows of ``ev`` as tuples of Python values of ``names`` (a numpy row per access is slow)."""
+    return zip(*(ev[n].tolist() for n in names), strict=True)
 
 
 def _world_ranks(coords) -> dict:
@@ -192,9 +210,8 @@ def _requests(ev: np.ndarray, r: int, schedule, coords, world=None) -> dict:
     """
     fwd, bwd = _computes(ev)
     out = defaultdict(list)
-    for x in ev[ev["kind"] == "pp.send"]:
-        out[(int(x["mb"]), int(x["chunk"]), int(x["peer"]))].append(
-            (float(x["start"]), math.inf, None))
+    for mb, c, peer, t0 in _columns(ev[ev["kind"] == "pp.send"], "mb", "chunk", "peer", "start"):
+        out[(mb, c, peer)].append((t0, math.inf, None))
     dp, p, tp = (int(v) for v in coords[r])
     world = _world_ranks(coords) if world is None else world
     for a in schedule.ranks[p]:
@@ -224,9 +241,9 @@ def _received(ev: np.ndarray, r: int, schedule, coords, world=None) -> list[tupl
     every way the windows allow; a receive is kept only when all of them give it the same wait
     (pairing by order took a send's completion for a receive: latencies below zero)."""
     waits = defaultdict(list)
-    for x in ev[ev["kind"] == "pp.wait"]:
-        waits[(int(x["mb"]), int(x["chunk"]), int(x["peer"]))].append(
-            (float(x["start"]), float(x["end"])))
+    for mb, c, peer, t0, t1 in _columns(ev[ev["kind"] == "pp.wait"], "mb", "chunk", "peer",
+                                        "start", "end"):
+        waits[(mb, c, peer)].append((t0, t1))
     out = []
     for key, reqs in _requests(ev, r, schedule, coords, world).items():
         got = waits.get(key, [])
@@ -262,9 +279,8 @@ def _send_starts(run: Run, steps, schedule) -> dict:
         p = int(run.coords[r, 1])
         acts = set(schedule.ranks[p])
         groups = defaultdict(list)
-        for x in e:
-            groups[(int(x["step"]), int(x["peer"]), int(x["mb"]), int(x["chunk"]))].append(
-                float(x["start"]))
+        for s, peer, mb, c, t0 in _columns(e, "step", "peer", "mb", "chunk", "start"):
+            groups[(s, peer, mb, c)].append(t0)
         for (s, peer, mb, c), starts in groups.items():
             to = int(run.coords[peer, 1])
             ops = [op for op, dst in (("SEND_F", c + 1), ("SEND_B", c - 1))
@@ -287,9 +303,12 @@ def one_way_minima(run: Run, steps, schedule) -> dict:
         got = run.cache["world_ranks"] = (run.coords, _world_ranks(run.coords))
     world = got[1]
     for r in ranks_with_events(run):
-        for s in steps:
-            e = events_in(run, r, s)
-            for end, peer, mb, chunk, op in _received(e, r, schedule, run.coords, world):
+        e = events_in(run, r, steps)
+        found, g, _ = step_groups(e)
+        order = np.argsort(g, kind="stable")  # each step's events, in recording order
+        cut = np.searchsorted(g[order], np.arange(1, found.size))
+        for s, rows in zip(found.tolist(), np.split(order, cut), strict=True):
+            for end, peer, mb, chunk, op in _received(e[rows], r, schedule, run.coords, world):
                 t = sends.get((s, peer, r, mb, chunk, op))
                 if t is not None:
                     best[(peer, r)] = min(best.get((peer, r), math.inf), end - t)

@@ -169,7 +169,7 @@ def replicas(run: Run) -> list[Run]:
 
 
 def replica_models(run: Run, steps, kind: str, pp: int, m: int, v: int, fixed=None,
-                   simulate_them: bool = True):
+                   simulate_them: bool = True, sched=None):
     """(schedule, [fitted CostModel], fit notes, [SimResult]): one simulation per pipeline
     (``replicas``), each on its own measured unit costs, so that one replica's slower compute
     shows as the others' wait for the reduction, inside the pipeline window as measured. Each
@@ -177,13 +177,14 @@ def replica_models(run: Run, steps, kind: str, pp: int, m: int, v: int, fixed=No
     that arrived last spent (the least, per rank and chunk), and every replica gets that.
     ``fixed``: per replica, {attribute: value} to use instead of what ``steps`` give (the p2p
     latency and the compute jitter, fitted over all steps; the fit then skips them). The
-    simulations are jitter-free; ``simulate_them`` False: none (an empty list)."""
+    simulations are jitter-free; ``simulate_them`` False: none (an empty list). ``sched``: the
+    run's lowered schedule, when the caller has it."""
     from mpipar.parallel.pipeline.generators import build_schedule
     from mpipar.parallel.pipeline.simulate import simulate
 
     from .costmodel import fit, jitter
 
-    sched = lower(build_schedule(kind, pp, m, virtual_stages=v))
+    sched = sched or lower(build_schedule(kind, pp, m, virtual_stages=v))
     given = set(fixed[0]) if fixed else set()
     fitted = [fit(sub, steps, sched, skip=given) for sub in replicas(run)]
     models = [mod for mod, _ in fitted]
@@ -298,8 +299,8 @@ def calibrated(run: Run, steps, kind: str, pp: int, m: int, v: int) -> dict:
         # the mean over the steps averages their draws too: about ``samples`` draws in all
         fixed = [{"latency": mod.latency, "jitter": mod.jitter,
                   "samples": max(8, mod.samples // len(steps))} for mod in models]
-        groups = [replica_models(run, [s], kind, pp, m, v, fixed, simulate_them=False)[1]
-                  for s in steps]
+        groups = [replica_models(run, [s], kind, pp, m, v, fixed, simulate_them=False,
+                                 sched=sched)[1] for s in steps]
         pred = mean_outcome(expected_outcomes(sched, groups, [d for d, _ in replica_keys(run)]))
     mem = rank_memory(run.config, run.grid, sched, sims[0].peak_activations,
                       chunk_bounds(run.config, run.grid, v))
