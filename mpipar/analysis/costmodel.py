@@ -57,7 +57,8 @@ def _med(values, default=0.0) -> float:
     """``np.median``'s value; a short list without numpy's per-call cost."""
     if not len(values):
         return default
-    if isinstance(values, list) and len(values) < 64:
+    if len(values) < 64:
+        values = values.tolist() if isinstance(values, np.ndarray) else values
         s, n = sorted(values), len(values)
         return float(s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2)
     return float(np.median(values))

@@ -186,7 +186,10 @@ def replica_models(run: Run, steps, kind: str, pp: int, m: int, v: int, fixed=No
 
     sched = sched or lower(build_schedule(kind, pp, m, virtual_stages=v))
     given = set(fixed[0]) if fixed else set()
-    fitted = [fit(sub, steps, sched, skip=given) for sub in replicas(run)]
+    subs = replicas(run)
+    # several replicas draw from one pool, fitted over all of them below
+    fitted = [fit(sub, steps, sched, skip=given | ({"jitter"} if len(subs) > 1 else set()))
+              for sub in subs]
     models = [mod for mod, _ in fitted]
     keys = set().union(*(mod.dp_reduce for mod in models))
     least = {k: min(mod.dp_reduce.get(k, 0.0) for mod in models) for k in keys}
