@@ -32,8 +32,17 @@ Per rank ``p``, in values of the dtype (``s`` bytes) unless said, with ``P`` its
   they live (registered buffers) and maps this rank's block of every other rank's bucket; the
   library's own (wherever ``mpipar.mpi.tuning`` chooses it) are MPI's business and not counted.
 
+- **trace** (when the caller gives the events a rank records per step, as ``predict`` does from
+  a dump): the timing dump's cost to the rank. The tracer keeps each event as a Python tuple
+  until the next flush (``run.flush_interval`` steps; 0: the end of the run), about
+  ``TRACE_EVENT_BYTES`` each, and the HDF5 part writer keeps ``DUMP_WRITER_BYTES`` of its own
+  once it has written. Both measured on this machine by ``python experiments/memory_runtime.py``
+  (one process, no MPI; rerun it and copy its fit on another machine).
+
 Not counted: PipeDream's weight stashes, 2BW's older copy of the weights, evaluation (forward
-only: it holds less than a training step).
+only: it holds less than a training step); memory that MPI, BLAS and the allocator first touch
+during the steps (about 1 MiB a rank on this machine: the README job's first step measured
+4.8 MiB on pp0 against 3.8 predicted).
 """
 
 from __future__ import annotations
@@ -50,6 +59,21 @@ from .flops import model_section as _model
 from .flops import setting as get
 
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+
+# measured by experiments/memory_runtime.py on this machine (the fit it prints)
+TRACE_EVENT_BYTES = 303  # one recorded event held until the next flush
+DUMP_WRITER_BYTES = 1 << 20  # the HDF5 part writer's own, once it has written
+
+
+def trace_bytes(config: dict, events_per_step: float) -> int:
+    """The timing dump's resident cost to a rank recording ``events_per_step``: the events held
+    between two flushes (``run.flush_interval`` steps, 0: all ``train.steps``) and the writer."""
+    if get(config, "trace", True) is False:
+        return 0
+    steps = int(get(config, "steps", 1) or 1)
+    every = int(get(config, "flush_interval", 50) or 0)
+    held = events_per_step * (min(every, steps) if every > 0 else steps)
+    return int(held * TRACE_EVENT_BYTES) + DUMP_WRITER_BYTES
 
 
 def _block_counts(d: int, heads: int, seq: int, tp: int, sp: bool, selective: bool = False):
@@ -147,10 +171,12 @@ def _activations(recompute, live, chunks, bounds, units, boundary):
     return live * sum(stored) / len(stored) + retained
 
 
-def rank_memory(config: dict, grid: dict, schedule, peak_activations, bounds) -> list[dict] | None:
+def rank_memory(config: dict, grid: dict, schedule, peak_activations, bounds,
+                events_per_step=None) -> list[dict] | None:
     """Predicted bytes per pipeline rank: params, grads, optimizer, activations, work, buffers,
-    total (the sum). ``bounds``: {chunk: (first unit, end unit)}. None when the model kind is
-    unknown."""
+    (trace,) total (the sum). ``bounds``: {chunk: (first unit, end unit)}. None when the model
+    kind is unknown. ``events_per_step[p]``: the events pipeline rank p records per step (from
+    a dump): adds the ``trace`` part (``trace_bytes``)."""
     found = _units(config, grid)
     if found is None or bounds is None:
         return None
@@ -176,6 +202,8 @@ def rank_memory(config: dict, grid: dict, schedule, peak_activations, bounds) ->
                "optimizer": k * s * n // zero, "activations": int(s * act),
                "work": int(s * work), "buffers": int(s * boundary * _buffers(schedule, p))
                + dp_scratch(per_chunk, dp, zero > 1, s, float(get(config, "bucket_mb", 4.0)))}
+        if events_per_step is not None:
+            row["trace"] = trace_bytes(config, events_per_step[p])
         row["total"] = sum(row.values())
         out.append(row)
     return out

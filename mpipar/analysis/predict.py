@@ -306,7 +306,7 @@ def calibrated(run: Run, steps, kind: str, pp: int, m: int, v: int) -> dict:
                                  sched=sched)[1] for s in steps]
         pred = mean_outcome(expected_outcomes(sched, groups, [d for d, _ in replica_keys(run)]))
     mem = rank_memory(run.config, run.grid, sched, sims[0].peak_activations,
-                      chunk_bounds(run.config, run.grid, v))
+                      chunk_bounds(run.config, run.grid, v), events_per_step(run, steps))
     model = models[0]
     return {
         "step_time_pred": pred["step"],
@@ -326,6 +326,18 @@ def calibrated(run: Run, steps, kind: str, pp: int, m: int, v: int) -> dict:
         },
         "memory_measured": measured_memory(run),
     }
+
+
+def events_per_step(run: Run, steps) -> list[float]:
+    """Per pipeline coordinate: the events a rank records in a measured step (median over
+    the steps and the ranks of that coordinate): what its tracer holds between flushes."""
+    per = {}
+    for r, ev in enumerate(run.events):
+        got = np.bincount(ev["step"][np.isin(ev["step"], steps)] - min(steps),
+                          minlength=max(steps) - min(steps) + 1)[np.asarray(steps) - min(steps)]
+        per.setdefault(int(run.coords[r, 1]), []).append(float(np.median(got)) if got.size
+                                                         else 0.0)
+    return [float(np.median(per.get(p, [0.0]))) for p in range(int(run.grid["pp"]))]
 
 
 def measured_memory(run: Run) -> list[float] | None:
