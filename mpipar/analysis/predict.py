@@ -9,11 +9,11 @@ compared with), one simulation per pipeline (dp replica and tp rank) on its own 
 slower one to join the reduction is idle inside it, and is predicted so), each measured step on
 its own unit costs and the results averaged, as the measurement averages steps (``calibrated``),
 every compute drawing its duration from the fitted jitter and the prediction the mean of those
-draws (``expected_outcome``; mean costs under-count the waits a slow unit causes), the ranks in
-their executor's order (the lowered schedule, ``lowering.lower``); a continuous run by
-``predict_continuous``; and the memory model (``mpipar.analysis.memory_model``) beside the
-measured peak (``measured_memory``: ``mem.static`` + ``mem.peak`` - ``mem.base``, when the run
-recorded them).
+draws (``expected_outcomes``, every replay in one batch: ``batch_sim``; mean costs under-count
+the waits a slow unit causes), the ranks in their executor's order (the lowered schedule,
+``lowering.lower``); a continuous run by ``predict_continuous``; and the memory model
+(``mpipar.analysis.memory_model``) beside the measured peak (``measured_memory``:
+``mem.static`` + ``mem.peak`` - ``mem.base``, when the run recorded them).
 
 The **uniform predicted bubble** (``bubble_sim``): the simulator with one cost per action kind
 for every rank, the measured mean per-chunk F, B, W times ``virtual_stages`` (the simulator takes
@@ -116,22 +116,6 @@ def predict(run: Run, steps) -> dict:
     except Exception as exc:  # a dump the fit cannot use still gets its measured breakdown
         out["predict_note"] += f"calibrated prediction failed ({exc.__class__.__name__}: {exc})"
     return out
-
-
-def pipeline_bubble(sims) -> float:
-    """1 - compute / window per rank, window = first to last compute over all ranks (the
-    definition of the measured ``bubble_pipeline``), mean over ranks. ``sims``: one SimResult, or
-    one per data-parallel replica (the window then spans them all, as measured)."""
-    sims = sims if isinstance(sims, (list, tuple)) else [sims]
-    spans = [(a, b) for sim in sims for tl in sim.timeline for a, b, act in tl
-             if not act.op.startswith(("SEND", "RECV"))]
-    if not spans:
-        return float("nan")
-    window = max(b for _, b in spans) - min(a for a, _ in spans)
-    busy = [b for sim in sims for b in sim.busy]
-    return sum(1 - b / window for b in busy) / len(busy) if window > 0 else 0.0
-
-
 
 
 def run_model(run: Run, steps, kind: str, pp: int, m: int, v: int):
@@ -247,8 +231,9 @@ def _outcome(models, batch, rows: slice, n: int) -> dict:
     """The outcome of ``n`` draws (rows of ``batch``: draw-major, replica-minor) of replicas
     that meet at the gradient-norm collective, averaged over the draws. Step: the last
     replica's pipeline and reduction end, the collective, the slowest optimizer, the fixed
-    rest. Per pipeline rank: the mean over replicas. Bubble: ``pipeline_bubble``'s window (the
-    first to the last compute over every replica)."""
+    rest. Per pipeline rank: the mean over replicas. Bubble: 1 - compute / window per rank,
+    the window from the first to the last compute over every replica (the measured
+    ``bubble_pipeline``'s definition)."""
     reps = len(models)
     shape = (n, reps, -1)
     busy = batch.busy[rows].reshape(shape)
@@ -285,6 +270,18 @@ def _predict(run: Run, steps, kind: str, pp: int, m: int, v: int) -> tuple:
     return expected_outcomes(sched, [models], dp)[0], sched, models, notes, sims
 
 
+# the per-step prediction fits each (step, pipeline) on its own: a 1,024-rank run of 1,000 steps
+# would fit 256,000 times; beyond this many, an even sample of the steps (and a note saying so)
+MAX_STEP_FITS = 4096
+
+
+def per_step_sample(steps: list, pipelines: int) -> list:
+    """The steps the per-step prediction fits: all, or an even sample within ``MAX_STEP_FITS``."""
+    from .steps import even_sample
+
+    return even_sample(list(steps), max(2, MAX_STEP_FITS // max(pipelines, 1)))
+
+
 def calibrated(run: Run, steps, kind: str, pp: int, m: int, v: int) -> dict:
     """The simulator on the fitted cost model, and the memory model; keys in the module doc.
 
@@ -299,11 +296,16 @@ def calibrated(run: Run, steps, kind: str, pp: int, m: int, v: int) -> dict:
     whole, sched, models, notes, sims = _predict(run, steps, kind, pp, m, v)
     pred = whole
     if len(steps) > 1:
+        each = per_step_sample(steps, len(models))
+        if len(each) < len(steps):
+            notes = notes + [f"per-step prediction on {len(each)} of the {len(steps)} measured "
+                             f"steps, spread evenly (at most {MAX_STEP_FITS} step x pipeline "
+                             "fits); the cost model over all of them"]
         # the mean over the steps averages their draws too: about ``samples`` draws in all
         fixed = [{"latency": mod.latency, "jitter": mod.jitter,
-                  "samples": max(8, mod.samples // len(steps))} for mod in models]
+                  "samples": max(8, mod.samples // len(each))} for mod in models]
         groups = [replica_models(run, [s], kind, pp, m, v, fixed, simulate_them=False,
-                                 sched=sched)[1] for s in steps]
+                                 sched=sched)[1] for s in each]
         pred = mean_outcome(expected_outcomes(sched, groups, [d for d, _ in replica_keys(run)]))
     mem = rank_memory(run.config, run.grid, sched, sims[0].peak_activations,
                       chunk_bounds(run.config, run.grid, v), events_per_step(run, steps))
