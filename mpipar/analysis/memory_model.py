@@ -254,8 +254,9 @@ def _buffers(schedule, p: int) -> int:
     return recv + min(sends, SEND_BACKLOG + 1)
 
 
-def predict_run(config: dict, grid: dict) -> list[dict] | None:
-    """``rank_memory`` for a config alone: the schedule built and simulated here."""
+def predict_run(config: dict, grid: dict, events_per_step=None) -> list[dict] | None:
+    """``rank_memory`` for a config alone: the schedule built and simulated here
+    (``events_per_step``: as ``rank_memory`` takes it, from a dump of the run)."""
     from mpipar.parallel.pipeline.generators import build_schedule
     from mpipar.parallel.pipeline.simulate import simulate
 
@@ -264,4 +265,4 @@ def predict_run(config: dict, grid: dict) -> list[dict] | None:
     m = int(get(config, "microbatches", 1) or 1)
     sched = build_schedule(str(get(config, "schedule", "1f1b")), pp, m, virtual_stages=v)
     return rank_memory(config, grid, sched, simulate(sched).peak_activations,
-                       chunk_bounds(config, grid, v))
+                       chunk_bounds(config, grid, v), events_per_step)
