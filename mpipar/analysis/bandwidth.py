@@ -36,41 +36,49 @@ def _group_size(run: Run, axis: str) -> int:
     return int(run.world_size if axis == "world" else run.grid.get(axis, 1))
 
 
+def _split_kinds(kinds) -> tuple[np.ndarray, np.ndarray]:
+    """(axis, op) of every kind (``tp.allreduce`` -> ``tp``, ``allreduce``), each distinct kind
+    split once."""
+    uniq, inv = np.unique(np.asarray(kinds, dtype=str), return_inverse=True)
+    if not uniq.size:
+        return uniq, uniq
+    parts = [k.partition(".") for k in uniq.tolist()]
+    inv = inv.reshape(-1)
+    return (np.array([a for a, _, _ in parts])[inv], np.array([o for _, _, o in parts])[inv])
+
+
 def _collective_rows(ev) -> np.ndarray:
     """The rows ``_rank_spans`` looks at (collectives and waits), picked by numpy so that its
     loop runs over them only."""
-    kinds = ev["kind"].astype(str)
-    op = np.char.partition(kinds, ".")[:, 2] if kinds.size else kinds
+    _, op = _split_kinds(ev["kind"])
     return ev[np.isin(op, OPS) | ((op == "wait") & (ev["peer"] < 0))]
 
 
 def _rank_spans(run, r, steps):
-    """[(kind, op, bytes, seconds, overlapped, count)] of one rank's collectives in ``steps``: the
-    posts of a non-blocking kind that a wait of its (axis, bytes) may complete, one by one
+    """[(kind, op, bytes, seconds, overlapped, count)] of one rank's collectives in ``steps``:
+    the posts of a non-blocking kind that a wait of its (axis, bytes) may complete, one by one
     (paired in order); every other collective summed as one row per (kind, bytes)."""
     ev = _collective_rows(events_in(run, r, steps))
     kinds = ev["kind"].astype(str)
-    parts = np.char.partition(kinds, ".") if kinds.size else np.empty((0, 3), dtype=str)
-    axis, op = parts[:, 0], parts[:, 2]
+    axis, op = _split_kinds(kinds)
     waits = op == "wait"
     paired = np.zeros(len(ev), dtype=bool)  # rows of an (axis, bytes) that has waits
     for ax, nb in {(str(x), int(b)) for x, b in zip(axis[waits], ev["bytes"][waits])}:
         paired |= (axis == ax) & (ev["bytes"] == nb)
     out = _paired_spans(ev[paired], kinds[paired])
     rest = ~paired & ~waits
-    dur = ev["end"][rest] - ev["start"][rest]
-    for (kind, nbytes), idx in _groups(kinds[rest], ev["bytes"][rest]).items():
-        o = kind.partition(".")[2]
-        out.append((kind, o, nbytes * len(idx), float(dur[idx].sum()), False, len(idx)))
+    if rest.any():
+        uniq, inv = np.unique(kinds[rest], return_inverse=True)
+        nbytes = ev["bytes"][rest]
+        keys, at = np.unique(np.stack([inv.reshape(-1), nbytes]), axis=1, return_inverse=True)
+        at = at.reshape(-1)
+        count = np.bincount(at)
+        secs = np.bincount(at, weights=ev["end"][rest] - ev["start"][rest])
+        for j, (k, nb) in enumerate(keys.T.tolist()):
+            kind = str(uniq[k])
+            out.append((kind, kind.partition(".")[2], int(nb) * int(count[j]), float(secs[j]),
+                        False, int(count[j])))
     return out
-
-
-def _groups(kinds, nbytes) -> dict:
-    """{(kind, bytes): row indices}."""
-    out = defaultdict(list)
-    for i, key in enumerate(zip(kinds.tolist(), nbytes.tolist())):
-        out[key].append(i)
-    return {k: np.asarray(v) for k, v in out.items()}
 
 
 def _paired_spans(ev, kinds) -> list:

@@ -64,24 +64,26 @@ def step_groups(ev: np.ndarray) -> tuple:
     return steps, g.reshape(-1), steps.size
 
 
-def grouped_union(g, s, e, n: int) -> np.ndarray:
+def grouped_union(g, s, e, n: int, ordered: bool = False) -> np.ndarray:
     """Per group 0..n-1, the length its intervals [s, e] cover (overlaps once; ``union_length``
     of each group). One running maximum of the ends over the intervals sorted by (group,
     start) when each group's intervals end before the next group's begin (steps one after
-    another); else a group at a time."""
+    another); else a group at a time. ``ordered``: the intervals come sorted by (group, start)
+    and the groups are known to follow one another (``_unions``)."""
     out = np.zeros(n)
     keep = e > s
     g, s, e = g[keep], s[keep], e[keep]
     if not s.size:
         return out
-    lo, hi = np.full(n, np.inf), np.full(n, -np.inf)
-    np.minimum.at(lo, g, s)
-    np.maximum.at(hi, g, e)
-    used = np.isfinite(lo)
-    if not np.all(lo[used][1:] >= hi[used][:-1]):
-        return np.array([union_length(s[g == i], e[g == i]) for i in range(n)])
-    order = np.lexsort((s, g))
-    g, s, e = g[order], s[order], e[order]
+    if not ordered:
+        lo, hi = np.full(n, np.inf), np.full(n, -np.inf)
+        np.minimum.at(lo, g, s)
+        np.maximum.at(hi, g, e)
+        used = np.isfinite(lo)
+        if not np.all(lo[used][1:] >= hi[used][:-1]):
+            return np.array([union_length(s[g == i], e[g == i]) for i in range(n)])
+        order = np.lexsort((s, g))
+        g, s, e = g[order], s[order], e[order]
     reach = np.maximum.accumulate(e)
     new = np.empty(s.size, dtype=bool)
     new[0] = True
@@ -140,9 +142,14 @@ def _unions(out, body, gb, cat, is_compute, lo, hi, n) -> None:
     """``busy``, ``exposed`` and the ``self_<k>`` columns: unions inside each step's window."""
     s = np.clip(body["start"], lo[gb], hi[gb])
     e = np.clip(body["end"], lo[gb], hi[gb])
+    # sorted by (step, start) once for every union below, when the steps follow one another
+    ordered = _follow(gb, s, e, n)
+    if ordered:
+        order = np.lexsort((s, gb))
+        gb, s, e, cat, is_compute = gb[order], s[order], e[order], cat[order], is_compute[order]
 
     def of(mask):
-        return grouped_union(gb[mask], s[mask], e[mask], n)
+        return grouped_union(gb[mask], s[mask], e[mask], n, ordered)
 
     out["busy"] = of(np.ones(len(body), bool))
     out["exposed"] = out["busy"] - of(is_compute)
@@ -152,6 +159,16 @@ def _unions(out, body, gb, cat, is_compute, lo, hi, n) -> None:
         now = of(before)
         out[f"self_{k}"] = now - covered
         covered = now
+
+
+def _follow(g, s, e, n) -> bool:
+    """Whether each group's intervals (of positive length) end before the next group's begin."""
+    keep = e > s
+    lo, hi = np.full(n, np.inf), np.full(n, -np.inf)
+    np.minimum.at(lo, g[keep], s[keep])
+    np.maximum.at(hi, g[keep], e[keep])
+    used = np.isfinite(lo)
+    return bool(np.all(lo[used][1:] >= hi[used][:-1]))
 
 
 def _group_min(g, x, n, empty=math.inf) -> np.ndarray:
