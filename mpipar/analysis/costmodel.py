@@ -201,28 +201,38 @@ def _world_ranks(coords) -> dict:
     return {tuple(int(v) for v in c): w for w, c in enumerate(coords)}
 
 
-def _requests(ev: np.ndarray, r: int, schedule, coords, world=None) -> dict:
+def _requests(ev: np.ndarray, r: int, schedule, coords, world=None, recvs=None) -> dict:
     """{(mb, chunk, peer): [(lo, hi, (sender chunk, send op) or None)]}: every message request of
     world rank r in one step, keyed as its ``pp.wait`` is, with the window that wait must lie in.
 
     A send (its ``pp.send`` post; sender chunk None) completes after it was posted. RECV_F(mb, c)
     (from chunk c - 1) completes before F(mb, c) starts; RECV_B(mb, c) (from chunk c + 1) after
     F(mb, c) ends (its sender needed that activation) and before the backward of (mb, c) starts.
+    ``recvs``: ``_receives`` of rank r, when the caller has it (one list for all its steps).
     """
     fwd, bwd = _computes(ev)
     out = defaultdict(list)
     for mb, c, peer, t0 in _columns(ev[ev["kind"] == "pp.send"], "mb", "chunk", "peer", "start"):
         out[(mb, c, peer)].append((t0, math.inf, None))
+    for mb, c, forward, src, peer in recvs or _receives(r, schedule, coords, world):
+        f0, f1 = fwd.get((mb, c), (math.inf, -math.inf))
+        lo, hi = (-math.inf, f0) if forward else (f1, bwd.get((mb, c), math.inf))
+        out[(mb, c, peer)].append((lo, hi, src))
+    return out
+
+
+def _receives(r: int, schedule, coords, world=None) -> list:
+    """(mb, chunk, is RECV_F, (sender chunk, send op), sender's world rank) of every receive
+    of world rank r's schedule, in order."""
     dp, p, tp = (int(v) for v in coords[r])
     world = _world_ranks(coords) if world is None else world
+    out = []
     for a in schedule.ranks[p]:
         if a.op not in ("RECV_F", "RECV_B"):
             continue
         src = (a.chunk - 1, "SEND_F") if a.op == "RECV_F" else (a.chunk + 1, "SEND_B")
-        peer = world.get((dp, schedule.rank_of(src[0]), tp))
-        f0, f1 = fwd.get((a.mb, a.chunk), (math.inf, -math.inf))
-        lo, hi = (-math.inf, f0) if a.op == "RECV_F" else (f1, bwd.get((a.mb, a.chunk), math.inf))
-        out[(a.mb, a.chunk, peer)].append((lo, hi, src))
+        out.append((a.mb, a.chunk, a.op == "RECV_F", src,
+                    world.get((dp, schedule.rank_of(src[0]), tp))))
     return out
 
 
@@ -231,7 +241,7 @@ def _requests(ev: np.ndarray, r: int, schedule, coords, world=None) -> dict:
 WAITED = 20e-6
 
 
-def _received(ev: np.ndarray, r: int, schedule, coords, world=None) -> list[tuple]:
+def _received(ev: np.ndarray, r: int, schedule, coords, world=None, recvs=None) -> list[tuple]:
     """(wait end, peer, mb, sender chunk, send op) of the receive waits of world rank r in one
     step that waited (``WAITED``).
 
@@ -246,7 +256,7 @@ def _received(ev: np.ndarray, r: int, schedule, coords, world=None) -> list[tupl
                                         "start", "end"):
         waits[(mb, c, peer)].append((t0, t1))
     out = []
-    for key, reqs in _requests(ev, r, schedule, coords, world).items():
+    for key, reqs in _requests(ev, r, schedule, coords, world, recvs).items():
         got = waits.get(key, [])
         if len(got) != len(reqs) or len(reqs) > 4:
             continue  # not every request recorded (or more than one step's worth): skip
@@ -308,8 +318,10 @@ def one_way_minima(run: Run, steps, schedule) -> dict:
         found, g, _ = step_groups(e)
         order = np.argsort(g, kind="stable")  # each step's events, in recording order
         cut = np.searchsorted(g[order], np.arange(1, found.size))
+        recvs = _receives(r, schedule, run.coords, world)  # the schedule's part: once a rank
         for s, rows in zip(found.tolist(), np.split(order, cut), strict=True):
-            for end, peer, mb, chunk, op in _received(e[rows], r, schedule, run.coords, world):
+            for end, peer, mb, chunk, op in _received(e[rows], r, schedule, run.coords, world,
+                                                      recvs):
                 t = sends.get((s, peer, r, mb, chunk, op))
                 if t is not None:
                     best[(peer, r)] = min(best.get((peer, r), math.inf), end - t)
