@@ -142,12 +142,14 @@ def jitter(run: Run, steps, schedule=None) -> tuple:
     each step is predicted from its own means. () when no kind repeats (m = 1)."""
     ratios = []
     for got in _unit_durations(run, steps, schedule).values():
-        d = np.array([x for _, x in got])
-        if d.size > 1 and d.mean() > 0:
-            ratios.append(d / d.mean())
+        if len(got) > 1:
+            d = [x for _, x in got]
+            mean = _mean(d)
+            if mean > 0:
+                ratios.extend(x / mean for x in d)
     if not ratios:
         return ()
-    q = np.quantile(np.concatenate(ratios), (np.arange(JITTER_POINTS) + 0.5) / JITTER_POINTS,
+    q = np.quantile(np.asarray(ratios), (np.arange(JITTER_POINTS) + 0.5) / JITTER_POINTS,
                     method="inverted_cdf")  # measured ratios, none made up between them
     return tuple(float(x) for x in q / q.mean())
 
@@ -289,13 +291,17 @@ def _send_starts(run: Run, steps, schedule) -> dict:
             continue
         p = int(run.coords[r, 1])
         acts = set(schedule.ranks[p])
+        directions = {}  # (peer's stage, mb, chunk) -> the send ops that go there
         groups = defaultdict(list)
         for s, peer, mb, c, t0 in _columns(e, "step", "peer", "mb", "chunk", "start"):
             groups[(s, peer, mb, c)].append(t0)
         for (s, peer, mb, c), starts in groups.items():
-            to = int(run.coords[peer, 1])
-            ops = [op for op, dst in (("SEND_F", c + 1), ("SEND_B", c - 1))
-                   if Action(op, mb, c) in acts and schedule.rank_of(dst) == to]
+            key = (int(run.coords[peer, 1]), mb, c)
+            ops = directions.get(key)
+            if ops is None:
+                ops = directions[key] = [
+                    op for op, dst in (("SEND_F", c + 1), ("SEND_B", c - 1))
+                    if Action(op, mb, c) in acts and schedule.rank_of(dst) == key[0]]
             if len(ops) == len(starts):
                 for op, t in zip(ops, starts, strict=True):
                     out[(s, r, peer, mb, c, op)] = t

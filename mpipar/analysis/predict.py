@@ -31,21 +31,26 @@ import numpy as np
 from ..parallel.pipeline.lowering import lower
 from .dump import Run
 from .flops import setting as get
-from .index import all_events_in
+from .index import events_in, ranks_with_events
 
 
 def measured_costs(run: Run, steps) -> dict:
-    """Mean per-chunk F, B, W (and BW) durations and the median p2p transfer time, in seconds."""
-    ev = all_events_in(run, steps)
-    dur = ev["end"] - ev["start"]
-    kinds = ev["kind"]
+    """Mean per-chunk F, B, W (and BW) durations and the median p2p transfer time, in seconds.
+    Only those durations are gathered, rank after rank (not every event of the run)."""
+    cols = {k: [] for k in ("F", "B", "W", "R", "p2p")}
+    for rank in ranks_with_events(run):
+        ev = events_in(run, rank, steps)
+        dur, kinds = ev["end"] - ev["start"], ev["kind"]
+        for k in ("F", "B", "W", "R"):
+            cols[k].append(dur[kinds == k])
+        cols["p2p"].append(dur[(kinds == "pp.send") | (kinds == "pp.recv")])
+    got = {k: np.concatenate(v) if v else np.empty(0) for k, v in cols.items()}
 
     def mean(k):
-        m = kinds == k
-        return float(dur[m].mean()) if m.any() else 0.0
+        return float(got[k].mean()) if got[k].size else 0.0
 
     f, b, w, r = mean("F"), mean("B"), mean("W"), mean("R")
-    p2p = dur[np.isin(kinds, ("pp.send", "pp.recv"))]
+    p2p = got["p2p"]
     comm = float(np.median(p2p)) if p2p.size else 0.0
     return {"F": f, "B": b + r, "W": w, "BW": b + r + w, "comm": comm}
 
