@@ -154,6 +154,19 @@ def jitter(run: Run, steps, schedule=None) -> tuple:
     return tuple(float(x) for x in q / q.mean())
 
 
+# the p2p latency is a minimum over matched messages (``transfer_times``), a Python walk of each
+# rank's step: beyond this many (rank, step) pairs of the run, an even sample of its steps
+LATENCY_RANK_STEPS = 8192
+
+
+def latency_steps(run: Run, steps) -> list:
+    """The steps ``transfer_times`` walks: all, or an even sample (``LATENCY_RANK_STEPS``)."""
+    from .steps import even_sample
+
+    steps = sorted(int(s) for s in np.atleast_1d(steps))
+    return even_sample(steps, max(2, LATENCY_RANK_STEPS // max(run.world_size, 1)))
+
+
 def fit(run: Run, steps, schedule, skip=()) -> tuple:
     """(``CostModel``, notes) for ``schedule`` (the run's, as data) from the dump's events.
     ``skip``: attributes the caller sets itself ("latency", "jitter"): not fitted (left 0 / ())."""
@@ -166,7 +179,8 @@ def fit(run: Run, steps, schedule, skip=()) -> tuple:
     model.overhead = _med([v for _, _, v in parts["overhead"]])
     cols = _p2p_columns(run, steps)
     model.send_post, model.recv_post = _post_costs(cols)
-    lat = [] if "latency" in skip else transfer_times(run, steps, schedule)
+    timed = latency_steps(run, steps)
+    lat = [] if "latency" in skip else transfer_times(run, timed, schedule)
     model.latency = _med(lat)
     sent = cols.get("bytes", np.empty(0))
     model.default_bytes = float(np.median(sent)) if sent.size else 0.0
@@ -177,6 +191,9 @@ def fit(run: Run, steps, schedule, skip=()) -> tuple:
     model.step_pre = _med([v for _, _, v in parts["step_pre"]])
     notes = [] if lat or schedule.pp == 1 or "latency" in skip else [
         "no messages both ways between two ranks to time: p2p latency 0"]
+    if len(timed) < len(steps) and "latency" not in skip:
+        notes.append(f"p2p latency from {len(timed)} of the {len(steps)} steps, spread evenly "
+                     f"(at most {LATENCY_RANK_STEPS} rank x step pairs)")
     return model, notes
 
 
