@@ -33,10 +33,10 @@ Per rank ``p``, in values of the dtype (``s`` bytes) unless said, with ``P`` its
   library's own (wherever ``mpipar.mpi.tuning`` chooses it) are MPI's business and not counted.
 
 - **trace** (when the caller gives the events a rank records per step, as ``predict`` does from
-  a dump): the timing dump's cost to the rank. The tracer keeps each event as a Python tuple
-  until the next flush (``run.flush_interval`` steps; 0: the end of the run), about
-  ``TRACE_EVENT_BYTES`` each, and the HDF5 part writer keeps ``DUMP_WRITER_BYTES`` of its own
-  once it has written. Both measured on this machine by ``python experiments/memory_runtime.py``
+  a dump): the timing dump's cost to the rank (``trace_bytes``). The tracer keeps each event as
+  a Python tuple until the next flush (``run.flush_interval`` steps; 0: the end of the run),
+  about ``TRACE_EVENT_BYTES`` each, and the HDF5 part writer keeps ``DUMP_WRITER_BYTES`` of its
+  own once it has written. Both measured on this machine by ``python experiments/memory_runtime.py``
   (one process, no MPI; rerun it and copy its fit on another machine).
 
 Not counted: PipeDream's weight stashes, 2BW's older copy of the weights, evaluation (forward
@@ -66,14 +66,18 @@ DUMP_WRITER_BYTES = 1 << 20  # the HDF5 part writer's own, once it has written
 
 
 def trace_bytes(config: dict, events_per_step: float) -> int:
-    """The timing dump's resident cost to a rank recording ``events_per_step``: the events held
-    between two flushes (``run.flush_interval`` steps, 0: all ``train.steps``) and the writer."""
+    """The timing dump's resident cost to a rank recording ``events_per_step``, by its last
+    recorded peak (``mem.peak``, taken inside each step; a flush comes after the step): the
+    events held since the last flush, and the writer's own once a flush came before it. With
+    flushes every ``run.flush_interval`` steps, fewer than ``train.steps``: that many steps'
+    events and the writer; else (0, or no flush before the end) every step's and no writer."""
     if get(config, "trace", True) is False:
         return 0
     steps = int(get(config, "steps", 1) or 1)
     every = int(get(config, "flush_interval", 50) or 0)
-    held = events_per_step * (min(every, steps) if every > 0 else steps)
-    return int(held * TRACE_EVENT_BYTES) + DUMP_WRITER_BYTES
+    if 0 < every < steps:
+        return int(events_per_step * every * TRACE_EVENT_BYTES) + DUMP_WRITER_BYTES
+    return int(events_per_step * steps * TRACE_EVENT_BYTES)
 
 
 def _block_counts(d: int, heads: int, seq: int, tp: int, sp: bool, selective: bool = False):
