@@ -189,8 +189,8 @@ def main() -> int:
     p.add_argument("--dump-steps", type=int, default=1000)
     p.add_argument("--sample", type=int, default=20)
     p.add_argument("--full-max-ranks", type=int, default=0,
-                   help="analyse all steps too (no --sample) up to this many ranks (64 ranks "
-                   "x 1,000 steps: about 12 s of CPU and 0.75 GB here; the dump is held whole)")
+                   help="analyse all steps too (no --sample) up to this many ranks (the dump is "
+                   "held whole: about 300 bytes an event at the peak)")
     p.add_argument("--code", action="append", default=[],
                    help="an mpipar checkout whose flush to measure (repeat: before, after)")
     p.add_argument("--flush-ranks", type=int, nargs="+", default=[8, 32])
