@@ -8,14 +8,18 @@ against compression, and what a dump flush costs a running job.
 2. ``compression``: the x1 dump's events written with none, lzf, gzip (with byte shuffle):
    bytes on disk (sizes, not timings).
 3. ``flush``: per-step flush cost at 8 and 32 ranks for each ``--code DIR`` (a checkout of
-   mpipar: the one to measure before, the one after): the tiny GPT trained ``--flush-steps``
-   steps flushing every step and flushing only at the end; the difference of the two wall
-   times over the steps. Where the dump records its own flushes (``dump.flush`` events), their
-   mean per rank is given beside.
+   mpipar: the one to measure before, e.g. commit 4dc8308 whose flush gathered every rank's
+   events to rank 0, and the one after): the tiny GPT trained ``--flush-steps`` steps flushing
+   every step and flushing only at the end. The cost is the time between two steps (a STEP
+   marker's end to the next one's start, every rank, read from the dump: start-up and the
+   final flush left out) flushing every step, less the same flushing at the end. Where the
+   dump records its own flushes (``dump.flush`` events), their mean per rank is given beside.
 
-Run alone on the machine (load < 1.5), e.g.
-``python experiments/analysis_scale.py --code /work/main --code .``; ``--quick`` checks it in
-about a minute. Writes results.csv/json/md and results.h5 under ``--out``.
+Run alone on the machine (load < 1.5), e.g. the flush table alone, before and after (about 3
+min): ``git archive 4dc8308 | tar -x -C /tmp/before`` then
+``python experiments/analysis_scale.py --skip-analyze --code /tmp/before --code .``; the
+analysis table: ``python experiments/analysis_scale.py --full-max-ranks 64``. ``--quick``
+checks it in about a minute. Writes results.csv/json/md and results.h5 under ``--out``.
 """
 
 from __future__ import annotations
@@ -131,18 +135,33 @@ def _flush_events(path: Path) -> float | None:
     return float(np.mean(d)) if d else None
 
 
+def between_steps(path: Path) -> float:
+    """Mean seconds from a STEP marker's end to the next one's start, over every rank and the
+    steps after the warm-up step 0 (what a flush between two steps adds to)."""
+    from mpipar.analysis import load
+
+    gaps = []
+    for ev in load(path).events:
+        st = np.sort(ev[(ev["kind"] == "STEP") & (ev["step"] >= 1)], order="step")
+        gaps.extend((st["start"][1:] - st["end"][:-1]).tolist())
+    return float(np.mean(gaps)) if gaps else float("nan")
+
+
 def flush_rows(args, out: Path) -> list[dict]:
     rows = []
     for code in args.code:
         code = Path(code).resolve()
         for ranks in args.flush_ranks:
-            walls = {}
+            walls, gaps = {}, {}
             for every in (1, 0):
                 d = out / f"flush_{code.name}_{ranks}_{every}"
                 walls[every] = _train(code, ranks, every, args.flush_steps, d, args.timeout)
-            per_step = (walls[1] - walls[0]) / args.flush_steps
+                gaps[every] = between_steps(d / "trace.h5")
+            per_step = gaps[1] - gaps[0]
             rows.append({"code": str(code), "ranks": ranks, "steps": args.flush_steps,
                          "wall_flush_every_step_s": walls[1], "wall_flush_at_end_s": walls[0],
+                         "between_steps_flushing_ms": 1e3 * gaps[1],
+                         "between_steps_not_flushing_ms": 1e3 * gaps[0],
                          "flush_cost_per_step_ms": 1e3 * per_step,
                          "dump_flush_event_ms": (lambda v: None if v is None else 1e3 * v)(
                              _flush_events(out / f"flush_{code.name}_{ranks}_1" / "trace.h5"))})
@@ -170,12 +189,14 @@ def main() -> int:
     p.add_argument("--dump-steps", type=int, default=1000)
     p.add_argument("--sample", type=int, default=20)
     p.add_argument("--full-max-ranks", type=int, default=0,
-                   help="analyse all steps too (no --sample) up to this many ranks (the "
-                   "calibrated prediction simulates every step of every pipeline: minutes)")
+                   help="analyse all steps too (no --sample) up to this many ranks (the dump is "
+                   "held whole: about 300 bytes an event at the peak)")
     p.add_argument("--code", action="append", default=[],
                    help="an mpipar checkout whose flush to measure (repeat: before, after)")
     p.add_argument("--flush-ranks", type=int, nargs="+", default=[8, 32])
-    p.add_argument("--flush-steps", type=int, default=40)
+    p.add_argument("--flush-steps", type=int, default=8)
+    p.add_argument("--skip-analyze", action="store_true",
+                   help="only the flush table (with --code)")
     p.add_argument("--keep", action="store_true", help="keep the synthetic dumps")
     args = p.parse_args()
     if args.quick:
@@ -184,7 +205,8 @@ def main() -> int:
         args.full_max_ranks = 16
     out = out_dir(args, "analysis_scale")
     os.environ.update({"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
-    tables = {"analyze": analysis_rows(args, out), "compression": compression_rows(args, out)}
+    tables = {} if args.skip_analyze else {"analyze": analysis_rows(args, out),
+                                           "compression": compression_rows(args, out)}
     if args.code:
         tables["flush"] = flush_rows(args, out)
     for name, rows in tables.items():

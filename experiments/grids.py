@@ -4,7 +4,9 @@ The GPT of experiments/configs/exp_scale.toml (8 blocks, 8 heads, width 128) wit
 of 32 sequences of 32 tokens and 4 micro-batches (1F1B; balanced explicit stage boundaries),
 trained a few steps on each of the ten grids (8,1,1), (4,2,1), ..., (1,1,8). Reports throughput,
 the per-rank compute time and where the rest of the step went (self time in pp / tp / dp / world
-communication, idle), and the pipeline bubble.
+communication, idle), the pipeline bubble, and the peak memory predicted beside the measured
+(``mpipar analyze``'s memory model, its timing-dump part included): the largest measured rank,
+its stage's prediction, and the worst error over every rank.
 
 On a 2-core machine the 8 ranks time-share the cores: the ranking of grids reflects how much
 each grid communicates and waits under that contention, not what 8 real devices would do.
@@ -24,7 +26,8 @@ from scaling import COMM, COMPUTE  # noqa: E402
 
 NAME = "grids"
 COLUMNS = ["grid", "dp", "pp", "tp", "tokens_per_s", "step_ms", "compute_ms", "pp_share",
-           "tp_share", "dp_share", "world_share", "idle_share", "bubble"]
+           "tp_share", "dp_share", "world_share", "idle_share", "bubble", "mem_measured_MiB",
+           "mem_predicted_MiB", "mem_worst_error_pct"]
 
 
 def grids(world: int) -> list[tuple[int, int, int]]:
@@ -68,6 +71,7 @@ def main(argv=None) -> int:
                "idle_share": float((r["idle"] / st).mean()), "bubble": s["bubble"]}
         for a in COMM:
             row[f"{a}_share"] = float((r[f"self_{a}"] / st).mean())
+        row.update(memory_columns(s, r))
         rows.append(row)
     common.write_results(out, f"every {world}-rank grid (dp x pp x tp), same model", rows,
                          COLUMNS, meta={"config": str(config), "steps": steps, "world": world,
@@ -76,6 +80,22 @@ def main(argv=None) -> int:
     plot(rows, out / f"{NAME}.png", world)
     print(f"wrote {out / (NAME + '.png')}")
     return 0
+
+
+def memory_columns(summary: dict, ranks: dict) -> dict:
+    """Measured and predicted peak memory of a grid: the largest measured rank beside its
+    stage's prediction, and the worst relative error over every rank (None: not recorded)."""
+    measured = summary.get("memory_measured")
+    pred = summary.get("predicted") if isinstance(summary.get("predicted"), dict) else {}
+    predicted = pred.get("memory")
+    if not measured or not predicted:
+        return {"mem_measured_MiB": None, "mem_predicted_MiB": None, "mem_worst_error_pct": None}
+    errors = [100 * (predicted[int(p)] - got) / got for got, p in zip(measured, ranks["pp"],
+                                                                       strict=True)]
+    top = max(range(len(measured)), key=lambda i: measured[i])
+    return {"mem_measured_MiB": measured[top] / 2**20,
+            "mem_predicted_MiB": predicted[int(ranks["pp"][top])] / 2**20,
+            "mem_worst_error_pct": max(errors, key=abs)}
 
 
 def plot(rows, path, world):

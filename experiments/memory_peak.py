@@ -9,7 +9,7 @@ records ``mem.static`` / ``mem.base`` / ``mem.peak`` (``mpipar/training/memory.p
 steps add above set-up. ``mpipar.analysis.memory_model.predict_run`` predicts it from the config
 and the simulated schedule alone. Per pipeline rank (world ranks of one stage averaged): measured
 and predicted MiB, the error, and the predicted parts (state, activations, working set,
-buffers). Memory is not time: the numbers do not depend on the machine's load.
+buffers, the timing dump). Memory is not time: the numbers do not depend on the machine's load.
 
 Run: ``python experiments/memory_peak.py [--quick] [--out DIR] [--steps S]``.
 """
@@ -26,7 +26,7 @@ import common  # noqa: E402
 NAME = "memory_peak"
 COLUMNS = ["config", "ranks", "pp_rank", "measured_MiB", "predicted_MiB", "error_pct",
            "traced_MiB", "traced_error_pct", "state_MiB", "activations_MiB", "work_MiB",
-           "buffers_MiB"]
+           "buffers_MiB", "timing_dump_MiB"]
 MiB = 2.0**20
 GPT = {"model.n_layer": 4, "model.n_embd": 128, "model.n_head": 4, "model.block_size": 128,
        "train.batch_size": 32, "train.seq_len": 128, "parallel.partition": "explicit"}
@@ -97,11 +97,14 @@ def rows_of(label, run) -> list[dict]:
     """Measured beside predicted, one row per pipeline rank."""
     import numpy as np
 
+    from mpipar.analysis.breakdown import select_steps
     from mpipar.analysis.memory_model import predict_run
-    from mpipar.analysis.predict import measured_memory
+    from mpipar.analysis.predict import events_per_step, measured_memory
 
     measured = measured_memory(run)
-    predicted = predict_run(run.config, run.grid)
+    # the timing dump's part too: the run's own events per step (memory_model's "trace")
+    predicted = predict_run(run.config, run.grid,
+                            events_per_step(run, select_steps(run)[0]))
     if measured is None or predicted is None:
         raise common.ExperimentError(f"{label}: no memory events or no model for this config")
     traced = np.asarray(traced_memory(run))
@@ -117,7 +120,8 @@ def rows_of(label, run) -> list[dict]:
                     "traced_MiB": numpy_got / MiB,
                     "traced_error_pct": 100 * (pred["total"] - numpy_got) / numpy_got,
                     "state_MiB": state / MiB, "activations_MiB": pred["activations"] / MiB,
-                    "work_MiB": pred["work"] / MiB, "buffers_MiB": pred["buffers"] / MiB})
+                    "work_MiB": pred["work"] / MiB, "buffers_MiB": pred["buffers"] / MiB,
+                    "timing_dump_MiB": pred.get("trace", 0) / MiB})
     return out
 
 

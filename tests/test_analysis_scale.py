@@ -277,3 +277,85 @@ def test_sigkill_during_part_flushes_leaves_every_part_readable(tmp_path):
             k = len(ev) // 500  # flush j holds starts j .. j + 499, in order
             want = (np.arange(500.0)[None, :] + np.arange(k)[:, None]).ravel()
             assert np.array_equal(ev["start"], want)
+
+
+# ----- the batched replays and the grouped breakdown ---------------------------------------------
+
+
+def test_batched_replays_equal_one_simulation_each():
+    """``batch_sim.evaluate`` gives, element by element, what ``simulate`` gives each (model,
+    draw): fitted models with jitter and dp reductions, a draw-free replay, an interleaved
+    schedule with two chunks (and two reductions) per rank."""
+    from mpipar.analysis.batch_sim import Compiled, evaluate
+    from mpipar.analysis.predict import replica_models
+    from mpipar.parallel.pipeline.generators import build_schedule
+    from mpipar.parallel.pipeline.lowering import lower
+    from mpipar.parallel.pipeline.simulate import CostModel, simulate
+
+    run = load(README_V1)
+    sched, models, _, _ = replica_models(run, [1, 2, 3], "1f1b", 2, 4, 1)
+    inter = lower(build_schedule("interleaved", 2, 4, virtual_stages=2))
+    rng = np.random.default_rng(5)
+    other = CostModel(per_unit={(r, c, op): float(rng.uniform(1, 2)) for r in range(2)
+                                for c in range(4) for op in ("F", "B", "W", "BW")},
+                      overhead=0.01, latency=0.05, send_post=0.02, recv_post=0.03,
+                      dp_reduce={(r, c): float(rng.uniform(0.1, 3)) for r in range(2)
+                                 for c in range(r, 4, 2)},
+                      jitter=tuple(rng.uniform(0.5, 1.5, 16)))
+    for s, mods in ((sched, models), (inter, [other])):
+        draws = [None] + [(k, d) for k in range(3) for d in range(2)]
+        batch_models = [mods[i % len(mods)] for i in range(len(draws))]
+        b = evaluate(Compiled.of(s), batch_models, draws)
+        for i, (m, d) in enumerate(zip(batch_models, draws, strict=True)):
+            sim = simulate(s, m, draw=d)
+            assert b.busy[i].tolist() == pytest.approx(sim.busy, rel=1e-14)
+            assert b.pipe_comm[i].tolist() == pytest.approx(sim.pipe_comm, rel=1e-14)
+            assert b.pipeline_end[i].tolist() == pytest.approx(sim.pipeline_end, rel=1e-14)
+            assert b.overhead[i].tolist() == pytest.approx(sim.overhead, rel=1e-14)
+            spans = [(a, e) for tl in sim.timeline for a, e, act in tl
+                     if not act.op.startswith(("SEND", "RECV"))]
+            assert b.first_compute[i] == min(a for a, _ in spans)
+            assert b.last_compute[i] == max(e for _, e in spans)
+
+
+def test_grouped_unions_equal_one_union_per_group():
+    """One running maximum over steps one after another, and the step-at-a-time fallback when
+    they overlap, both give ``union_length`` of each group."""
+    from mpipar.analysis.rank_steps import grouped_union, union_length
+
+    rng = np.random.default_rng(11)
+    for overlap in (False, True):
+        g = rng.integers(0, 6, 400)
+        s = rng.uniform(0, 1, 400) + (0 if overlap else 2.0 * g)
+        e = s + rng.exponential(0.05, 400) * (rng.random(400) > 0.1)  # some of length 0
+        got = grouped_union(g, s, e, 7)
+        want = [union_length(s[g == i], e[g == i]) for i in range(7)]
+        assert got.tolist() == pytest.approx(want, rel=1e-12, abs=1e-15)
+        assert got[6] == 0.0
+
+
+def test_memory_model_counts_the_timing_dump():
+    """The README job's prediction carries the dump's part (events held between flushes and
+    the writer), from the events each pipeline rank records per step; the planner's call
+    (no events) is unchanged."""
+    from mpipar.analysis.memory_model import (
+        DUMP_WRITER_BYTES,
+        TRACE_EVENT_BYTES,
+        predict_run,
+        trace_bytes,
+    )
+
+    run = load(README_V1)
+    parts = breakdown(run)["summary"]["predicted"]["memory_parts"]
+    plain = predict_run(run.config, run.grid)
+    for got, base in zip(parts, plain, strict=True):
+        assert got["trace"] > 0
+        assert got["total"] == base["total"] + got["trace"]
+        assert "trace" not in base
+    every = {"run": {"flush_interval": 50}, "train": {"steps": 200}}
+    assert trace_bytes(every, 60) == 60 * 50 * TRACE_EVENT_BYTES + DUMP_WRITER_BYTES
+    # no flush before the last step's peak: every step's events held, the writer not yet run
+    for interval in (0, 200, 500):
+        at_end = {"run": {"flush_interval": interval}, "train": {"steps": 200}}
+        assert trace_bytes(at_end, 60) == 60 * 200 * TRACE_EVENT_BYTES
+    assert trace_bytes({"run": {"trace": False}}, 60) == 0

@@ -36,21 +36,56 @@ def _group_size(run: Run, axis: str) -> int:
     return int(run.world_size if axis == "world" else run.grid.get(axis, 1))
 
 
+def _split_kinds(kinds) -> tuple[np.ndarray, np.ndarray]:
+    """(axis, op) of every kind (``tp.allreduce`` -> ``tp``, ``allreduce``), each distinct kind
+    split once."""
+    uniq, inv = np.unique(np.asarray(kinds, dtype=str), return_inverse=True)
+    if not uniq.size:
+        return uniq, uniq
+    parts = [k.partition(".") for k in uniq.tolist()]
+    inv = inv.reshape(-1)
+    return (np.array([a for a, _, _ in parts])[inv], np.array([o for _, _, o in parts])[inv])
+
+
 def _collective_rows(ev) -> np.ndarray:
     """The rows ``_rank_spans`` looks at (collectives and waits), picked by numpy so that its
     loop runs over them only."""
-    kinds = ev["kind"].astype(str)
-    op = np.char.partition(kinds, ".")[:, 2] if kinds.size else kinds
+    _, op = _split_kinds(ev["kind"])
     return ev[np.isin(op, OPS) | ((op == "wait") & (ev["peer"] < 0))]
 
 
 def _rank_spans(run, r, steps):
-    """[(kind, op, bytes, seconds, overlapped)] of one rank's collectives in ``steps``."""
+    """[(kind, op, bytes, seconds, overlapped, count)] of one rank's collectives in ``steps``:
+    the posts of a non-blocking kind that a wait of its (axis, bytes) may complete, one by one
+    (paired in order); every other collective summed as one row per (kind, bytes)."""
     ev = _collective_rows(events_in(run, r, steps))
+    kinds = ev["kind"].astype(str)
+    axis, op = _split_kinds(kinds)
+    waits = op == "wait"
+    paired = np.zeros(len(ev), dtype=bool)  # rows of an (axis, bytes) that has waits
+    for ax, nb in {(str(x), int(b)) for x, b in zip(axis[waits], ev["bytes"][waits])}:
+        paired |= (axis == ax) & (ev["bytes"] == nb)
+    out = _paired_spans(ev[paired], kinds[paired])
+    rest = ~paired & ~waits
+    if rest.any():
+        uniq, inv = np.unique(kinds[rest], return_inverse=True)
+        nbytes = ev["bytes"][rest]
+        keys, at = np.unique(np.stack([inv.reshape(-1), nbytes]), axis=1, return_inverse=True)
+        at = at.reshape(-1)
+        count = np.bincount(at)
+        secs = np.bincount(at, weights=ev["end"][rest] - ev["start"][rest])
+        for j, (k, nb) in enumerate(keys.T.tolist()):
+            kind = str(uniq[k])
+            out.append((kind, kind.partition(".")[2], int(nb) * int(count[j]), float(secs[j]),
+                        False, int(count[j])))
+    return out
+
+
+def _paired_spans(ev, kinds) -> list:
+    """Posts paired in order with the waits that complete them (per axis and size)."""
     queued = defaultdict(deque)  # (axis, bytes) -> posts not yet paired with a wait
     spans = []  # [kind, op, bytes, start, end, overlapped]
-    for e in ev:
-        kind = e["kind"].decode() if isinstance(e["kind"], bytes) else str(e["kind"])
+    for e, kind in zip(ev, kinds.tolist()):
         axis, _, op = kind.partition(".")
         nbytes = int(e["bytes"])
         if op in OPS:
@@ -60,7 +95,7 @@ def _rank_spans(run, r, steps):
         elif op == "wait" and int(e["peer"]) < 0 and queued[(axis, nbytes)]:
             span = queued[(axis, nbytes)].popleft()
             span[4], span[5] = float(e["end"]), True
-    return [(k, op, b, end - start, o) for k, op, b, start, end, o in spans]
+    return [(k, op, b, end - start, o, 1) for k, op, b, start, end, o in spans]
 
 
 def bandwidth(run: Run | str, steps=None) -> list[dict]:
@@ -70,12 +105,12 @@ def bandwidth(run: Run | str, steps=None) -> list[dict]:
     steps = run.steps() if steps is None else list(steps)
     rows = {}
     for r in range(len(run.events)):
-        for kind, op, nbytes, seconds, overlapped in _rank_spans(run, r, steps):
+        for kind, op, nbytes, seconds, overlapped, count in _rank_spans(run, r, steps):
             n = _group_size(run, kind.partition(".")[0])
             size = nbytes * n if op == "allgather" else nbytes
             r = rows.setdefault(kind, {"kind": kind, "op": op, "group": n, "count": 0,
                                        "bytes": 0, "seconds": 0.0, "overlapped": False})
-            r["count"] += 1
+            r["count"] += count
             r["bytes"] += size
             r["seconds"] += seconds
             r["overlapped"] |= overlapped

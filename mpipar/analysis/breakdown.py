@@ -48,14 +48,16 @@ from .dump import Run, load
 from .flops import setting as get
 from .links import links_text
 from .predict import predict
+from .rank_steps import (
+    COMM_AXES,
+    COMPUTE_KINDS,
+    PIPE_COMPUTE,
+    SELF_ORDER,
+    rank_steps,
+    union_length,  # noqa: F401 (re-exported)
+)
 from .steps import StepChoice
 
-COMPUTE_KINDS = ("F", "B", "W", "R", "LOSS", "OPT")
-PIPE_COMPUTE = ("F", "B", "W", "R", "LOSS")  # model compute: the bubble's complement
-COMM_AXES = ("pp", "tp", "dp", "world")  # kind prefixes "pp.", "tp.", ...
-
-# self-time precedence: an instant covered by several events goes to the first listed
-SELF_ORDER = COMM_AXES + COMPUTE_KINDS + ("other",)
 SELF_COLUMNS = tuple(f"self_{k}" for k in SELF_ORDER)
 
 RANK_COLUMNS = (
@@ -66,28 +68,6 @@ RANK_COLUMNS = (
     + ("comm", "other", "busy", "exposed", "idle", "bubble")
     + SELF_COLUMNS
 )
-
-
-def union_length(starts, ends, lo: float = -math.inf, hi: float = math.inf) -> float:
-    """Total length covered by intervals [starts[i], ends[i]] clipped to [lo, hi], overlaps once."""
-    s = np.clip(np.asarray(starts, dtype=float), lo, hi)
-    e = np.clip(np.asarray(ends, dtype=float), lo, hi)
-    keep = e > s
-    s, e = s[keep], e[keep]
-    if s.size == 0:
-        return 0.0
-    order = np.argsort(s, kind="stable")
-    s, e = s[order], e[order]
-    # running max of ends: an interval starts a new block when it begins after everything before it
-    reach = np.maximum.accumulate(e)
-    new_block = np.empty(s.size, dtype=bool)
-    new_block[0] = True
-    new_block[1:] = s[1:] > reach[:-1]
-    block_id = np.cumsum(new_block) - 1
-    block_start = s[new_block]
-    block_end = np.zeros(block_start.size)
-    np.maximum.at(block_end, block_id, e)
-    return float(np.sum(block_end - block_start))
 
 
 def select_steps(run: Run, step: int | None = None) -> tuple[list[int], list[str]]:
@@ -101,85 +81,6 @@ def select_steps(run: Run, step: int | None = None) -> tuple[list[int], list[str
 
 
 
-def _kind_mask(kinds: np.ndarray, kind: str) -> np.ndarray:
-    return kinds == kind
-
-
-def _axis_mask(kinds: np.ndarray, axis: str) -> np.ndarray:
-    return np.char.startswith(kinds, axis + ".")
-
-
-def _by_step(ev: np.ndarray, steps: list[int]) -> list[np.ndarray]:
-    """Events of each step, in recording order: one sort instead of a scan per step."""
-    order = np.argsort(ev["step"], kind="stable")
-    srt = ev[order]
-    lo = np.searchsorted(srt["step"], steps, side="left")
-    hi = np.searchsorted(srt["step"], steps, side="right")
-    return [srt[a:b] for a, b in zip(lo, hi, strict=True)]
-
-
-def _rank_step(ev: np.ndarray, notes: list, rank: int, step: int) -> dict:
-    """The breakdown of one rank in one step (seconds); ``ev`` holds that step's events only."""
-    kinds = ev["kind"]
-    marker = ev[kinds == "STEP"]
-    body = ev[kinds != "STEP"]
-    if marker.size:
-        lo, hi = float(marker["start"].min()), float(marker["end"].max())
-    elif body.size:
-        lo, hi = float(body["start"].min()), float(body["end"].max())
-        notes.append(f"rank {rank} step {step}: no STEP event, step window = span of its events")
-    else:
-        return {}
-    dur = body["end"] - body["start"]
-    bkinds = body["kind"]
-    out = {"step_time": hi - lo, "lo": lo, "hi": hi}
-    is_compute = np.zeros(body.size, dtype=bool)
-    for k in COMPUTE_KINDS:
-        m = _kind_mask(bkinds, k)
-        out[k] = float(dur[m].sum())
-        is_compute |= m
-    is_comm = np.zeros(body.size, dtype=bool)
-    for a in COMM_AXES:
-        m = _axis_mask(bkinds, a)
-        out[f"comm_{a}"] = float(dur[m].sum())
-        is_comm |= m
-    out["compute"] = sum(out[k] for k in COMPUTE_KINDS)
-    out["comm"] = sum(out[f"comm_{a}"] for a in COMM_AXES)
-    out["other"] = float(dur[~is_compute & ~is_comm].sum())
-    out["busy"] = union_length(body["start"], body["end"], lo, hi)
-    compute_union = union_length(body["start"][is_compute], body["end"][is_compute], lo, hi)
-    out["exposed"] = out["busy"] - compute_union
-    out["idle"] = out["step_time"] - out["busy"]
-    _self_times(out, body, bkinds, is_compute | is_comm, lo, hi)
-    pipe = sum(out[k] for k in PIPE_COMPUTE)
-    out["pipe_compute"] = pipe
-    out["bubble"] = 1.0 - pipe / out["step_time"] if out["step_time"] > 0 else math.nan
-    pm = np.isin(bkinds, PIPE_COMPUTE)
-    out["pipe_lo"] = float(body["start"][pm].min()) if pm.any() else math.nan
-    out["pipe_hi"] = float(body["end"][pm].max()) if pm.any() else math.nan
-    return out
-
-
-def _self_times(out: dict, body, kinds, known, lo: float, hi: float) -> None:
-    """``self_<k>``: |k's intervals minus those of every kind before k in SELF_ORDER|."""
-    covered_s = np.empty(0)
-    covered_e = np.empty(0)
-    covered = 0.0
-    for k in SELF_ORDER:
-        if k in COMM_AXES:
-            m = _axis_mask(kinds, k)
-        elif k == "other":
-            m = ~known
-        else:
-            m = kinds == k
-        covered_s = np.concatenate([covered_s, body["start"][m]])
-        covered_e = np.concatenate([covered_e, body["end"][m]])
-        # |k \ before| = |k U before| - |before|
-        now = union_length(covered_s, covered_e, lo, hi)
-        out[f"self_{k}"] = now - covered
-        covered = now
-
-
 def breakdown(run: Run | str, step: int | None = None, peak: float | None = None) -> dict:
     """Per-rank table and run summary of the measured steps (definitions in the module doc).
 
@@ -191,13 +92,11 @@ def breakdown(run: Run | str, step: int | None = None, peak: float | None = None
     steps, notes = select_steps(run, step)
     notes += run.notes
     world = run.world_size
-    per = [
-        [
-            _rank_step(e, notes, r, s)
-            for e, s in zip(_by_step(run.events[r], steps), steps, strict=True)
-        ]
-        for r in range(world)
-    ]
+    per = [rank_steps(run.events[r], steps) for r in range(world)]
+    for r, d in enumerate(per):
+        for i in np.flatnonzero(d["has"] & ~d["marked"]):
+            notes.append(f"rank {r} step {steps[i]}: no STEP event, step window = span of its "
+                         "events")
 
     table = {
         "rank": np.arange(world),
@@ -207,13 +106,9 @@ def breakdown(run: Run | str, step: int | None = None, peak: float | None = None
     }
     value_cols = [c for c in RANK_COLUMNS if c not in table]
     for c in value_cols:
-        table[c] = np.array(
-            [
-                np.mean([d[c] for d in per[r] if d]) if any(per[r]) else math.nan
-                for r in range(world)
-            ]
-        )
-    missing = [r for r in range(world) if not any(per[r])]
+        table[c] = np.array([np.mean(d[c][d["has"]]) if d["has"].any() else math.nan
+                             for d in per])
+    missing = [r for r in range(world) if not per[r]["has"].any()]
     if missing:
         notes.append(f"ranks {missing} have no events in the measured steps")
 
@@ -230,18 +125,23 @@ def breakdown(run: Run | str, step: int | None = None, peak: float | None = None
     }
 
 
+def _matrix(per, col) -> np.ndarray:
+    """(ranks, steps) of a column, NaN where a rank has no events in a step."""
+    return np.array([np.where(d["has"], d[col], math.nan) for d in per]).reshape(len(per), -1)
+
+
 def _step_times(steps, per, continuous=False) -> np.ndarray:
     """Per step, first STEP start to last STEP end over all ranks; a continuous run's ranks
     never meet between steps (one stage runs its call of a step a little ahead of the other's),
     so there the longest rank's own call."""
-    out = []
-    for i in range(len(steps)):
-        rows = [p[i] for p in per if p[i]]
-        if rows and continuous:
-            out.append(max(d["hi"] - d["lo"] for d in rows))
-        elif rows:
-            out.append(max(d["hi"] for d in rows) - min(d["lo"] for d in rows))
-    return np.array(out)
+    has = np.array([d["has"] for d in per]).reshape(len(per), -1).any(axis=0)
+    with np.errstate(invalid="ignore"):
+        if continuous:
+            own = _matrix(per, "hi") - _matrix(per, "lo")
+            return np.nanmax(np.where(np.isnan(own), -math.inf, own), axis=0)[has]
+        hi = np.nanmax(np.where(has, _matrix(per, "hi"), -math.inf), axis=0)
+        lo = np.nanmin(np.where(has, _matrix(per, "lo"), math.inf), axis=0)
+    return (hi - lo)[has]
 
 
 def _continuous_bubble(run, per) -> float:
@@ -252,7 +152,8 @@ def _continuous_bubble(run, per) -> float:
     over ranks (``predict_continuous`` simulates the same)."""
     vals = []
     for r, ev in enumerate(run.events):
-        calls = [(d["lo"], d["hi"]) for d in per[r] if d]
+        d = per[r]
+        calls = list(zip(d["lo"][d["has"]].tolist(), d["hi"][d["has"]].tolist(), strict=True))
         e = ev[np.isin(ev["kind"], PIPE_COMPUTE)]
         total = sum(hi - lo for lo, hi in calls)
         if total <= 0:
@@ -266,17 +167,17 @@ def _continuous_bubble(run, per) -> float:
 def _pipeline_bubble(steps, per) -> float:
     """1 - model compute / pipeline window, window shared by all ranks in a step; mean over both
     (a continuous run: ``_continuous_bubble``)."""
-    vals = []
-    for i in range(len(steps)):
-        rows = [p[i] for p in per if p[i]]
-        timed = [d for d in rows if not math.isnan(d["pipe_lo"])]
-        if not timed:
-            continue
-        lo = min(d["pipe_lo"] for d in timed)
-        hi = max(d["pipe_hi"] for d in timed)
-        if hi > lo:
-            vals.extend(1.0 - d["pipe_compute"] / (hi - lo) for d in rows)
-    return float(np.mean(vals)) if vals else math.nan
+    has = np.array([d["has"] for d in per]).reshape(len(per), -1)
+    plo, phi = _matrix(per, "pipe_lo"), _matrix(per, "pipe_hi")
+    timed = ~np.isnan(plo).all(axis=0)
+    with np.errstate(invalid="ignore"):
+        lo = np.nanmin(np.where(timed, plo, 0.0), axis=0)
+        hi = np.nanmax(np.where(timed, phi, 0.0), axis=0)
+        ok = timed & (hi > lo)
+        vals = 1.0 - _matrix(per, "pipe_compute") / (hi - lo)
+    # step after step, the ranks with events in each (as the measured values were listed)
+    got = vals.T[(has & ok).T]
+    return float(np.mean(got)) if got.size else math.nan
 
 
 def _devices(run: Run) -> int:

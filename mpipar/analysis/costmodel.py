@@ -30,34 +30,69 @@ from collections import defaultdict
 import numpy as np
 
 from .dump import Run
-from .index import all_events_in as _all_events_in
+from .fit_parts import PIPE_KINDS, cached, step_p2p, step_parts  # noqa: F401 (re-exported)
 from .index import events_in, ranks_with_events
+from .rank_steps import step_groups
 from .units import _unit_durations
-
-PIPE_KINDS = ("F", "B", "W", "R", "LOSS", "pp.send", "pp.recv", "pp.wait")
 
 
 def post_costs(ev) -> tuple[float, float]:
     """(send post, receive post) from a rank's events: the median ``pp.send``, and the median
     ``pp.recv`` plus the lower quartile of ``pp.wait`` (a wait that found its message there)."""
-    dur = ev["end"] - ev["start"]
-    waits = dur[ev["kind"] == "pp.wait"]
-    return (_med(dur[ev["kind"] == "pp.send"]),
-            _med(dur[ev["kind"] == "pp.recv"]) + (float(np.percentile(waits, 25))
-                                                  if waits.size else 0.0))
+    dur, kinds = ev["end"] - ev["start"], ev["kind"]
+    return _post_costs({"send": dur[kinds == "pp.send"], "recv": dur[kinds == "pp.recv"],
+                        "wait": dur[kinds == "pp.wait"]})
+
+
+def _post_costs(cols: dict) -> tuple[float, float]:
+    """``post_costs`` from the durations of each kind (``_p2p_columns``)."""
+    empty = np.empty(0)
+    waits = cols.get("wait", empty)
+    return (_med(cols.get("send", empty)),
+            _med(cols.get("recv", empty)) + (float(np.percentile(waits, 25))
+                                             if waits.size else 0.0))
 
 
 def _med(values, default=0.0) -> float:
-    return float(np.median(values)) if len(values) else default
+    """``np.median``'s value; a short list without numpy's per-call cost."""
+    if not len(values):
+        return default
+    if len(values) < 64:
+        values = values.tolist() if isinstance(values, np.ndarray) else values
+        s, n = sorted(values), len(values)
+        return float(s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2)
+    return float(np.median(values))
 
 
-def _step_events(run: Run, steps) -> dict:
-    """{(world rank, step): events of that step sorted by start}, without STEP markers."""
-    out = {}
+def _step_parts(run: Run, steps, n_actions: dict) -> dict:
+    """name -> [(world rank, step, value)] of the step parts (module doc) over the ranks with events
+    and ``steps``, each rank's steps worked out at once, once per run
+    (``fit_parts.step_parts``): every replica's fit of every step asks."""
+    parts = defaultdict(list)
     for r in ranks_with_events(run):
+        n = n_actions.get(int(run.coords[r, 1]), 1)
+        got = cached(run, r, ("step_parts", n), lambda ev, n=n: step_parts(ev, n))
         for s in steps:
-            out[(r, s)] = np.sort(events_in(run, r, s), order="start")
-    return out
+            for name, val in got.get(int(s), {}).items():
+                parts[name].append((r, s, val))
+    return parts
+
+
+def _p2p_columns(run: Run, steps) -> dict:
+    """{"send", "recv", "wait": durations; "bytes": send payloads} of the ranks with events in
+    ``steps``, rank after rank (what ``post_costs`` and ``default_bytes`` take medians of)."""
+    cols = defaultdict(list)
+    for r in ranks_with_events(run):
+        got = cached(run, r, "p2p", step_p2p)
+        for s in np.atleast_1d(steps):
+            for name, val in got.get(int(s), {}).items():
+                cols[name].append(val)
+    return {k: np.concatenate(v) for k, v in cols.items()}
+
+
+def _mean(values) -> float:
+    """``np.mean``'s value of a list: numpy sums fewer than 8 numbers in order, as ``sum``."""
+    return sum(values) / len(values) if len(values) < 8 else float(np.mean(values))
 
 
 def _uncovered(starts, ends) -> float:
@@ -83,8 +118,8 @@ def unit_costs(run: Run, steps, schedule=None) -> dict:
         acc[(int(run.coords[r, 1]), c, op, r)] += [d for _, d in got]
     per_rank = defaultdict(list)
     for (p, c, op, _), durs in acc.items():
-        per_rank[(p, c, op)].append(float(np.mean(durs)))
-    out = {k: float(np.mean(v)) for k, v in per_rank.items()}
+        per_rank[(p, c, op)].append(_mean(durs))
+    out = {k: _mean(v) for k, v in per_rank.items()}
     for (p, c, op), val in list(out.items()):
         if op == "B":
             out.setdefault((p, c, "BW"), val)
@@ -107,94 +142,77 @@ def jitter(run: Run, steps, schedule=None) -> tuple:
     each step is predicted from its own means. () when no kind repeats (m = 1)."""
     ratios = []
     for got in _unit_durations(run, steps, schedule).values():
-        d = np.array([x for _, x in got])
-        if d.size > 1 and d.mean() > 0:
-            ratios.append(d / d.mean())
+        if len(got) > 1:
+            d = [x for _, x in got]
+            mean = _mean(d)
+            if mean > 0:
+                ratios.extend(x / mean for x in d)
     if not ratios:
         return ()
-    q = np.quantile(np.concatenate(ratios), (np.arange(JITTER_POINTS) + 0.5) / JITTER_POINTS,
+    q = np.quantile(np.asarray(ratios), (np.arange(JITTER_POINTS) + 0.5) / JITTER_POINTS,
                     method="inverted_cdf")  # measured ratios, none made up between them
     return tuple(float(x) for x in q / q.mean())
 
 
-def _rank_step_parts(e: np.ndarray, n_actions: int) -> dict:
-    """Overhead, dp, optimizer and fixed parts of one rank's step (its events, sorted)."""
-    kinds = e["kind"]
-    marker = e[kinds == "STEP"]
-    body = e[kinds != "STEP"]
-    opt = body[body["kind"] == "OPT"]
-    opt_start = float(opt["start"].min()) if opt.size else math.inf
-    before = body[body["start"] < opt_start]
-    pipe = before[np.isin(before["kind"], PIPE_KINDS)]
-    out = {}
-    if pipe.size:
-        inside = before[(before["start"] >= pipe["start"].min())
-                        & (before["end"] <= pipe["end"].max())]
-        out["overhead"] = _uncovered(inside["start"], inside["end"]) / max(n_actions, 1)
-        pipe_end = float(pipe["end"].max())
-    else:
-        pipe_end = math.nan
-    dp = body[np.char.startswith(body["kind"].astype(str), "dp.")]
-    out["dp"] = float((dp["end"] - dp["start"]).sum())
-    out["dp_chunks"] = sorted({int(c) for c in dp["chunk"] if c >= 0})
-    if opt.size:
-        o0, o1 = opt_start, float(opt["end"].max())
-        is_comm = np.char.find(body["kind"].astype(str), ".") >= 0
-        nested = body[(body["start"] >= o0) & (body["end"] <= o1) & is_comm]
-        coll = float((nested["end"] - nested["start"]).sum())
-        out["optimizer"] = (o1 - o0) - coll
-        dp_gap = dp[(dp["start"] >= pipe_end) & (dp["end"] <= o0)] if pipe.size else dp[:0]
-        gap = o0 - pipe_end - float((dp_gap["end"] - dp_gap["start"]).sum())
-        out["sync"] = coll + (max(gap, 0.0) if not math.isnan(gap) else 0.0)
-        if marker.size:
-            out["step_post"] = float(marker["end"].max()) - o1
-    if marker.size and body.size:
-        out["step_pre"] = float(body["start"].min()) - float(marker["start"].min())
-    return out
+# the p2p latency is a minimum over matched messages (``transfer_times``), a Python walk of each
+# rank's step: beyond this many (rank, step) pairs of the run, an even sample of its steps
+LATENCY_RANK_STEPS = 8192
 
 
-def fit(run: Run, steps, schedule) -> tuple:
-    """(``CostModel``, notes) for ``schedule`` (the run's, as data) from the dump's events."""
+def latency_steps(run: Run, steps) -> list:
+    """The steps ``transfer_times`` walks: all, or an even sample (``LATENCY_RANK_STEPS``)."""
+    from .steps import even_sample
+
+    steps = sorted(int(s) for s in np.atleast_1d(steps))
+    return even_sample(steps, max(2, LATENCY_RANK_STEPS // max(run.world_size, 1)))
+
+
+def fit(run: Run, steps, schedule, skip=()) -> tuple:
+    """(``CostModel``, notes) for ``schedule`` (the run's, as data) from the dump's events.
+    ``skip``: attributes the caller sets itself ("latency", "jitter"): not fitted (left 0 / ())."""
     from mpipar.parallel.pipeline.simulate import CostModel
 
-    by = _step_events(run, steps)
     n_actions = {p: len(acts) for p, acts in enumerate(schedule.ranks)}
-    parts = defaultdict(list)  # name -> [(world rank, step, value)]
-    for (r, s), e in by.items():
-        if not e.size:
-            continue  # a rank left out (``predict.replicas`` empties the other replicas)
-        p = int(run.coords[r, 1])
-        for name, val in _rank_step_parts(e, n_actions.get(p, 1)).items():
-            parts[name].append((r, s, val))
+    parts = _step_parts(run, steps, n_actions)  # name -> [(world rank, step, value)]
     model = CostModel(per_unit=unit_costs(run, steps, schedule), unit={},
-                      jitter=jitter(run, steps, schedule))
+                      jitter=() if "jitter" in skip else jitter(run, steps, schedule))
     model.overhead = _med([v for _, _, v in parts["overhead"]])
-    ev = _all_events_in(run, steps)
-    model.send_post, model.recv_post = post_costs(ev)
-    lat = transfer_times(run, steps, schedule)
+    cols = _p2p_columns(run, steps)
+    model.send_post, model.recv_post = _post_costs(cols)
+    timed = latency_steps(run, steps)
+    lat = [] if "latency" in skip else transfer_times(run, timed, schedule)
     model.latency = _med(lat)
-    sent = ev[ev["kind"] == "pp.send"]
-    model.default_bytes = float(np.median(sent["bytes"])) if sent.size else 0.0
+    sent = cols.get("bytes", np.empty(0))
+    model.default_bytes = float(np.median(sent)) if sent.size else 0.0
     model.dp_reduce = _per_pp_chunk(run, parts["dp"], parts["dp_chunks"], schedule)
     model.optimizer = _per_pp(run, parts["optimizer"])
     model.sync = _min_over_ranks(parts["sync"])
     model.step_post = _min_over_ranks(parts["step_post"])
     model.step_pre = _med([v for _, _, v in parts["step_pre"]])
-    notes = [] if lat or schedule.pp == 1 else [
+    notes = [] if lat or schedule.pp == 1 or "latency" in skip else [
         "no messages both ways between two ranks to time: p2p latency 0"]
+    if len(timed) < len(steps) and "latency" not in skip:
+        notes.append(f"p2p latency from {len(timed)} of the {len(steps)} steps, spread evenly "
+                     f"(at most {LATENCY_RANK_STEPS} rank x step pairs)")
     return model, notes
 
 
 def _computes(ev: np.ndarray) -> tuple[dict, dict]:
     """({(mb, chunk): (F start, F end)}, {(mb, chunk): start of its backward (R or B)})."""
     fwd, bwd = {}, {}
-    for x in ev[np.isin(ev["kind"], ("F", "B", "R"))]:
-        key = (int(x["mb"]), int(x["chunk"]))
-        if x["kind"] == "F":
-            fwd.setdefault(key, (float(x["start"]), float(x["end"])))
+    k = ev["kind"]
+    e = ev[(k == "F") | (k == "B") | (k == "R")]
+    for kind, mb, c, t0, t1 in _columns(e, "kind", "mb", "chunk", "start", "end"):
+        if kind == "F":
+            fwd.setdefault((mb, c), (t0, t1))
         else:
-            bwd[key] = min(bwd.get(key, math.inf), float(x["start"]))
+            bwd[(mb, c)] = min(bwd.get((mb, c), math.inf), t0)
     return fwd, bwd
+
+
+def _columns(ev: np.ndarray, *names):
+    """Rows of ``ev`` as tuples of Python values of ``names`` (a numpy row per access is slow)."""
+    return zip(*(ev[n].tolist() for n in names), strict=True)
 
 
 def _world_ranks(coords) -> dict:
@@ -202,29 +220,38 @@ def _world_ranks(coords) -> dict:
     return {tuple(int(v) for v in c): w for w, c in enumerate(coords)}
 
 
-def _requests(ev: np.ndarray, r: int, schedule, coords, world=None) -> dict:
+def _requests(ev: np.ndarray, r: int, schedule, coords, world=None, recvs=None) -> dict:
     """{(mb, chunk, peer): [(lo, hi, (sender chunk, send op) or None)]}: every message request of
     world rank r in one step, keyed as its ``pp.wait`` is, with the window that wait must lie in.
 
     A send (its ``pp.send`` post; sender chunk None) completes after it was posted. RECV_F(mb, c)
     (from chunk c - 1) completes before F(mb, c) starts; RECV_B(mb, c) (from chunk c + 1) after
     F(mb, c) ends (its sender needed that activation) and before the backward of (mb, c) starts.
+    ``recvs``: ``_receives`` of rank r, when the caller has it (one list for all its steps).
     """
     fwd, bwd = _computes(ev)
     out = defaultdict(list)
-    for x in ev[ev["kind"] == "pp.send"]:
-        out[(int(x["mb"]), int(x["chunk"]), int(x["peer"]))].append(
-            (float(x["start"]), math.inf, None))
+    for mb, c, peer, t0 in _columns(ev[ev["kind"] == "pp.send"], "mb", "chunk", "peer", "start"):
+        out[(mb, c, peer)].append((t0, math.inf, None))
+    for mb, c, forward, src, peer in recvs or _receives(r, schedule, coords, world):
+        f0, f1 = fwd.get((mb, c), (math.inf, -math.inf))
+        lo, hi = (-math.inf, f0) if forward else (f1, bwd.get((mb, c), math.inf))
+        out[(mb, c, peer)].append((lo, hi, src))
+    return out
+
+
+def _receives(r: int, schedule, coords, world=None) -> list:
+    """(mb, chunk, is RECV_F, (sender chunk, send op), sender's world rank) of every receive
+    of world rank r's schedule, in order."""
     dp, p, tp = (int(v) for v in coords[r])
     world = _world_ranks(coords) if world is None else world
+    out = []
     for a in schedule.ranks[p]:
         if a.op not in ("RECV_F", "RECV_B"):
             continue
         src = (a.chunk - 1, "SEND_F") if a.op == "RECV_F" else (a.chunk + 1, "SEND_B")
-        peer = world.get((dp, schedule.rank_of(src[0]), tp))
-        f0, f1 = fwd.get((a.mb, a.chunk), (math.inf, -math.inf))
-        lo, hi = (-math.inf, f0) if a.op == "RECV_F" else (f1, bwd.get((a.mb, a.chunk), math.inf))
-        out[(a.mb, a.chunk, peer)].append((lo, hi, src))
+        out.append((a.mb, a.chunk, a.op == "RECV_F", src,
+                    world.get((dp, schedule.rank_of(src[0]), tp))))
     return out
 
 
@@ -233,7 +260,7 @@ def _requests(ev: np.ndarray, r: int, schedule, coords, world=None) -> dict:
 WAITED = 20e-6
 
 
-def _received(ev: np.ndarray, r: int, schedule, coords, world=None) -> list[tuple]:
+def _received(ev: np.ndarray, r: int, schedule, coords, world=None, recvs=None) -> list[tuple]:
     """(wait end, peer, mb, sender chunk, send op) of the receive waits of world rank r in one
     step that waited (``WAITED``).
 
@@ -244,11 +271,11 @@ def _received(ev: np.ndarray, r: int, schedule, coords, world=None) -> list[tupl
     every way the windows allow; a receive is kept only when all of them give it the same wait
     (pairing by order took a send's completion for a receive: latencies below zero)."""
     waits = defaultdict(list)
-    for x in ev[ev["kind"] == "pp.wait"]:
-        waits[(int(x["mb"]), int(x["chunk"]), int(x["peer"]))].append(
-            (float(x["start"]), float(x["end"])))
+    for mb, c, peer, t0, t1 in _columns(ev[ev["kind"] == "pp.wait"], "mb", "chunk", "peer",
+                                        "start", "end"):
+        waits[(mb, c, peer)].append((t0, t1))
     out = []
-    for key, reqs in _requests(ev, r, schedule, coords, world).items():
+    for key, reqs in _requests(ev, r, schedule, coords, world, recvs).items():
         got = waits.get(key, [])
         if len(got) != len(reqs) or len(reqs) > 4:
             continue  # not every request recorded (or more than one step's worth): skip
@@ -281,14 +308,17 @@ def _send_starts(run: Run, steps, schedule) -> dict:
             continue
         p = int(run.coords[r, 1])
         acts = set(schedule.ranks[p])
+        directions = {}  # (peer's stage, mb, chunk) -> the send ops that go there
         groups = defaultdict(list)
-        for x in e:
-            groups[(int(x["step"]), int(x["peer"]), int(x["mb"]), int(x["chunk"]))].append(
-                float(x["start"]))
+        for s, peer, mb, c, t0 in _columns(e, "step", "peer", "mb", "chunk", "start"):
+            groups[(s, peer, mb, c)].append(t0)
         for (s, peer, mb, c), starts in groups.items():
-            to = int(run.coords[peer, 1])
-            ops = [op for op, dst in (("SEND_F", c + 1), ("SEND_B", c - 1))
-                   if Action(op, mb, c) in acts and schedule.rank_of(dst) == to]
+            key = (int(run.coords[peer, 1]), mb, c)
+            ops = directions.get(key)
+            if ops is None:
+                ops = directions[key] = [
+                    op for op, dst in (("SEND_F", c + 1), ("SEND_B", c - 1))
+                    if Action(op, mb, c) in acts and schedule.rank_of(dst) == key[0]]
             if len(ops) == len(starts):
                 for op, t in zip(ops, starts, strict=True):
                     out[(s, r, peer, mb, c, op)] = t
@@ -307,9 +337,14 @@ def one_way_minima(run: Run, steps, schedule) -> dict:
         got = run.cache["world_ranks"] = (run.coords, _world_ranks(run.coords))
     world = got[1]
     for r in ranks_with_events(run):
-        for s in steps:
-            e = events_in(run, r, s)
-            for end, peer, mb, chunk, op in _received(e, r, schedule, run.coords, world):
+        e = events_in(run, r, steps)
+        found, g, _ = step_groups(e)
+        order = np.argsort(g, kind="stable")  # each step's events, in recording order
+        cut = np.searchsorted(g[order], np.arange(1, found.size))
+        recvs = _receives(r, schedule, run.coords, world)  # the schedule's part: once a rank
+        for s, rows in zip(found.tolist(), np.split(order, cut), strict=True):
+            for end, peer, mb, chunk, op in _received(e[rows], r, schedule, run.coords, world,
+                                                      recvs):
                 t = sends.get((s, peer, r, mb, chunk, op))
                 if t is not None:
                     best[(peer, r)] = min(best.get((peer, r), math.inf), end - t)

@@ -42,7 +42,10 @@ class StepIndex:
             return np.empty(0, dtype=np.intp)
         if at.size == 1:
             return self.order[self.lo[at[0]]:self.hi[at[0]]]
-        idx = np.concatenate([self.order[self.lo[i]:self.hi[i]] for i in at])
+        if at[-1] - at[0] + 1 == at.size:  # a run of consecutive steps: one slice
+            idx = self.order[self.lo[at[0]]:self.hi[at[-1]]]
+        else:
+            idx = np.concatenate([self.order[self.lo[i]:self.hi[i]] for i in at])
         return np.sort(idx)  # recording order across steps, as a mask would give
 
     def select(self, steps) -> np.ndarray:

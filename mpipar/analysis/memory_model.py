@@ -32,8 +32,17 @@ Per rank ``p``, in values of the dtype (``s`` bytes) unless said, with ``P`` its
   they live (registered buffers) and maps this rank's block of every other rank's bucket; the
   library's own (wherever ``mpipar.mpi.tuning`` chooses it) are MPI's business and not counted.
 
+- **trace** (when the caller gives the events a rank records per step, as ``predict`` does from
+  a dump): the timing dump's cost to the rank (``trace_bytes``). The tracer keeps each event as
+  a Python tuple until the next flush (``run.flush_interval`` steps; 0: the end of the run),
+  about ``TRACE_EVENT_BYTES`` each, and the HDF5 part writer keeps ``DUMP_WRITER_BYTES`` of its
+  own once it has written. Both measured on this machine by ``python experiments/memory_runtime.py``
+  (one process, no MPI; rerun it and copy its fit on another machine).
+
 Not counted: PipeDream's weight stashes, 2BW's older copy of the weights, evaluation (forward
-only: it holds less than a training step).
+only: it holds less than a training step); memory that MPI, BLAS and the allocator first touch
+during the steps (about 1 MiB a rank on this machine: the README job's first step measured
+4.8 MiB on pp0 against 3.8 predicted).
 """
 
 from __future__ import annotations
@@ -50,6 +59,25 @@ from .flops import model_section as _model
 from .flops import setting as get
 
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+
+# measured by experiments/memory_runtime.py on this machine (the fit it prints)
+TRACE_EVENT_BYTES = 303  # one recorded event held until the next flush
+DUMP_WRITER_BYTES = 1 << 20  # the HDF5 part writer's own, once it has written
+
+
+def trace_bytes(config: dict, events_per_step: float) -> int:
+    """The timing dump's resident cost to a rank recording ``events_per_step``, by its last
+    recorded peak (``mem.peak``, taken inside each step; a flush comes after the step): the
+    events held since the last flush, and the writer's own once a flush came before it. With
+    flushes every ``run.flush_interval`` steps, fewer than ``train.steps``: that many steps'
+    events and the writer; else (0, or no flush before the end) every step's and no writer."""
+    if get(config, "trace", True) is False:
+        return 0
+    steps = int(get(config, "steps", 1) or 1)
+    every = int(get(config, "flush_interval", 50) or 0)
+    if 0 < every < steps:
+        return int(events_per_step * every * TRACE_EVENT_BYTES) + DUMP_WRITER_BYTES
+    return int(events_per_step * steps * TRACE_EVENT_BYTES)
 
 
 def _block_counts(d: int, heads: int, seq: int, tp: int, sp: bool, selective: bool = False):
@@ -147,10 +175,12 @@ def _activations(recompute, live, chunks, bounds, units, boundary):
     return live * sum(stored) / len(stored) + retained
 
 
-def rank_memory(config: dict, grid: dict, schedule, peak_activations, bounds) -> list[dict] | None:
+def rank_memory(config: dict, grid: dict, schedule, peak_activations, bounds,
+                events_per_step=None) -> list[dict] | None:
     """Predicted bytes per pipeline rank: params, grads, optimizer, activations, work, buffers,
-    total (the sum). ``bounds``: {chunk: (first unit, end unit)}. None when the model kind is
-    unknown."""
+    (trace,) total (the sum). ``bounds``: {chunk: (first unit, end unit)}. None when the model
+    kind is unknown. ``events_per_step[p]``: the events pipeline rank p records per step (from
+    a dump): adds the ``trace`` part (``trace_bytes``)."""
     found = _units(config, grid)
     if found is None or bounds is None:
         return None
@@ -176,6 +206,8 @@ def rank_memory(config: dict, grid: dict, schedule, peak_activations, bounds) ->
                "optimizer": k * s * n // zero, "activations": int(s * act),
                "work": int(s * work), "buffers": int(s * boundary * _buffers(schedule, p))
                + dp_scratch(per_chunk, dp, zero > 1, s, float(get(config, "bucket_mb", 4.0)))}
+        if events_per_step is not None:
+            row["trace"] = trace_bytes(config, events_per_step[p])
         row["total"] = sum(row.values())
         out.append(row)
     return out
@@ -226,8 +258,9 @@ def _buffers(schedule, p: int) -> int:
     return recv + min(sends, SEND_BACKLOG + 1)
 
 
-def predict_run(config: dict, grid: dict) -> list[dict] | None:
-    """``rank_memory`` for a config alone: the schedule built and simulated here."""
+def predict_run(config: dict, grid: dict, events_per_step=None) -> list[dict] | None:
+    """``rank_memory`` for a config alone: the schedule built and simulated here
+    (``events_per_step``: as ``rank_memory`` takes it, from a dump of the run)."""
     from mpipar.parallel.pipeline.generators import build_schedule
     from mpipar.parallel.pipeline.simulate import simulate
 
@@ -236,4 +269,4 @@ def predict_run(config: dict, grid: dict) -> list[dict] | None:
     m = int(get(config, "microbatches", 1) or 1)
     sched = build_schedule(str(get(config, "schedule", "1f1b")), pp, m, virtual_stages=v)
     return rank_memory(config, grid, sched, simulate(sched).peak_activations,
-                       chunk_bounds(config, grid, v))
+                       chunk_bounds(config, grid, v), events_per_step)

@@ -9,11 +9,11 @@ compared with), one simulation per pipeline (dp replica and tp rank) on its own 
 slower one to join the reduction is idle inside it, and is predicted so), each measured step on
 its own unit costs and the results averaged, as the measurement averages steps (``calibrated``),
 every compute drawing its duration from the fitted jitter and the prediction the mean of those
-draws (``expected_outcome``; mean costs under-count the waits a slow unit causes), the ranks in
-their executor's order (the lowered schedule, ``lowering.lower``); a continuous run by
-``predict_continuous``; and the memory model (``mpipar.analysis.memory_model``) beside the
-measured peak (``measured_memory``: ``mem.static`` + ``mem.peak`` - ``mem.base``, when the run
-recorded them).
+draws (``expected_outcomes``, every replay in one batch: ``batch_sim``; mean costs under-count
+the waits a slow unit causes), the ranks in their executor's order (the lowered schedule,
+``lowering.lower``); a continuous run by ``predict_continuous``; and the memory model
+(``mpipar.analysis.memory_model``) beside the measured peak (``measured_memory``:
+``mem.static`` + ``mem.peak`` - ``mem.base``, when the run recorded them).
 
 The **uniform predicted bubble** (``bubble_sim``): the simulator with one cost per action kind
 for every rank, the measured mean per-chunk F, B, W times ``virtual_stages`` (the simulator takes
@@ -31,21 +31,26 @@ import numpy as np
 from ..parallel.pipeline.lowering import lower
 from .dump import Run
 from .flops import setting as get
-from .index import all_events_in
+from .index import events_in, ranks_with_events
 
 
 def measured_costs(run: Run, steps) -> dict:
-    """Mean per-chunk F, B, W (and BW) durations and the median p2p transfer time, in seconds."""
-    ev = all_events_in(run, steps)
-    dur = ev["end"] - ev["start"]
-    kinds = ev["kind"]
+    """Mean per-chunk F, B, W (and BW) durations and the median p2p transfer time, in seconds.
+    Only those durations are gathered, rank after rank (not every event of the run)."""
+    cols = {k: [] for k in ("F", "B", "W", "R", "p2p")}
+    for rank in ranks_with_events(run):
+        ev = events_in(run, rank, steps)
+        dur, kinds = ev["end"] - ev["start"], ev["kind"]
+        for k in ("F", "B", "W", "R"):
+            cols[k].append(dur[kinds == k])
+        cols["p2p"].append(dur[(kinds == "pp.send") | (kinds == "pp.recv")])
+    got = {k: np.concatenate(v) if v else np.empty(0) for k, v in cols.items()}
 
     def mean(k):
-        m = kinds == k
-        return float(dur[m].mean()) if m.any() else 0.0
+        return float(got[k].mean()) if got[k].size else 0.0
 
     f, b, w, r = mean("F"), mean("B"), mean("W"), mean("R")
-    p2p = dur[np.isin(kinds, ("pp.send", "pp.recv"))]
+    p2p = got["p2p"]
     comm = float(np.median(p2p)) if p2p.size else 0.0
     return {"F": f, "B": b + r, "W": w, "BW": b + r + w, "comm": comm}
 
@@ -118,22 +123,6 @@ def predict(run: Run, steps) -> dict:
     return out
 
 
-def pipeline_bubble(sims) -> float:
-    """1 - compute / window per rank, window = first to last compute over all ranks (the
-    definition of the measured ``bubble_pipeline``), mean over ranks. ``sims``: one SimResult, or
-    one per data-parallel replica (the window then spans them all, as measured)."""
-    sims = sims if isinstance(sims, (list, tuple)) else [sims]
-    spans = [(a, b) for sim in sims for tl in sim.timeline for a, b, act in tl
-             if not act.op.startswith(("SEND", "RECV"))]
-    if not spans:
-        return float("nan")
-    window = max(b for _, b in spans) - min(a for a, _ in spans)
-    busy = [b for sim in sims for b in sim.busy]
-    return sum(1 - b / window for b in busy) / len(busy) if window > 0 else 0.0
-
-
-
-
 def run_model(run: Run, steps, kind: str, pp: int, m: int, v: int):
     """(schedule, fitted CostModel, fit notes, SimResult) of the run's configuration."""
     from mpipar.parallel.pipeline.generators import build_schedule
@@ -168,92 +157,134 @@ def replicas(run: Run) -> list[Run]:
             for g in groups]
 
 
-def replica_models(run: Run, steps, kind: str, pp: int, m: int, v: int, fixed=None):
+def replica_models(run: Run, steps, kind: str, pp: int, m: int, v: int, fixed=None,
+                   simulate_them: bool = True, sched=None):
     """(schedule, [fitted CostModel], fit notes, [SimResult]): one simulation per pipeline
     (``replicas``), each on its own measured unit costs, so that one replica's slower compute
     shows as the others' wait for the reduction, inside the pipeline window as measured. Each
     replica's dp time, as fitted, includes that wait; the reduction itself is what the replica
     that arrived last spent (the least, per rank and chunk), and every replica gets that.
     ``fixed``: per replica, {attribute: value} to use instead of what ``steps`` give (the p2p
-    latency and the compute jitter, fitted over all steps). The simulations are jitter-free."""
+    latency and the compute jitter, fitted over all steps; the fit then skips them). The
+    simulations are jitter-free; ``simulate_them`` False: none (an empty list). ``sched``: the
+    run's lowered schedule, when the caller has it."""
     from mpipar.parallel.pipeline.generators import build_schedule
     from mpipar.parallel.pipeline.simulate import simulate
 
     from .costmodel import fit, jitter
 
-    sched = lower(build_schedule(kind, pp, m, virtual_stages=v))
-    fitted = [fit(sub, steps, sched) for sub in replicas(run)]
+    sched = sched or lower(build_schedule(kind, pp, m, virtual_stages=v))
+    given = set(fixed[0]) if fixed else set()
+    subs = replicas(run)
+    # several replicas draw from one pool, fitted over all of them below
+    fitted = [fit(sub, steps, sched, skip=given | ({"jitter"} if len(subs) > 1 else set()))
+              for sub in subs]
     models = [mod for mod, _ in fitted]
     keys = set().union(*(mod.dp_reduce for mod in models))
     least = {k: min(mod.dp_reduce.get(k, 0.0) for mod in models) for k in keys}
-    spread = jitter(run, steps, sched) if len(models) > 1 else models[0].jitter
+    if "jitter" in given:
+        spread = None
+    else:
+        spread = jitter(run, steps, sched) if len(models) > 1 else models[0].jitter
     for i, mod in enumerate(models):
         mod.dp_reduce = dict(least)
-        mod.jitter = spread  # the machine's, over every rank: one pool that replicas draw from
+        if spread is not None:
+            mod.jitter = spread  # the machine's, over every rank: one pool replicas draw from
         for name, val in (fixed[i] if fixed is not None else {}).items():
             setattr(mod, name, val)
-    return sched, models, fitted[0][1], [simulate(sched, mod) for mod in models]
-
-
-def _step(models, sims) -> tuple[float, list, list]:
-    """(step time, per pipeline rank compute, per pipeline rank communication) of replicas that
-    meet at the gradient-norm collective: the last replica's pipeline and reduction end, the
-    collective, the slowest optimizer, the fixed rest. Per rank: the mean over replicas."""
-    meet = max(max(sim.pipeline_end) for sim in sims) + min(mod.sync for mod in models)
-    opt = max(max(mod.optimizer.values(), default=0.0) for mod in models)
-    step = meet + opt + min(mod.step_post for mod in models)
-    # from each pipeline's own p2p and dp time: ``sim.comm`` already holds the waits of a
-    # meeting of this replica alone, and adding the replicas' meeting to it counted a rank's
-    # wait for the last stage twice (a 1F1B pp = 2 last stage: 22.1 predicted, 13.9 measured)
-    comm = [[c + (meet - e) + (opt - mod.optimizer.get(r, 0.0))
-             for r, (c, e) in enumerate(zip(sim.pipe_comm, sim.pipeline_end, strict=True))]
-            for mod, sim in zip(models, sims, strict=True)]
-    return step, np.mean([s.busy for s in sims], axis=0).tolist(), np.mean(comm, axis=0).tolist()
-
-
-def _outcome(models, sims) -> dict:
-    """{step, bubble, bubble_step, compute, comm, overhead} of one simulation per replica."""
-    step, compute, comm = _step(models, sims)
-    busy = [b for sim in sims for b in sim.busy]
-    return {"step": step, "bubble": pipeline_bubble(sims),
-            "bubble_step": sum(1 - b / step for b in busy) / len(busy) if step > 0 else 0.0,
-            "compute": compute, "comm": comm,
-            "overhead": np.mean([s.overhead for s in sims], axis=0).tolist()}
+    sims = [simulate(sched, mod) for mod in models] if simulate_them else []
+    return sched, models, fitted[0][1], sims
 
 
 def mean_outcome(outs: list[dict]) -> dict:
-    """The mean of ``_outcome`` dicts, key by key (lists element-wise)."""
+    """The mean of outcome dicts, key by key (lists element-wise)."""
     first = outs[0]
     return {k: (np.mean([o[k] for o in outs], axis=0).tolist() if isinstance(first[k], list)
                 else float(np.mean([o[k] for o in outs]))) for k in first}
 
 
-def expected_outcome(sched, models, sims=None, dp=None) -> dict:
-    """``_outcome`` averaged over ``samples`` draws of the models' compute jitter, or of
-    ``sims`` when no model has jitter. Each draw gives every compute its own duration, so a
-    slow one delays the receives that wait for it, as in a measured step; the average is the
-    expected step, not the step of expected costs. ``dp[i]``: replica i's data-parallel
-    coordinate; draw k of a replica is seeded (k, dp): tensor-parallel ranks of one replica
-    draw alike (the collectives inside each unit hold them together), dp replicas each their
-    own (deterministic either way)."""
-    from mpipar.parallel.pipeline.simulate import simulate
+def expected_outcomes(sched, groups: list, dp: list) -> list[dict]:
+    """Per list of replica models in ``groups`` (one per step, say): {step, bubble,
+    bubble_step, compute, comm, overhead} of the replicas, averaged over ``samples`` draws of
+    the models' compute jitter (one jitter-free replay when no model has jitter). Each draw
+    gives every compute its own duration, so a slow one delays the receives that wait for it,
+    as in a measured step; the average is the expected step, not the step of expected costs.
+    ``dp[i]``: replica i's data-parallel coordinate; draw k of a replica is seeded (k, dp):
+    tensor-parallel ranks of one replica draw alike (the collectives inside each unit hold them
+    together), dp replicas each their own (deterministic either way). Every replay of every
+    group runs in one batch (``batch_sim``)."""
+    from .batch_sim import Compiled, evaluate
 
-    if not any(mod.jitter for mod in models):
-        sims = sims or [simulate(sched, mod) for mod in models]
-        return _outcome(models, sims)
-    n = max(mod.samples for mod in models)
-    dp = dp or list(range(len(models)))
-    return mean_outcome([_outcome(models, [simulate(sched, mod, draw=(k, d))
-                                           for d, mod in zip(dp, models, strict=True)])
-                         for k in range(n)])
+    models, draws, draws_of = [], [], []
+    for mods in groups:
+        jit = any(mod.jitter for mod in mods)
+        n = max(mod.samples for mod in mods) if jit else 1
+        for k in range(n):
+            models += mods
+            draws += [(k, d) if jit else None for d in dp]
+        draws_of.append(n)
+    batch = evaluate(Compiled.of(sched), models, draws)
+    out, at = [], 0
+    for mods, n in zip(groups, draws_of, strict=True):
+        size = n * len(mods)
+        out.append(_outcome(mods, batch, slice(at, at + size), n))
+        at += size
+    return out
 
 
-def _predict(run: Run, steps, kind: str, pp: int, m: int, v: int, fixed=None) -> tuple:
-    """(``expected_outcome``, schedule, models, notes, jitter-free sims) of the replicas on
-    costs fitted from ``steps``."""
-    sched, models, notes, sims = replica_models(run, steps, kind, pp, m, v, fixed)
+def _outcome(models, batch, rows: slice, n: int) -> dict:
+    """The outcome of ``n`` draws (rows of ``batch``: draw-major, replica-minor) of replicas
+    that meet at the gradient-norm collective, averaged over the draws. Step: the last
+    replica's pipeline and reduction end, the collective, the slowest optimizer, the fixed
+    rest. Per pipeline rank: the mean over replicas. Bubble: 1 - compute / window per rank,
+    the window from the first to the last compute over every replica (the measured
+    ``bubble_pipeline``'s definition)."""
+    reps = len(models)
+    shape = (n, reps, -1)
+    busy = batch.busy[rows].reshape(shape)
+    pend = batch.pipeline_end[rows].reshape(shape)
+    pp = busy.shape[2]
+    meet = pend.max(axis=(1, 2)) + min(mod.sync for mod in models)
+    opt = max(max(mod.optimizer.values(), default=0.0) for mod in models)
+    step = meet + opt + min(mod.step_post for mod in models)
+    # from each pipeline's own p2p and dp time: the pipe_comm already holds the waits of a
+    # meeting of this replica alone, and adding the replicas' meeting to it counted a rank's
+    # wait for the last stage twice (a 1F1B pp = 2 last stage: 22.1 predicted, 13.9 measured)
+    opt_r = np.array([[mod.optimizer.get(r, 0.0) for r in range(pp)] for mod in models])
+    comm = batch.pipe_comm[rows].reshape(shape) + (meet[:, None, None] - pend) + (opt - opt_r)
+    first = batch.first_compute[rows].reshape(n, reps).min(axis=1)
+    last = batch.last_compute[rows].reshape(n, reps).max(axis=1)
+    window = last - first
+    flat = busy.reshape(n, -1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bubble = np.where(window > 0, (1 - flat / window[:, None]).mean(axis=1), 0.0)
+        bubble = np.where(np.isfinite(first), bubble, np.nan)  # no compute: no window
+        bubble_step = np.where(step > 0, (1 - flat / step[:, None]).mean(axis=1), 0.0)
+    return {"step": float(step.mean()), "bubble": float(bubble.mean()),
+            "bubble_step": float(bubble_step.mean()),
+            "compute": busy.mean(axis=1).mean(axis=0).tolist(),
+            "comm": comm.mean(axis=1).mean(axis=0).tolist(),
+            "overhead": batch.overhead[rows].reshape(shape).mean(axis=1).mean(axis=0).tolist()}
+
+
+def _predict(run: Run, steps, kind: str, pp: int, m: int, v: int) -> tuple:
+    """(``expected_outcomes`` of the replicas on costs fitted from ``steps``, schedule, models,
+    notes, jitter-free sims)."""
+    sched, models, notes, sims = replica_models(run, steps, kind, pp, m, v)
     dp = [d for d, _ in replica_keys(run)]
-    return expected_outcome(sched, models, sims, dp), sched, models, notes, sims
+    return expected_outcomes(sched, [models], dp)[0], sched, models, notes, sims
+
+
+# the per-step prediction fits each (step, pipeline) on its own: a 1,024-rank run of 1,000 steps
+# would fit 256,000 times; beyond this many, an even sample of the steps (and a note saying so)
+MAX_STEP_FITS = 4096
+
+
+def per_step_sample(steps: list, pipelines: int) -> list:
+    """The steps the per-step prediction fits: all, or an even sample within ``MAX_STEP_FITS``."""
+    from .steps import even_sample
+
+    return even_sample(list(steps), max(2, MAX_STEP_FITS // max(pipelines, 1)))
 
 
 def calibrated(run: Run, steps, kind: str, pp: int, m: int, v: int) -> dict:
@@ -270,12 +301,19 @@ def calibrated(run: Run, steps, kind: str, pp: int, m: int, v: int) -> dict:
     whole, sched, models, notes, sims = _predict(run, steps, kind, pp, m, v)
     pred = whole
     if len(steps) > 1:
+        each = per_step_sample(steps, len(models))
+        if len(each) < len(steps):
+            notes = notes + [f"per-step prediction on {len(each)} of the {len(steps)} measured "
+                             f"steps, spread evenly (at most {MAX_STEP_FITS} step x pipeline "
+                             "fits); the cost model over all of them"]
         # the mean over the steps averages their draws too: about ``samples`` draws in all
         fixed = [{"latency": mod.latency, "jitter": mod.jitter,
-                  "samples": max(8, mod.samples // len(steps))} for mod in models]
-        pred = mean_outcome([_predict(run, [s], kind, pp, m, v, fixed)[0] for s in steps])
+                  "samples": max(8, mod.samples // len(each))} for mod in models]
+        groups = [replica_models(run, [s], kind, pp, m, v, fixed, simulate_them=False,
+                                 sched=sched)[1] for s in each]
+        pred = mean_outcome(expected_outcomes(sched, groups, [d for d, _ in replica_keys(run)]))
     mem = rank_memory(run.config, run.grid, sched, sims[0].peak_activations,
-                      chunk_bounds(run.config, run.grid, v))
+                      chunk_bounds(run.config, run.grid, v), events_per_step(run, steps))
     model = models[0]
     return {
         "step_time_pred": pred["step"],
@@ -295,6 +333,18 @@ def calibrated(run: Run, steps, kind: str, pp: int, m: int, v: int) -> dict:
         },
         "memory_measured": measured_memory(run),
     }
+
+
+def events_per_step(run: Run, steps) -> list[float]:
+    """Per pipeline coordinate: the events a rank records in a measured step (median over
+    the steps and the ranks of that coordinate): what its tracer holds between flushes."""
+    per = {}
+    for r, ev in enumerate(run.events):
+        got = np.bincount(ev["step"][np.isin(ev["step"], steps)] - min(steps),
+                          minlength=max(steps) - min(steps) + 1)[np.asarray(steps) - min(steps)]
+        per.setdefault(int(run.coords[r, 1]), []).append(float(np.median(got)) if got.size
+                                                         else 0.0)
+    return [float(np.median(per.get(p, [0.0]))) for p in range(int(run.grid["pp"]))]
 
 
 def measured_memory(run: Run) -> list[float] | None:

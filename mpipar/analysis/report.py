@@ -244,7 +244,8 @@ def _memory_parts(parts) -> str:
     for p, r in enumerate(parts):
         state = (r["params"] + r["grads"] + r["optimizer"]) / 2**20
         each.append(f"pp{p} state {state:.1f} + activations {r['activations'] / 2**20:.1f} + "
-                    f"working set {r['work'] / 2**20:.1f} + buffers {r['buffers'] / 2**20:.1f}")
+                    f"working set {r['work'] / 2**20:.1f} + buffers {r['buffers'] / 2**20:.1f}"
+                    + (f" + timing dump {r['trace'] / 2**20:.1f}" if "trace" in r else ""))
     return "\n  memory model (MiB): " + "; ".join(each)
 
 

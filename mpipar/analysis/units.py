@@ -13,9 +13,8 @@ from collections import defaultdict
 import numpy as np
 
 from .dump import Run
-from .index import events_in, ranks_with_events
-
-UNIT_KINDS = ("F", "B", "W", "R", "LOSS")
+from .fit_parts import UNIT_KINDS, cached, step_units  # noqa: F401 (UNIT_KINDS re-exported)
+from .index import ranks_with_events
 
 
 def _backward_ops(schedule) -> dict:
@@ -37,37 +36,16 @@ def _backward_ops(schedule) -> dict:
 
 def _unit_durations(run: Run, steps, schedule=None) -> dict:
     """{(world rank, step, chunk, op): [(mb, seconds)]} of the compute units, op F (+ its LOSS),
-    B or BW (+ its R, the recomputation run right before it) and W. Each rank's step is worked
-    out once per run (``_rank_step_units``, cached): the fit of every replica and step, and the
-    jitter, ask for the same ones."""
+    B or BW (+ its R, the recomputation run right before it) and W. Each rank's steps are
+    worked out at once, once per run (``fit_parts.step_units``, cached): the fit of every
+    replica and step, and the jitter, ask for the same ones."""
     split = _backward_ops(schedule)
     key = tuple(sorted(split.items()))
     out = {}
     for r in ranks_with_events(run):
         p = int(run.coords[r, 1])
+        got = cached(run, r, ("units", p, key), lambda ev, p=p: step_units(ev, p, split))
         for s in sorted({int(x) for x in np.atleast_1d(steps)}):
-            for (c, op), got in _rank_step_units(run, r, s, p, split, key).items():
-                out[(r, s, c, op)] = list(got)
+            for (c, op), units in got.get(s, {}).items():
+                out[(r, s, c, op)] = list(units)
     return out
-
-
-def _rank_step_units(run: Run, r: int, s: int, p: int, split: dict, key: tuple) -> dict:
-    """{(chunk, op): [(mb, seconds)]} of rank r's units in step s (``_unit_durations``)."""
-    ev = run.events[r]
-    cache_key = ("units", id(ev), s, p, key)
-    got = run.cache.get(cache_key)
-    if got is not None and got[0] is ev:
-        return got[1]
-    e = events_in(run, r, s)
-    e = e[np.isin(e["kind"], UNIT_KINDS)]
-    extra = defaultdict(float)  # (mb, chunk, F | B) -> LOSS or R seconds
-    for x in e[np.isin(e["kind"], ("LOSS", "R"))]:
-        base = "F" if x["kind"] == "LOSS" else "B"
-        extra[(int(x["mb"]), int(x["chunk"]), base)] += float(x["end"] - x["start"])
-    out = defaultdict(list)
-    for x in e[np.isin(e["kind"], ("F", "B", "W"))]:
-        mb, c, kind = int(x["mb"]), int(x["chunk"]), str(x["kind"])
-        op = split.get((p, mb, c), kind) if kind == "B" else kind
-        out[(c, op)].append((mb, float(x["end"] - x["start"]) + extra.get((mb, c, kind), 0.0)))
-    run.cache[cache_key] = (ev, dict(out))  # the array kept with it: its id stays its own
-    return run.cache[cache_key][1]
