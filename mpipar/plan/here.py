@@ -3,7 +3,7 @@
 ``mpipar.analysis.predict`` fits a ``CostModel`` from a dump and simulates the run's lowered
 schedule; this module fills the same ``CostModel`` from the configuration's FLOPs and bytes and
 a cluster spec (``mpipar plan measure`` writes one of this machine), and runs the same simulator
-and the same outcome arithmetic (``predict.expected_outcome``, ``pipeline_bubble``) and the same
+and the same outcome arithmetic (``predict.expected_outcomes``, ``pipeline_bubble``) and the same
 memory model (``memory_model.predict_run``). So a planned and a calibrated column differ only
 in where the costs came from.
 
@@ -308,7 +308,7 @@ def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | No
     (``ranks_per_node``: default all ranks on one node; ``with_floor`` False: without the
     executor's in-event floor, ``action_floor``)."""
     from mpipar.analysis.memory_model import predict_run
-    from mpipar.analysis.predict import expected_outcome
+    from mpipar.analysis.predict import expected_outcomes
     from mpipar.parallel.pipeline.generators import build_schedule
     from mpipar.parallel.pipeline.lowering import lower
 
@@ -322,7 +322,7 @@ def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | No
     sched = lower(build_schedule(kind, pp, m, virtual_stages=v))
     model = cost_model(config, grid, cluster, sched, v, ranks_per_node,
                        None if with_floor else (0.0, 0.0))
-    out = expected_outcome(sched, [model])
+    out = expected_outcomes(sched, [[model]], [0])[0]
     mem = predict_run(config, grid)
     out["memory"] = [r["total"] for r in mem] if mem else None
     out["memory_parts"] = mem
