@@ -76,6 +76,12 @@ class Layer:
         self.backward_weight(mb)
         return dx
 
+    def backward_no_dx(self, dy, mb=0) -> None:
+        """``backward_input`` where nobody needs dx (the model's first layers, whose input is
+        data): keeps what ``backward_weight`` needs. Default: ``backward_input``, its result
+        dropped (so a layer whose backward is a collective still takes part in it)."""
+        self.backward_input(dy, mb)
+
     def __repr__(self):
         return f"{type(self).__name__}({self.name})"
 
@@ -97,6 +103,13 @@ class Sequential(Layer):
         for layer in reversed(self.layers):
             dy = layer.backward_input(dy, mb)
         return dy
+
+    def backward_no_dx(self, dy, mb=0):
+        layers = self.layers
+        for layer in layers[:0:-1]:
+            dy = layer.backward_input(dy, mb)
+        if layers:
+            layers[0].backward_no_dx(dy, mb)
 
     def backward_weight(self, mb=0):
         for layer in reversed(self.layers):
@@ -158,6 +171,11 @@ class Linear(Layer):
         self._ctx[mb][1] = dy
         w = self.w.data
         return F.linear_backward_input(dy, w if w.ndim == 2 else self._w(w))
+
+    def backward_no_dx(self, dy, mb=0):
+        # the model's first linear: its dx (batch x d_in, often the widest product of a small
+        # model's backward) would be thrown away
+        self._ctx[mb][1] = dy
 
     def backward_weight(self, mb=0):
         x, dy = self._ctx.pop(mb)
