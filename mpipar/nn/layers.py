@@ -163,9 +163,10 @@ class Linear(Layer):
 
     def forward(self, x, mb=0):
         self._ctx[mb] = [x, None]
-        w = self.w.data
-        return F.linear_forward(x, w if w.ndim == 2 else self._w(w),
-                                None if self.b is None else self.b.data.reshape(-1))
+        w, b = self.w.data, self.b
+        if b is not None:
+            b = b.data if b.data.ndim == 1 else b.data.reshape(-1)
+        return F.linear_forward(x, w if w.ndim == 2 else self._w(w), b)
 
     def backward_input(self, dy, mb=0):
         self._ctx[mb][1] = dy
@@ -180,8 +181,10 @@ class Linear(Layer):
     def backward_weight(self, mb=0):
         x, dy = self._ctx.pop(mb)
         g = self.w.grad
-        F.linear_backward_weight(x, dy, g if g.ndim == 2 else self._w(g),
-                                 None if self.b is None else self.b.grad.reshape(-1))
+        b = self.b
+        if b is not None:
+            b = b.grad if b.grad.ndim == 1 else b.grad.reshape(-1)
+        F.linear_backward_weight(x, dy, g if g.ndim == 2 else self._w(g), b)
 
 
 class TiedHead(Layer):
