@@ -3,8 +3,9 @@
 "Split backward" (docs/architecture.md). A layer exposes ``forward(x, mb)``,
 ``backward_input(dy, mb)`` (returns dx) and ``backward_weight(mb)`` (accumulates into
 ``param.grad``); ``backward`` is both; ``backward_no_dx(dy, mb)`` is ``backward_input`` where
-dx is not needed (the model's first chunk: its input is data). ``mb`` keys the saved context, so a pipeline can hold many
-micro-batches at once and a zero-bubble schedule can run W long after B. Inputs are kept by
+dx is not needed (the model's first chunk: its input is data). ``mb`` keys the saved context,
+so a pipeline can hold many micro-batches at once and a zero-bubble schedule can run W long
+after B. Inputs are kept by
 reference, never copied: the caller must hand each micro-batch a buffer of its own (the pipeline
 executor receives into fresh arrays).
 """
