@@ -5,9 +5,8 @@
 ``param.grad``); ``backward`` is both; ``backward_no_dx(dy, mb)`` is ``backward_input`` where
 dx is not needed (the model's first chunk: its input is data). ``mb`` keys the saved context,
 so a pipeline can hold many micro-batches at once and a zero-bubble schedule can run W long
-after B. Inputs are kept by
-reference, never copied: the caller must hand each micro-batch a buffer of its own (the pipeline
-executor receives into fresh arrays).
+after B. Inputs are kept by reference, never copied: the caller must hand each micro-batch a
+buffer of its own (the pipeline executor receives into fresh arrays).
 """
 
 from __future__ import annotations
