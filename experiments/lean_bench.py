@@ -12,6 +12,10 @@ mpipar, so it is the same program whatever checkout is timed.
     python experiments/lean_bench.py [--pairs 5] [--out runs/experiments/lean_bench]
         [--checkout DIR] [--baseline DIR] [--cases mlp-dp2,gpt-pp2] [--quick]
 
+The lean loop cycles 4 fixed batches (they stay in cache: the floor of the math and messages
+alone); ``--lean-data-rows 3686`` makes it draw each step's rows from a set as large as the MLP's
+training rows, as mpipar's synthetic data is drawn (a like-for-like step with its data).
+
 ``--profile`` instead runs each case's mpipar once under cProfile and writes, per rank, the
 function call counts per training step (``OUT/profile/<case>.rank<R>.txt``): the fixed-cost
 budget of BENCHMARKS.md. Writes ``OUT/lean_bench.h5`` (every run) and ``OUT/results.md``.
@@ -171,7 +175,8 @@ def run_once(impl, case, args, path):
     if impl == "lean":
         cmd = [sys.executable, str(LEAN), "--layout", layout, "--sizes",
                ",".join(map(str, model)), "--steps", str(steps_of(case, args)), "--warmup", "5",
-               "--microbatches", str(CASES[case][4]), "--split", lean_split(case)]
+               "--microbatches", str(CASES[case][4]), "--split", lean_split(case),
+               "--data-rows", str(args.lean_data_rows)]
     else:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--case", case,
                "--steps", str(steps_of(case, args)), "--warmup", "5"]
@@ -215,7 +220,9 @@ def bench(args):
         results[case] = runs
         print(row(case, runs), flush=True)
     took = time.perf_counter() - t_start
-    text = table(results) + f"\n{args.pairs} interleaved pairs per case, {took:.0f} s\n"
+    data = (f"lean data: each step's rows drawn from {args.lean_data_rows}"
+            if args.lean_data_rows else "lean data: 4 fixed batches")
+    text = table(results) + f"\n{args.pairs} interleaved pairs per case, {took:.0f} s; {data}\n"
     print(text)
     (out / "results.md").write_text(text)
     write_h5(out / "lean_bench.h5", results, args, impls)
@@ -247,6 +254,7 @@ def write_h5(path, results, args, impls):
     with h5py.File(path, "w") as f:
         f.attrs["pairs"] = args.pairs
         f.attrs["steps"] = args.steps
+        f.attrs["lean_data_rows"] = args.lean_data_rows
         f.attrs["impls"] = json.dumps({k: str(v) for k, v in impls.items()})
         for case, runs in results.items():
             g = f.create_group(case)
@@ -302,6 +310,9 @@ def main(argv=None):
     p.add_argument("--baseline", default="", help="a second checkout, timed alongside")
     p.add_argument("--out", default=str(ROOT / "runs" / "experiments" / "lean_bench"))
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
+    p.add_argument("--lean-data-rows", type=int, default=0,
+                   help="the lean loop draws each step's rows from a set of this many, as "
+                        "mpipar does (3686: the MLP's training rows); 0: 4 fixed batches")
     p.add_argument("--quick", action="store_true", help="1 pair, 10 steps: a smoke test")
     p.add_argument("--profile", nargs="?", const=True, default=False,
                    help="cProfile call counts per step instead of timings")

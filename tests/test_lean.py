@@ -28,3 +28,22 @@ def test_lean_refuses_an_unknown_layout():
 
     with pytest.raises(ValueError, match="choose one of"):
         Lean(OneRank(), "zigzag", [], 4)
+
+
+def test_lean_batches_fixed_or_drawn_per_step_from_a_set():
+    import numpy as np
+
+    from mpipar.mpi.bench.lean import batches, parse_args, synthetic_batch
+
+    sizes = [6, 4, 3]
+    fixed = batches(np.random.default_rng(1), parse_args(["--batch", "8"]), sizes, np.float32)
+    assert fixed(0)[0] is fixed(4)[0] and fixed(0)[0] is not fixed(1)[0]  # 4, cycled
+    args = parse_args(["--batch", "8", "--data-rows", "50"])
+    draw = batches(np.random.default_rng(1), args, sizes, np.float32)
+    x0, y0 = draw(0)
+    assert x0.shape == (8, 6) and x0.dtype == np.float32 and y0.shape == (8,)
+    again = batches(np.random.default_rng(1), args, sizes, np.float32)(0)
+    assert np.array_equal(x0, again[0]) and np.array_equal(y0, again[1])  # the step decides
+    assert not np.array_equal(x0, draw(1)[0])
+    x_all, _ = synthetic_batch(np.random.default_rng(1), 50, sizes, np.float32)
+    assert all((x_all == row).all(axis=1).any() for row in x0)  # rows of the set

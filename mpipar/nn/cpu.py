@@ -232,7 +232,9 @@ def matmul(xp, a, b, out, bias=None, accumulate=False):
     if t <= 1 or m < 2 * t or m * a.shape[1] * b.shape[1] < PARALLEL_MIN_MNK:
         # one product on the calling thread, without the closures (tiny models call this a lot)
         if accumulate:
-            out += xp.matmul(a, b, out=empty(xp, out.shape, out.dtype))
+            small = xp is np and out.nbytes < POOL_MIN_BYTES  # malloc's, not the pool's
+            out += xp.matmul(a, b) if small else xp.matmul(a, b, out=empty(xp, out.shape,
+                                                                             out.dtype))
         else:
             xp.matmul(a, b, out=out)
         if bias is not None:
@@ -252,6 +254,22 @@ def matmul(xp, a, b, out, bias=None, accumulate=False):
 
     run_blocks(shares, share)
     return out
+
+
+def product(xp, a, b, bias=None):
+    """``a @ b (+ bias)`` in a new array: ``matmul`` into ``empty``, and for a product on the
+    calling thread whose output is below the pool's size, one ``matmul`` that allocates (the
+    same BLAS call, so the same bits) with no look-ups: a small model's layers call this per
+    micro-batch, where the Python calls around a product are much of its cost."""
+    m, n = a.shape[0], b.shape[1]
+    if xp is np and m * n * a.itemsize < POOL_MIN_BYTES and a.dtype == b.dtype:
+        t = _threads or kernel_threads()
+        if t <= 1 or m < 2 * t or m * a.shape[1] * n < PARALLEL_MIN_MNK:
+            out = np.matmul(a, b)
+            if bias is not None:
+                out += bias
+            return out
+    return matmul(xp, a, b, empty(xp, (m, n), a.dtype), bias=bias)
 
 
 def empty(xp, shape, dtype):

@@ -2,10 +2,11 @@
 
 "Split backward" (docs/architecture.md). A layer exposes ``forward(x, mb)``,
 ``backward_input(dy, mb)`` (returns dx) and ``backward_weight(mb)`` (accumulates into
-``param.grad``); ``backward`` is both. ``mb`` keys the saved context, so a pipeline can hold many
-micro-batches at once and a zero-bubble schedule can run W long after B. Inputs are kept by
-reference, never copied: the caller must hand each micro-batch a buffer of its own (the pipeline
-executor receives into fresh arrays).
+``param.grad``); ``backward`` is both; ``backward_no_dx(dy, mb)`` is ``backward_input`` where
+dx is not needed (the model's first chunk: its input is data). ``mb`` keys the saved context,
+so a pipeline can hold many micro-batches at once and a zero-bubble schedule can run W long
+after B. Inputs are kept by reference, never copied: the caller must hand each micro-batch a
+buffer of its own (the pipeline executor receives into fresh arrays).
 """
 
 from __future__ import annotations
@@ -76,6 +77,12 @@ class Layer:
         self.backward_weight(mb)
         return dx
 
+    def backward_no_dx(self, dy, mb=0) -> None:
+        """``backward_input`` where nobody needs dx (the model's first layers, whose input is
+        data): keeps what ``backward_weight`` needs. Default: ``backward_input``, its result
+        dropped (so a layer whose backward is a collective still takes part in it)."""
+        self.backward_input(dy, mb)
+
     def __repr__(self):
         return f"{type(self).__name__}({self.name})"
 
@@ -97,6 +104,13 @@ class Sequential(Layer):
         for layer in reversed(self.layers):
             dy = layer.backward_input(dy, mb)
         return dy
+
+    def backward_no_dx(self, dy, mb=0):
+        layers = self.layers
+        for layer in layers[:0:-1]:
+            dy = layer.backward_input(dy, mb)
+        if layers:
+            layers[0].backward_no_dx(dy, mb)
 
     def backward_weight(self, mb=0):
         for layer in reversed(self.layers):
@@ -150,20 +164,28 @@ class Linear(Layer):
 
     def forward(self, x, mb=0):
         self._ctx[mb] = [x, None]
-        w = self.w.data
-        return F.linear_forward(x, w if w.ndim == 2 else self._w(w),
-                                None if self.b is None else self.b.data.reshape(-1))
+        w, b = self.w.data, self.b
+        if b is not None:
+            b = b.data if b.data.ndim == 1 else b.data.reshape(-1)
+        return F.linear_forward(x, w if w.ndim == 2 else self._w(w), b)
 
     def backward_input(self, dy, mb=0):
         self._ctx[mb][1] = dy
         w = self.w.data
         return F.linear_backward_input(dy, w if w.ndim == 2 else self._w(w))
 
+    def backward_no_dx(self, dy, mb=0):
+        # the model's first linear: its dx (batch x d_in, often the widest product of a small
+        # model's backward) would be thrown away
+        self._ctx[mb][1] = dy
+
     def backward_weight(self, mb=0):
         x, dy = self._ctx.pop(mb)
         g = self.w.grad
-        F.linear_backward_weight(x, dy, g if g.ndim == 2 else self._w(g),
-                                 None if self.b is None else self.b.grad.reshape(-1))
+        b = self.b
+        if b is not None:
+            b = b.grad if b.grad.ndim == 1 else b.grad.reshape(-1)
+        F.linear_backward_weight(x, dy, g if g.ndim == 2 else self._w(g), b)
 
 
 class TiedHead(Layer):

@@ -151,6 +151,10 @@ class GradSync:
                 for i in {id(p) for p in b.params}:
                     self._buckets_of.setdefault(i, []).append(b)
         self._unit_params = {}  # id(unit) -> (unit, its parameters, their ids)
+        # chunks whose units are worth reporting one by one: a chunk in one bucket cannot start
+        # it before its last unit is done, which chunk_ready reports anyway (a small model's
+        # whole gradient is one bucket), unless tp partial sums overlap the backward per unit
+        self._unit_wise = {c: len(bs) > 1 or tp.size > 1 for c, bs in self.buckets.items()}
         self._outside = {}  # id(params list) -> (list, its parameters outside every bucket)
 
     # -- ZeRO-1 state
@@ -205,7 +209,7 @@ class GradSync:
         """The executor's ``on_unit_ready``: during chunk c's last backward, ``unit``'s gradients
         are final. Sum its partial gradients over tp, then start every bucket of c now complete
         (only registered when buckets overlap the backward)."""
-        if c in self._done:
+        if c in self._done or not self._unit_wise.get(c, True):
             return
         entry = self._unit_params.get(id(unit))
         if entry is None or entry[0] is not unit:

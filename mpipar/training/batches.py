@@ -28,6 +28,12 @@ class Batches:
                                                           cfg.train.seed)
             else:
                 self.X, self.Y = synthetic_regression(n, m.sizes[0], m.sizes[-1], cfg.train.seed)
+            # kept in the dtype they train in: an element's cast is the same before or after a
+            # step's gather, and a float32 run then gathers half the bytes and converts none
+            dtype = np.dtype(cfg.train.dtype)
+            self.X = self.X.astype(dtype, copy=False)
+            if m.task != "classification":
+                self.Y = self.Y.astype(dtype, copy=False)
             cut = int(0.9 * n)
             self.split = {"train": (self.X[:cut], self.Y[:cut]),
                           "val": (self.X[cut:], self.Y[cut:])}

@@ -272,6 +272,23 @@ def synthetic_batch(rng, batch, sizes, dtype):
     return x, rng.integers(0, sizes[-1], size=batch)
 
 
+def batches(rng, args, sizes, dtype):
+    """step -> (inputs, classes). By default 4 fixed batches, cycled (they stay in cache: the
+    floor of the math alone); with ``--data-rows N`` each step gathers ``batch`` rows, drawn by
+    a generator seeded with the step, from N rows made once (what a training loop reading a
+    data set pays: mpipar's synthetic MLP data is drawn that way)."""
+    if args.data_rows:
+        x, y = synthetic_batch(rng, args.data_rows, sizes, dtype)
+
+        def draw(step):
+            rows = np.random.default_rng([0, step, 0]).integers(0, args.data_rows,
+                                                                 size=args.batch)
+            return x[rows], y[rows]
+        return draw
+    data = [synthetic_batch(rng, args.batch, sizes, dtype) for _ in range(4)]
+    return lambda step: data[step % 4]
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m mpipar.mpi.bench.lean",
                                 description="time the lean NumPy + mpi4py MLP loop")
@@ -283,6 +300,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     p.add_argument("--split", default="", help="pipeline layer boundaries, e.g. 0,3,7")
     p.add_argument("--flat", action="store_true", help="dp: one flat all-reduce")
+    p.add_argument("--data-rows", type=int, default=0,
+                   help="draw each step's rows from a set of this many, as mpipar's synthetic "
+                        "data does (its MLP set has 3686 training rows); 0: cycle 4 fixed batches")
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--profile", default="", help="cProfile the timed steps into PREFIX.rankR.prof")
@@ -299,11 +319,10 @@ def main(argv=None):
     split = [int(s) for s in args.split.split(",")] if args.split else None
     lean = Lean(comm, args.layout, init_params(sizes, 0, 0.05, dtype), args.microbatches,
                 split=split, flat=args.flat)
-    rng = np.random.default_rng(1)
-    data = [synthetic_batch(rng, args.batch, sizes, dtype) for _ in range(4)]
+    batch = batches(np.random.default_rng(1), args, sizes, dtype)
     loss = 0.0
     for s in range(args.warmup):
-        lean.step(*data[s % 4], args.lr)
+        lean.step(*batch(s), args.lr)
     prof = None
     if args.profile:
         import cProfile
@@ -314,7 +333,7 @@ def main(argv=None):
     if prof:
         prof.enable()
     for s in range(args.steps):
-        loss = lean.step(*data[s % 4], args.lr)
+        loss = lean.step(*batch(args.warmup + s), args.lr)
     if prof:
         prof.disable()
     comm.Barrier()

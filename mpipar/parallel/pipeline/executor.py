@@ -250,7 +250,10 @@ class PipelineExecutor:
     def _backward_pass(self, op, st, chunk, dy, mb):
         if op == "BW" and self._last_weight_pass(st, chunk.index):
             return self._backward_unit_by_unit(chunk, dy, mb)
-        dx = chunk.backward_input(dy, mb)
+        if chunk.index == 0:  # the model's input is data: its gradient is never used
+            dx = chunk.backward_no_dx(dy, mb)
+        else:
+            dx = chunk.backward_input(dy, mb)
         if op == "BW":
             chunk.backward_weight(mb)
         return dx
@@ -322,8 +325,13 @@ class PipelineExecutor:
     def _backward_unit_by_unit(self, chunk, dy, mb):
         """The full backward of a chunk one unit at a time (the same arithmetic as
         backward_input then backward_weight), reporting each unit as its gradients are final."""
-        for unit in reversed(chunk.layers):
-            dy = unit.backward_input(dy, mb)
+        layers = chunk.layers
+        for i in range(len(layers) - 1, -1, -1):
+            unit = layers[i]
+            if i == 0 and chunk.index == 0:  # the model's input is data: no dx
+                dy = unit.backward_no_dx(dy, mb)
+            else:
+                dy = unit.backward_input(dy, mb)
             unit.backward_weight(mb)
             self.on_unit_ready(chunk.index, unit)
         return dy
