@@ -273,8 +273,8 @@ def continuous_dump(path, model, kind="pipedream-2bw", pp=2, m=2, steps=4):
 def test_a_continuous_run_is_predicted_from_its_own_costs(tmp_path):
     """Round trip: a continuous 2BW run made by the step-at-a-time simulation on known costs
     (uneven stages, a p2p latency, each rank's share of the lagged reduction, fixed time
-    around it and between calls) is measured and predicted alike: the fit recovers the costs, and bubble and
-    step (the longest rank's call) come out as made."""
+    around it and between calls) is measured and predicted alike: the fit recovers the costs,
+    and bubble and step (the longest rank's call) come out as made."""
     from mpipar.analysis import breakdown
     from mpipar.parallel.pipeline.simulate import CostModel
 
