@@ -79,6 +79,7 @@ class Probe:
 
     def _wrap(self, ch, c) -> None:
         fwd, bwd_in, bwd_w = ch.forward, ch.backward_input, ch.backward_weight
+        bwd_nodx = ch.backward_no_dx  # the model's first chunk: its input is data, no dx
 
         def forward(x, mb=0):
             y = fwd(x, mb)
@@ -99,12 +100,19 @@ class Probe:
             self.sample()
             return dx
 
+        def backward_no_dx(dy, mb=0):
+            self.sample()
+            bwd_nodx(dy, mb)
+            self.held.pop((mb, c), None)
+            self.sample()
+
         def backward_weight(mb=0):
             out = bwd_w(mb)
             self.sample()
             return out
 
         ch.forward, ch.backward_input, ch.backward_weight = forward, backward_input, backward_weight
+        ch.backward_no_dx = backward_no_dx
 
     def sample(self) -> None:
         pairs = set(self.held)
