@@ -73,15 +73,8 @@ def events_in(run, rank: int, steps) -> np.ndarray:
 
 
 def ranks_with_events(run) -> list[int]:
-    """World ranks whose event array is not empty (``predict.replicas`` empties the others).
-    Kept in ``Run.cache`` per events list: each fit of each replica asks several times, and a
-    walk over all world ranks each time made a 1,024-rank run's fits cost ranks x replicas."""
-    events = run.events
-    got = run.cache.get(("ranks_with_events", id(events)))
-    if got is None or got[0] is not events:
-        got = (events, [r for r, ev in enumerate(events) if len(ev)])
-        run.cache[("ranks_with_events", id(events))] = got
-    return got[1]
+    """World ranks whose event array is not empty (``predict.replicas`` empties the others)."""
+    return [r for r, ev in enumerate(run.events) if len(ev)]
 
 
 def all_events_in(run, steps) -> np.ndarray:
