@@ -190,7 +190,7 @@ def main() -> int:
     p.add_argument("--sample", type=int, default=20)
     p.add_argument("--full-max-ranks", type=int, default=0,
                    help="analyse all steps too (no --sample) up to this many ranks (the dump is "
-                   "held whole: about 300 bytes an event at the peak)")
+                   "held whole: about 255 bytes an event at the peak)")
     p.add_argument("--code", action="append", default=[],
                    help="an mpipar checkout whose flush to measure (repeat: before, after)")
     p.add_argument("--flush-ranks", type=int, nargs="+", default=[8, 32])

@@ -371,12 +371,22 @@ def _select_rows(ds, n, steps_col, keep) -> np.ndarray:
     return np.concatenate([ds[int(a):int(b)] for a, b in zip(starts, ends, strict=True)])
 
 
+def kind_width(col: np.ndarray) -> int:
+    """Characters of the longest kind in an on-disk ``kind`` column (at least 1)."""
+    return max(1, int(np.char.str_len(col).max())) if col.size else 1
+
+
 def _to_analysis(raw: np.ndarray) -> np.ndarray:
-    """On-disk rows as analysis's ``EVENT_DTYPE`` (``kind`` as str)."""
-    ev = np.empty(raw.shape[0], dtype=EVENT_DTYPE)
+    """On-disk rows as analysis's event dtype: ``kind`` as str, only as wide as the longest kind
+    these rows hold. A str column costs 4 bytes a character: ``U24`` was 96 of the 136 bytes an
+    event took in memory, and kinds are rarely longer than 15 (``world.allreduce``); arrays of
+    other widths concatenate and compare alike (``EVENT_DTYPE`` is the widest)."""
+    col = raw["kind"]
+    narrow = col.dtype.kind == "S"
+    dtype = np.dtype([(n, f"U{kind_width(col)}" if n == "kind" and narrow else EVENT_DTYPE[n])
+                      for n in EVENT_FIELDS])
+    ev = np.empty(raw.shape[0], dtype=dtype)
     for name in EVENT_FIELDS:
-        col = raw[name]
         # ASCII kinds: a cast decodes them (np.char.decode did the same, 5x slower)
-        ev[name] = col.astype(EVENT_DTYPE[name]) if name == "kind" and col.dtype.kind == "S" \
-            else col
+        ev[name] = raw[name].astype(dtype[name]) if name == "kind" and narrow else raw[name]
     return ev

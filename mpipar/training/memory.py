@@ -21,7 +21,15 @@ backward, reused buffers (``nn.cpu``'s pool keeps every shape's high-water count
 pool; the collectives' host scratch), the optimizer's scratch. Also in it, and not in the model:
 memory outside NumPy that the steps touch first: BLAS's packing buffers (0.5-1.8 MiB for one
 OpenBLAS product here, by size), MPI's and HDF5's own buffers, what the allocator keeps of freed
-temporaries (together 2-6 MiB per rank here: experiments/README.md, section 2b). Not in it: the
+temporaries (together 2-6 MiB per rank here: experiments/README.md, section 2b). One of them
+comes and stays at a step nobody chose: in the README's dp2 pp2 tp2 job (``mpipar train --config
+experiments/configs/tiny.toml --dp 2 --pp 2 --tp 2 --schedule 1f1b --microbatches 4``, 9 runs),
+in 8 runs one or both tensor-parallel ranks of one pp0 replica gained 2.1-2.2 MiB at one step
+(0, 22, 74, 90, 110, about 120, 126, 192) and kept it to the end. It is glibc heap memory in use
+(``mallinfo2``), not Python's or NumPy's (``tracemalloc``: +12 KiB), made of allocations under
+1.5 MB each: C-level buffers of a library, most likely MPICH's for messages that arrived before
+their receive was posted (kept once grown). The overlapped gradient sync off, it still came; no
+2-rank grid (dp2, pp2, tp2) showed it. Not in it: the
 interpreter, imports, the data set (all in the base). On a GPU the host's resident memory says
 nothing about the device's: there ``mem.peak`` is the bytes CuPy's pool holds (its high-water
 mark: the pool keeps freed blocks) and the base what it held at the first step.
