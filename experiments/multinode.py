@@ -7,8 +7,10 @@ inside, so that row is measured at the first rate only. Prints one-way latency a
 size, and each rate's bandwidth from 1 MiB up as a fraction of the configured rate; writes
 OUT/multinode.h5, OUT/multinode.png and OUT/results.{csv,json,md}. Then the training rows
 (experiments/multinode_train.py: dp=2 x tp=2 with tp inside a node or across, dp=2 on one node
-or two, per --train-rates) into OUT/train/results.{csv,json,md}. Tears the cluster down on
-exit, also on an error or Ctrl-C.
+or two, per --train-rates) into OUT/train/results.{csv,json,md}; with a spec of this machine
+(--spec FILE or $MPIPAR_SPEC) each training row's planned step beside the measured one and,
+per rate, tp across minus tp inside, measured and planned (OUT/train/placement/). Tears the
+cluster down on exit, also on an error or Ctrl-C.
 
 Run (root): ``python experiments/multinode.py [--rates 200mbit,1gbit,10gbit]
 [--train-rates 10gbit,200mbit] [--no-train] [--quick]`` (a few minutes: the 200mbit sizes and
@@ -28,11 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
+import multinode_plan  # noqa: E402
 import multinode_train  # noqa: E402
 
 from mpipar.cluster import nodes  # noqa: E402
 from mpipar.cluster.spec import ClusterError, ClusterSpec, parse_rate  # noqa: E402
 from mpipar.mpi.bench.sizes import format_size  # noqa: E402
+from mpipar.plan import PlanError  # noqa: E402
 
 DRIVER = Path(__file__).resolve().parent / "multinode_driver.py"
 NAME = "mnx"
@@ -138,6 +142,9 @@ def main(argv=None) -> int:
                    help=f"link rates of the training rows (default {multinode_train.RATES}; "
                         f"--quick: {multinode_train.QUICK_RATES})")
     p.add_argument("--no-train", action="store_true", help="point-to-point rows only")
+    p.add_argument("--spec", default=None,
+                   help="a spec of this machine (mpipar plan measure --out FILE; default "
+                        "$MPIPAR_SPEC): the training rows' planned columns")
     args = p.parse_args(argv)
     args.rates = [r for r in args.rates.split(",") if r]
     args.sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
@@ -163,9 +170,10 @@ def main(argv=None) -> int:
     plot(out / "multinode.png", results)
     print(f"wrote {out / 'multinode.h5'}, {out / 'multinode.png'}")
     if not args.no_train:
+        args.p2p_latency = multinode_plan.p2p_latencies(results)
         try:
             multinode_train.run(args, out / "train")
-        except (ClusterError, common.ExperimentError) as e:
+        except (ClusterError, common.ExperimentError, PlanError) as e:
             print(f"experiments/multinode.py: {e}", file=sys.stderr)
             return 2
     return 0

@@ -12,7 +12,9 @@ emulated cluster (`mpipar cluster`), its dump analysed:
 Per row: mean step time (``mpipar analyze``'s, warm-up step excluded), each axis's bytes per
 step within a node and across nodes (the links table: ``mpipar.analysis.links``) and the
 data-parallel bucket wait per rank and step (time blocked in ``dp.wait``: the part of the
-gradient all-reduce the backward did not hide).
+gradient all-reduce the backward did not hide). With a spec of this machine (``--spec`` or
+``$MPIPAR_SPEC``): each row's planned step beside the measured one, and per rate the
+tp-across minus tp-inside difference, measured and planned (experiments/multinode_plan.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import sys
 from pathlib import Path
 
 import common
+import multinode_plan
 import numpy as np
 
 from mpipar.cluster import nodes
@@ -77,6 +80,15 @@ def train(spec, hosts, ppn, run_dir: Path, data: Path, args, extra: list[str]) -
     return analyse(run_dir)
 
 
+def _plan(row: dict, run_dir: Path, args, rate: str | None, ranks_per_node: int | None) -> dict:
+    """``row`` with its planned step (ms) where a spec of this machine was given."""
+    if args.base_spec is None:
+        return row
+    c = args.base_spec if rate is None else multinode_plan.emulated(
+        args.base_spec, rate, args.p2p_latency.get(rate), nodes=2)
+    return {**row, "planned ms": multinode_plan.planned_ms(run_dir, c, ranks_per_node)}
+
+
 def run_all(args, out: Path) -> list[dict]:
     """One row per run; the cluster is torn down after each rate, also on an error."""
     out.mkdir(parents=True, exist_ok=True)
@@ -91,22 +103,26 @@ def run_all(args, out: Path) -> list[dict]:
         try:
             for where, order in (("inside", "tp-dp-pp"), ("across", "dp-tp-pp")):
                 label = f"tp-{where}@{rate}"
-                rows.append({"run": label, "ranks": "2 nodes x 2", "rate": rate, **train(
+                rows.append(_plan({"run": label, "ranks": "2 nodes x 2", "rate": rate, **train(
                     spec, both, 2, out / label, data, args,
-                    ["--dp", "2", "--tp", "2", "--set", f"parallel.order={order}"])})
+                    ["--dp", "2", "--tp", "2", "--set", f"parallel.order={order}"])},
+                    out / label, args, rate, 2))
             if k == 0:
-                rows.append({"run": "dp-1node", "ranks": "1 node x 2", "rate": "-", **train(
-                    spec, ["node0"], 2, out / "dp-1node", data, args, ["--dp", "2"])})
+                rows.append(_plan({"run": "dp-1node", "ranks": "1 node x 2", "rate": "-", **train(
+                    spec, ["node0"], 2, out / "dp-1node", data, args, ["--dp", "2"])},
+                    out / "dp-1node", args, None, None))
             label = f"dp-2nodes@{rate}"
-            rows.append({"run": label, "ranks": "2 nodes x 1", "rate": rate, **train(
-                spec, both, 1, out / label, data, args, ["--dp", "2"])})
+            rows.append(_plan({"run": label, "ranks": "2 nodes x 1", "rate": rate, **train(
+                spec, both, 1, out / label, data, args, ["--dp", "2"])},
+                out / label, args, rate, 1))
         finally:
             nodes.down(NAME)
     return rows
 
 
-def columns() -> list[str]:
-    return (["run", "ranks", "rate", "step ms", "bucket wait ms"]
+def columns(planned: bool = False) -> list[str]:
+    return (["run", "ranks", "rate", "step ms"] + (["planned ms"] if planned else [])
+            + ["bucket wait ms"]
             + [f"{a} {w} KB" for a in AXES for w in ("within", "across")])
 
 
@@ -115,10 +131,23 @@ def run(args, out: Path) -> list[dict]:
     args.train_rates = [r for r in (args.train_rates or
                                     (QUICK_RATES if args.quick else RATES)).split(",") if r]
     args.steps = args.steps or (QUICK_STEPS if args.quick else STEPS)
+    args.base_spec = multinode_plan.base_spec(getattr(args, "spec", None))
+    args.p2p_latency = getattr(args, "p2p_latency", None) or {}
     nodes.down(NAME)  # what an earlier, killed run may have left
     rows = run_all(args, out)
     meta = {**common.machine_note(), "rates": args.train_rates, "steps": args.steps,
             "quick": bool(args.quick)}
+    if args.base_spec is not None:
+        meta["planned"] = (f"spec {args.base_spec.name}; [inter_node]: the link rate, latency "
+                           "the p2p rows' smallest message across it (multinode_plan.py)")
     common.write_results(out, "training across nodes (per step; KB: bytes / 1000)", rows,
-                         columns(), meta)
+                         columns(args.base_spec is not None), meta)
+    diff = multinode_plan.differences(rows)
+    if diff:
+        (out / "placement").mkdir(exist_ok=True)
+        common.write_results(out / "placement", "tp across nodes minus tp inside a node "
+                             "(ms per step)", diff, list(diff[0]), meta)
+    if args.base_spec is None:
+        print("planned: no spec of this machine (--spec FILE or $MPIPAR_SPEC; "
+              "mpipar plan measure --out FILE makes one)")
     return rows

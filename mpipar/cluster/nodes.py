@@ -30,6 +30,7 @@ from .spec import (
     parse_rate,
     save,
     tbf_burst_bytes,
+    tbf_peak_args,
 )
 
 TOOLS = ("ip", "tc", "nsenter", "unshare", "mount", "umount", "mountpoint", "sh", "sleep",
@@ -106,7 +107,8 @@ def _make(spec: ClusterSpec, rate_bps: int) -> None:
         # shape both directions: the node's egress, and the bridge's egress towards the node
         for where, dev in ((ns, NODE_IFACE), (br, port)):
             _run(["tc", "-n", where, "qdisc", "add", "dev", dev, "root", "tbf", "rate",
-                  f"{rate_bps}bit", "burst", str(tbf_burst_bytes(rate_bps)), "latency", "50ms"],
+                  f"{rate_bps}bit", "burst", str(tbf_burst_bytes(rate_bps)),
+                  *tbf_peak_args(rate_bps), "latency", "50ms"],
                  f"--link {spec.link}: tc refused the rate")
         if spec.cpus_per_node:
             first = k * spec.cpus_per_node % ncpu

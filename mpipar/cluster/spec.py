@@ -49,12 +49,27 @@ BUCKET_MAX = 256 * 1024  # above, a 1 MiB message would cross partly unshaped
 def tbf_burst_bytes(rate_bps: int) -> int:
     """The bucket: 1 ms at the rate, within 64-256 KiB (200 Mbit/s: 64 KiB, 1 Gbit/s: 125 KB,
     10 Gbit/s: 256 KiB, where 1 ms would be 1.25 MB and hold a whole 1 MiB message). A message
-    that finds the bucket full passes its first `burst` bytes at once (in a ping-pong the
-    bucket refills while the answer travels back), so a message of S bytes is measured up to
-    burst / S too fast: at 1 MiB 6 % (200 Mbit/s), 12 % (1 Gbit/s), 25 % (10 Gbit/s); at 4 MiB
-    at most 6 %. A smaller bucket at 10 Gbit/s starves the link: with 128 or 64 KiB, 1-64 MiB
-    ping-pongs fell far short of the rate on a loaded machine where 256 KiB reached it."""
+    that finds the bucket full would pass its first `burst` bytes at once (in a ping-pong the
+    bucket refills while the answer travels back; ``tbf_peak_args`` now caps that drain), so
+    without a peak rate a message of S bytes is measured up to burst / S too fast: at 1 MiB
+    6 % (200 Mbit/s), 12 % (1 Gbit/s), 25 % (10 Gbit/s); at 4 MiB at most 6 %. A smaller bucket
+    at 10 Gbit/s starves the link: with 128 or 64 KiB, 1-64 MiB ping-pongs fell far short of the
+    rate on a loaded machine where 256 KiB reached it."""
     return max(BUCKET_MIN, min(BUCKET_MAX, rate_bps // 8 // 1000))
+
+
+PEAK_FACTOR = 1.1  # a full bucket drains at most this much faster than the rate
+PEAK_MTU = 128 * 1024  # the peak bucket; 64 KiB starved 10 Gbit/s to 0.3x the rate
+
+
+def tbf_peak_args(rate_bps: int) -> list[str]:
+    """tbf's second bucket: ``peakrate`` caps how fast a full ``burst`` bucket drains, so a
+    1 MiB message that finds it full crosses at most ~PEAK_FACTOR x the rate (10 Gbit/s:
+    0.98-1.09x in four runs, against 1.11-1.15x without it), while the 256 KiB bucket keeps
+    large transfers at the rate. Peak 1.05x with a 128 KiB peak bucket starved 10 Gbit/s
+    (0.48-0.92x from 1 MiB up); 1.1x kept 0.88-1.09x but for one 64 MiB row, as low as the
+    runs without peakrate dipped on that loaded machine (ping-pong, ``multinode.py``)."""
+    return ["peakrate", f"{int(rate_bps * PEAK_FACTOR)}bit", "mtu", str(PEAK_MTU)]
 
 
 @dataclass

@@ -42,6 +42,7 @@ import math
 
 from .cluster import Cluster
 from .errors import PlanError
+from .placement import axis_links
 
 DTYPE_KEYS = {"float32": ("fp32", 4), "float64": ("fp64", 8), "bfloat16": ("bf16", 2),
               "float16": ("fp16", 2)}
@@ -74,9 +75,10 @@ def _gemm(c: Cluster, peak: float, flops: float, smallest: float) -> float:
     return flops / (peak * c.gemm_efficiency(max(smallest, 1.0))) if flops else 0.0
 
 
-def unit_costs(config: dict, grid: dict, c: Cluster) -> list[dict]:
+def unit_costs(config: dict, grid: dict, c: Cluster, links: dict | None = None) -> list[dict]:
     """Per model unit, one micro-batch on one tp rank: {gemm, core_gemm, mem, core_mem, tp,
-    params} in seconds (``params`` in values), as the module doc counts them."""
+    params} in seconds (``params`` in values), as the module doc counts them. ``links``:
+    ``placement.axis_links``'s, default every rank on one node."""
     from mpipar.analysis.flops import model_kind, model_section
     from mpipar.analysis.memory_model import split_of
 
@@ -85,7 +87,7 @@ def unit_costs(config: dict, grid: dict, c: Cluster) -> list[dict]:
     mb = int(_get(config, "microbatches", 1) or 1)
     b = max(int(_get(config, "batch_size", 1) or 1) // (mb * dp), 1)
     m = model_section(config)
-    coll = c.collective or c.intra
+    coll = links["tp"] if links else c.collective or c.intra
     if model_kind(config) == "mlp":
         sizes = [int(x) for x in m.get("sizes", [])]
         return [{"kind": "linear", "gemm": _gemm(c, peak, 2 * a * o * b, min(b, a, o)),
@@ -228,13 +230,16 @@ def action_floor(c: Cluster) -> tuple[float, float]:
 def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,
                ranks_per_node: int | None = None, floor: tuple | None = None):
     """The ``CostModel`` of the run's lowered schedule ``sched``, from the spec (module doc).
-    ``ranks_per_node``: default every rank of the run on one node; ``floor``: the executor's
+    ``ranks_per_node``: default every rank of the run on one node (else the axes whose groups
+    span nodes cost on ``[inter_node]``, ``placement.axis_links``); ``floor``: the executor's
     (F, backward) in-event floor, default ``action_floor``."""
     from mpipar.analysis.memory_model import chunk_bounds
     from mpipar.models.counts import boundary_values
     from mpipar.parallel.pipeline.simulate import CostModel
 
-    units = unit_costs(config, grid, c)
+    # which axes cross nodes (ranks_per_node, parallel.order): their links (``placement``)
+    links = axis_links(c, grid, ranks_per_node, grid.get("order") or _get(config, "order"))
+    units = unit_costs(config, grid, c, links)
     cal = calibration(c)
     bounds = chunk_bounds(config, grid, v)
     if bounds is None:
@@ -245,7 +250,7 @@ def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,
     dp = int(grid.get("dp", 1))
     zero = dp if _get(config, "zero1") and dp > 1 else 1
     ex = dict(c.executor)
-    coll = c.collective or c.intra
+    coll = links["dp"]
     bucket = max(1.0, float(_get(config, "bucket_mb", 4.0)) * 2**20)
     model = CostModel(unit={})
     params, tensors = {}, {}
@@ -268,12 +273,13 @@ def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,
     per_tensor = dict(c.units).get("opt_tensor", 0.0)
     model.optimizer = {p: c.hbm_time(ADAM_TRAFFIC * s * n / zero) + per_tensor * tensors[p]
                        for p, n in params.items()}
-    model.latency, model.bandwidth = c.intra.latency, c.intra.bandwidth * c.intra.efficiency
+    pp_link = links["pp"]
+    model.latency, model.bandwidth = pp_link.latency, pp_link.bandwidth * pp_link.efficiency
     model.default_bytes = s * _boundary(config, grid, boundary_values)
     model.overhead = ex.get("action_overhead", 0.0)
     model.send_post, model.recv_post = ex.get("send_post", 0.0), ex.get("recv_post", 0.0)
     world = dp * sched.pp * int(grid.get("tp", 1))
-    model.sync = coll.latency if world > 1 else 0.0  # the gradient-norm all-reduce
+    model.sync = links["world"].latency if world > 1 else 0.0  # the gradient-norm all-reduce
     model.step_pre, model.step_post = ex.get("step_pre", 0.0), ex.get("step_post", 0.0)
     share = core_share(c, ranks_per_node or world)
     if share < 1:

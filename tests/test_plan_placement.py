@@ -1,0 +1,103 @@
+"""``mpipar.plan.placement``: which axes' groups span nodes, and the planner pricing those
+axes on the inter-node link."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from mpipar.mpi.grid import groups_across_nodes, orders
+from mpipar.plan import PlanError, load_cluster
+from mpipar.plan.here import planned
+from mpipar.plan.placement import axis_links, spans_nodes
+
+SPEC = """
+name = "test"
+gpus_per_node = 2
+workspace_gb = 0.1
+[peak_tflops]
+fp32 = 0.05
+[hbm]
+capacity_gb = 16.0
+bandwidth_gbs = 10.0
+efficiency = 1.0
+[intra_node]
+bandwidth_gbs = 10.0
+latency_us = 5.0
+efficiency = 1.0
+[inter_node]
+bandwidth_gbs = 0.025
+latency_us = 50.0
+efficiency = 1.0
+[gemm]
+sms = 1
+tile_rows = 1
+tile_cols = 1
+max_efficiency = 1.0
+half_dim = 16.0
+"""
+GPT = {"model": {"kind": "gpt", "vocab_size": 256, "block_size": 32, "n_layer": 2,
+                 "n_embd": 32, "n_head": 2},
+       "train": {"batch_size": 8, "seq_len": 32, "dtype": "float32"},
+       "parallel": {"schedule": "1f1b", "microbatches": 2}}
+
+
+def _cluster(tmp_path):
+    path = tmp_path / "spec.toml"
+    path.write_text(SPEC)
+    return load_cluster(str(path))
+
+
+def test_dp2_tp2_on_two_nodes_spans_the_axis_the_order_puts_last():
+    grid = {"dp": 2, "pp": 1, "tp": 2}
+    assert spans_nodes(grid, 2, "tp-dp-pp") == {"dp": True, "pp": False, "tp": False}
+    assert spans_nodes(grid, 2, "dp-tp-pp") == {"dp": False, "pp": False, "tp": True}
+    assert spans_nodes({**grid, "order": "dp-tp-pp"}, 2)["tp"]  # the grid's own order
+    assert not any(spans_nodes(grid, None, "dp-tp-pp").values())  # one node
+    assert not any(spans_nodes(grid, 4, "dp-tp-pp").values())
+    assert spans_nodes(grid, 1, "tp-dp-pp") == {"dp": True, "pp": False, "tp": True}
+
+
+@pytest.mark.parametrize("order", orders())
+def test_spans_agree_with_the_grids_own_check(order):
+    """The planner's answer is the runtime's (``grid.groups_across_nodes``) for every order."""
+    for rpn in (1, 2, 4):
+        node_of = [r // rpn for r in range(8)]
+        want = {a: bool(groups_across_nodes(2, 2, 2, a, order, node_of))
+                for a in ("dp", "pp", "tp")}
+        assert spans_nodes({"dp": 2, "pp": 2, "tp": 2}, rpn, order) == want
+
+
+def test_bad_placement_is_one_plan_error():
+    with pytest.raises(PlanError, match="ranks per node"):
+        spans_nodes({"dp": 2, "tp": 2}, 0, "tp-dp-pp")
+    with pytest.raises(PlanError, match="placement"):
+        spans_nodes({"dp": 2, "tp": 2}, 2, "tp-dp")
+
+
+def test_links_follow_the_placement(tmp_path):
+    c = _cluster(tmp_path)
+    across = axis_links(c, {"dp": 2, "tp": 2}, 2, "dp-tp-pp")
+    assert across["tp"] == c.inter and across["dp"] == c.intra and across["pp"] == c.intra
+    assert across["world"] == c.inter
+    one = axis_links(c, {"dp": 2, "tp": 2}, None, "dp-tp-pp")
+    assert all(link == c.intra for link in one.values())
+
+
+def test_tp_across_nodes_plans_slower_than_tp_inside(tmp_path):
+    """dp=2 x tp=2 on 2 nodes: with the inter-node link slower, tp across (dp-tp-pp) plans a
+    longer step than tp inside (tp-dp-pp): tp all-reduces every block, dp once a step; with the
+    inter-node link equal to the intra-node one the two placements plan the same step."""
+    c = _cluster(tmp_path)
+    grid = {"dp": 2, "pp": 1, "tp": 2}
+    inside = planned(GPT, {**grid, "order": "tp-dp-pp"}, c, ranks_per_node=2)
+    across = planned(GPT, {**grid, "order": "dp-tp-pp"}, c, ranks_per_node=2)
+    alone = planned(GPT, {**grid, "order": "dp-tp-pp"}, c)  # one node
+    assert across["step"] > inside["step"] > alone["step"]
+    same = dataclasses.replace(c, inter=c.intra)
+    assert planned(GPT, {**grid, "order": "dp-tp-pp"}, same, ranks_per_node=2)["step"] == \
+        pytest.approx(planned(GPT, {**grid, "order": "tp-dp-pp"}, same, ranks_per_node=2)["step"])
+    # the order also comes from the config's parallel.order
+    cfg = {**GPT, "parallel": {**GPT["parallel"], "order": "dp-tp-pp"}}
+    assert planned(cfg, grid, c, ranks_per_node=2)["step"] == pytest.approx(across["step"])
