@@ -172,3 +172,39 @@ def test_tensor_count_is_the_built_models():
         model = build_model(cfg.model, Backend("cpu", "float32"))
         units = gpt_units(GPTDims.of(vars(cfg.model)))
         assert [_tensors(u) for u in units] == [len(u.params()) for u in model.units]
+
+
+def test_mlp_loss_adds_to_its_last_unit_only(tmp_path):
+    """[units] floor_loss_*: the MLP's loss (a LOSS region of its own) adds its measured
+    per-call time to the last unit's F and B, not W, nor any other unit."""
+    extra = "\n[units]\nfloor_loss_f_us = 30.0\nfloor_loss_b_us = 8.0\n"
+    bare, c = _cluster(tmp_path), _cluster(tmp_path, extra)
+    units = unit_costs(_mlp(), {"dp": 1, "pp": 1, "tp": 1}, c)
+    assert [u["loss"] for u in units] == [False, False, False, True]
+    for u in units:
+        want = phase_times(u, calibration(bare), "none")
+        add = (30e-6, 8e-6, 0.0) if u["loss"] else (0.0, 0.0, 0.0)
+        got = phase_times(u, calibration(c), "none")
+        assert got == pytest.approx(tuple(x + y for x, y in zip(want, add, strict=True)))
+
+
+def test_optimizer_per_value_per_tensor_and_probe_floor(tmp_path):
+    """[units] opt_value_us replaces the counted traffic; opt_tensor_us adds per tensor;
+    [executor] probe_opt_us adds what the probe's OPT took beyond both, on every rank."""
+    from mpipar.parallel.pipeline.generators import build_schedule
+    from mpipar.parallel.pipeline.lowering import lower
+    from mpipar.plan.here import _optimizer, cost_model, opt_floor
+
+    units = "\n[units]\nopt_value_us = 0.002\nopt_tensor_us = 10.0\n"
+    c = _cluster(tmp_path, units)
+    assert _optimizer(c, 4, 1e6, 3) == pytest.approx(2e-3 + 30e-6)
+    assert _optimizer(c, 8, 1e6, 3) == pytest.approx(4e-3 + 30e-6)  # fp64: twice the bytes
+    assert opt_floor(c) == 0.0
+    probe = _cluster(tmp_path, "\n[executor]\nprobe_opt_us = 500.0\n" + units)
+    # the probe's ranks each hold two 8 x 8 linears (4 tensors, 144 values)
+    assert opt_floor(probe) == pytest.approx(500e-6 - (144 * 0.002e-6 + 4 * 10e-6))
+    sched = lower(build_schedule("1f1b", 2, 4, virtual_stages=1))
+    grid = {"dp": 1, "pp": 2, "tp": 1}
+    a, b = cost_model(_mlp(), grid, c, sched, 1), cost_model(_mlp(), grid, probe, sched, 1)
+    for p in (0, 1):
+        assert b.optimizer[p] == pytest.approx(a.optimizer[p] + opt_floor(probe))

@@ -53,3 +53,16 @@ def test_measure_refuses_a_missing_out(tmp_path):
                           capture_output=True, text=True, cwd=tmp_path, timeout=60,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert done.returncode == 2 and "--out" in done.stderr
+
+
+def test_unit_bench_times_every_phase_of_a_chain():
+    """The chain bench gives a positive time for every unit kind and phase, the MLP's loss,
+    and the OPT region per tensor and per value (tiny shapes, a minimal budget)."""
+    from mpipar.plan import unit_bench as ub
+
+    got = ub.gpt_units(*ub.FLOOR["gpt"], 0.0) | ub.mlp_units(*ub.FLOOR["mlp"], 0.0)
+    assert set(got) == {f"{u}_{p}" for u in ("embed", "block", "head", "linear")
+                        for p in ub.PHASES} | {"loss_f", "loss_b"}
+    assert all(t > 0 for k, t in got.items() if k != "embed_b")  # a gather has no dx
+    per_tensor, per_value = ub.optimizer_costs(0.0)
+    assert per_tensor > 0 and per_value > 0

@@ -15,6 +15,9 @@ tensor-parallel rank (1D Megatron cut, ``models.counts``):
   core), plus element-wise traffic (the values the unit keeps for the backward and its
   transient buffers, written and read once: ``2 s T (stored + work)`` / the element-wise rate),
   plus two tensor-parallel all-reduces of ``T d`` values per block (collective link);
+- the MLP's loss (its own LOSS region, in no unit): the measured per-call floor
+  (``[units] floor_loss_f_us`` / ``floor_loss_b_us``) added to its last unit's F and B (the
+  GPT's loss is in the head's measured times);
 - backward: input gradients (the forward's GEMM time again, twice its traffic, its two
   all-reduces) and weight gradients (the GEMM time again); ``full`` recomputation adds the
   whole forward to B, ``selective`` the attention core's GEMM time and traffic;
@@ -31,9 +34,12 @@ tensor-parallel rank (1D Megatron cut, ``models.counts``):
 - dp: each chunk's gradients all-reduced in ``bucket_mb`` buckets (latency per bucket, ring
   volume 2 (dp-1)/dp bytes / bus bandwidth); optimizer: AdamW's ~12 values of traffic per
   parameter (weights, gradient, two moments read and written, the update and clipping) / the
-  element-wise rate, split by dp under ZeRO-1, plus the measured AdamW cost per parameter
-  tensor (``[units] opt_tensor_us``, ``unit_bench.optimizer_per_tensor``) times the rank's
-  tensors.
+  element-wise rate, or, in a measured spec, the OPT region's measured cost per value
+  (``[units] opt_value_us``: norm, clipping and AdamW, ``unit_bench.optimizer_costs``), split
+  by dp under ZeRO-1, plus its measured cost per parameter tensor (``opt_tensor_us``) times
+  the rank's tensors, plus the region's fixed cost (``opt_floor``: the probe run's measured
+  OPT, ``[executor] probe_opt_us``, less what the two terms give it: the norm and loss
+  all-reduce's call, the learning rate, the step's bookkeeping).
 """
 
 from __future__ import annotations
@@ -93,8 +99,8 @@ def unit_costs(config: dict, grid: dict, c: Cluster, links: dict | None = None) 
         return [{"kind": "linear", "gemm": _gemm(c, peak, 2 * a * o * b, min(b, a, o)),
                  "core_gemm": 0.0,
                  "mem": c.hbm_time(2 * s * b * (a + 3 * o)), "core_mem": 0.0, "tp": 0.0,
-                 "params": a * o + o, "tensors": 2}
-                for a, o in zip(sizes[:-1], sizes[1:], strict=True)]
+                 "params": a * o + o, "tensors": 2, "loss": i == len(sizes) - 2}
+                for i, (a, o) in enumerate(zip(sizes[:-1], sizes[1:], strict=True))]
     if model_kind(config) != "gpt":
         raise PlanError("planned costs need a GPT or an MLP config (model.kind)")
     from mpipar.models.counts import block_flops, gpt_counts
@@ -183,6 +189,9 @@ def calibration(c: Cluster) -> dict:
                 continue
             k = max(measured - floor - gemm, 0.0) / mem if mem > 0 else 0.0
             out[(kind, ph)] = (floor, k)
+    for ph in ("f", "b"):  # the MLP's loss: a per-call cost at its sizes (unit_bench)
+        if f"floor_loss_{ph}" in got:
+            out[("loss", ph)] = (got[f"floor_loss_{ph}"], 0.0)
     return out
 
 
@@ -193,6 +202,8 @@ def phase_times(u: dict, cal: dict, recompute: str) -> tuple[float, float, float
     for ph, (gemm, mem) in _phase_parts(u).items():
         floor, k = cal.get((u["kind"], ph), (0.0, DEFAULT_K[ph]))
         t[ph] = floor + gemm + k * mem
+        if u.get("loss") and ph in "fb":  # the MLP's last unit also runs the loss
+            t[ph] += cal.get(("loss", ph), (0.0, 0.0))[0]
     f, b = t["f"] + u["tp"], t["b"] + u["tp"]
     if recompute == "full":
         b += f
@@ -270,8 +281,8 @@ def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,
             nbytes = s * n
             model.dp_reduce[(p, chunk)] = (math.ceil(nbytes / bucket) * coll.latency
                                            + _allreduce(coll, nbytes, dp) - coll.latency)
-    per_tensor = dict(c.units).get("opt_tensor", 0.0)
-    model.optimizer = {p: c.hbm_time(ADAM_TRAFFIC * s * n / zero) + per_tensor * tensors[p]
+    fixed = opt_floor(c)
+    model.optimizer = {p: _optimizer(c, s, n / zero, tensors[p]) + fixed
                        for p, n in params.items()}
     pp_link = links["pp"]
     model.latency, model.bandwidth = pp_link.latency, pp_link.bandwidth * pp_link.efficiency
@@ -288,6 +299,37 @@ def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,
         for name in ("overhead", "send_post", "recv_post", "step_pre", "step_post"):
             setattr(model, name, getattr(model, name) / share)
     return model.check()
+
+
+def _optimizer(c: Cluster, s: int, values: float, tensors: int) -> float:
+    """The OPT region of a rank holding ``values`` parameter values (its ZeRO-1 share) in
+    ``tensors`` tensors: measured per value (``[units] opt_value_us``, fp32, scaled by the
+    value size ``s``) when the spec has it, else ADAM_TRAFFIC values per parameter at the
+    element-wise rate; plus the measured cost per tensor."""
+    units = dict(c.units)
+    per_value = units.get("opt_value")
+    traffic = (per_value * s / 4 * values if per_value is not None
+               else c.hbm_time(ADAM_TRAFFIC * s * values))
+    return traffic + units.get("opt_tensor", 0.0) * tensors
+
+
+def opt_floor(c: Cluster) -> float:
+    """Seconds a step's OPT region takes beyond its tensors and values (module doc): the
+    probe run's measured OPT (``[executor] probe_opt_us``) less what ``_optimizer`` gives its
+    ranks; 0 without the probe's number."""
+    from mpipar.analysis.memory_model import chunk_bounds
+
+    from .measure import PROBE
+
+    measured = dict(c.executor).get("probe_opt")
+    if measured is None:
+        return 0.0
+    grid = {"dp": 1, "pp": 2, "tp": 1}
+    units, (_, s) = unit_costs(PROBE, grid, c), _peak(c, PROBE)
+    got = [_optimizer(c, s, sum(u["params"] for u in units[lo:hi]),
+                      sum(u["tensors"] for u in units[lo:hi]))
+           for lo, hi in chunk_bounds(PROBE, grid, 1).values()]
+    return max(measured - min(got), 0.0)
 
 
 def _boundary(config, grid, boundary_values) -> float:

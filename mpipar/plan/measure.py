@@ -21,7 +21,8 @@ every number measured here, none taken from a datasheet:
   gradient-norm collective: that fit holds the ranks' imbalance): the executor's own cost,
   what no FLOP count gives.
 - ``[units]``: mpipar's own GPT block, head, embedding and MLP unit timed at a tiny and a
-  reference shape (``plan.unit_bench``): the per-call floor and the element-wise factors.
+  reference shape (``plan.unit_bench``, run as a chain of distinct units): the per-call floor
+  and the element-wise factors; the MLP's loss; the OPT region per tensor and per value.
 - ``cores_per_node`` (the cores this process may run on), ``cores_per_rank``,
   ``workspace_gb`` (the resident size of a Python process with NumPy).
 """
@@ -153,7 +154,8 @@ PROBE = {"model": {"kind": "mlp", "sizes": [8, 8, 8, 8, 8], "task": "regression"
 
 def executor_costs(quick: bool, timeout: float) -> dict:
     """The fitted executor costs of the tiny traced pp = 2 run ``PROBE`` (module doc), and its
-    mean measured F (+ LOSS) and backward per chunk action (``here.action_floor``)."""
+    mean measured F (+ LOSS) and backward per chunk action (``here.action_floor``) and its
+    OPT region (``here.opt_floor``)."""
     from mpipar.analysis.dump import load as load_run
     from mpipar.analysis.predict import run_model
 
@@ -175,7 +177,9 @@ def executor_costs(quick: bool, timeout: float) -> dict:
     return {"action_overhead_us": model.overhead, "send_post_us": model.send_post,
             "recv_post_us": model.recv_post, "step_pre_us": model.step_pre,
             "step_post_us": model.step_post, "probe_f_us": float(np.mean(fwd)),
-            "probe_b_us": float(np.mean(bwd))}
+            "probe_b_us": float(np.mean(bwd)),
+            # the OPT region of the rank that waits least in its norm all-reduce
+            "probe_opt_us": float(min(model.optimizer.values()))}
 
 
 def local_rates(quick: bool) -> dict:

@@ -6,9 +6,13 @@ move more bytes than the forward), the strided products of the weight pass. So `
 measure`` times a real GPT block, the GPT head and embedding, and an MLP unit (their
 forward, backward-input and weight pass, through ``mpipar.models`` on one thread) at a tiny shape
 (``FLOOR``: the per-call floor) and at a reference shape (``REF``: work well above the floor),
-and writes the times to the spec's ``[units]`` section. ``mpipar.plan.here`` reads them as: a
+and writes the times to the spec's ``[units]`` section. The units run as a step runs them
+(``_chain``: ``CHAIN`` distinct blocks, ``CHAIN`` micro-batches forward, then backward), not one
+unit over and over with its data in cache. ``mpipar.plan.here`` reads them as: a
 unit's phase costs its floor, plus its GEMM time, plus ``k`` times its element-wise time, with
 ``k`` the one factor per (unit kind, phase) that makes the reference shape come out as measured.
+Also measured: the MLP's loss (a per-call cost) and the OPT region (gradient norm, clipping,
+AdamW) per parameter tensor and per value, with cold caches (``_evict``), as in a step.
 The shapes are fixed here, never a validation run's.
 """
 
@@ -24,86 +28,138 @@ REF = {"gpt": (96, 4, 48, 4), "mlp": (192, 48)}
 PHASES = ("f", "b", "w")
 
 
-def _gpt_model(d: int, heads: int, seq: int):
+def _gpt_model(d: int, heads: int, seq: int, layers: int = 1):
     from mpipar.backend import Backend
     from mpipar.config import load_config
     from mpipar.models import build_model
 
     cfg = load_config(None, {"model.kind": "gpt", "model.vocab_size": "256",
-                             "model.block_size": str(seq), "model.n_layer": "1",
+                             "model.block_size": str(seq), "model.n_layer": str(layers),
                              "model.n_embd": str(d), "model.n_head": str(heads),
                              "train.seq_len": str(seq)})
     return build_model(cfg.model, Backend("cpu", "float32"))
 
 
-def _mlp_model(width: int):
-    return _mlp_model_of([width] * 3)
+CHAIN = 4  # distinct units of a kind in a row, each run for CHAIN micro-batches
+EVICT_BYTES = 64 << 20  # beyond a CPU's last-level cache (32 MiB here)
+_junk: list = []
 
 
-def _phases(unit, x, dy, budget: float) -> tuple[float, float, float]:
-    """Median forward, backward-input and weight pass of ``unit`` over repeats in ``budget``
-    (the median, not the fastest: a dump's unit costs are means over a run's steps)."""
-    got = []
-    end, n = time.perf_counter() + budget, 0
-    while n < 5 or time.perf_counter() < end:
-        t0 = time.perf_counter()
-        unit.forward(x)
-        t1 = time.perf_counter()
-        unit.backward_input(dy)
-        t2 = time.perf_counter()
-        unit.backward_weight()
-        t3 = time.perf_counter()
-        got.append((t1 - t0, t2 - t1, t3 - t2))
-        n += 1
-    return tuple(float(x) for x in np.median(np.array(got), axis=0))
+def _evict() -> None:
+    """Push the caches' contents out, as a step's forward and backward do between one
+    optimizer step and the next: timed over and over with nothing in between, AdamW finds
+    its parameters, gradients and moments in cache (tiny GPT: 1.0 ms hot against 1.5-2.1 ms
+    cold; a step's OPT region measured 2.0 ms). The unit chain needs none (no change)."""
+    if not _junk:
+        _junk.append(np.ones(EVICT_BYTES // 4, np.float32))
+    _junk[0] += 1.0
 
 
-class _WithLoss:
-    """The head followed by its loss, as the last stage runs them (F + LOSS, then B)."""
-
-    def __init__(self, head, loss, targets):
-        self.head, self.loss, self.targets = head, loss, targets
-
-    def forward(self, x):
-        self.loss.forward(self.head.forward(x), self.targets)
-
-    def backward_input(self, dy):
-        self.head.backward_input(self.loss.backward())
-
-    def backward_weight(self):
-        self.head.backward_weight()
+def _chain(units, feed, budget: float) -> list[tuple[float, float, float]]:
+    """Per unit of ``units`` (a model's, in order), the median over repeats of its mean
+    forward, backward-input and weight-pass time per micro-batch, run as a step runs them:
+    ``CHAIN`` micro-batches forward through every unit (each keeping its stash), then each
+    backward through every unit in reverse. A unit timed alone over and over keeps its weights
+    and stash in cache; a run's units evict each other's, which costs ~25 % on this path.
+    ``feed``: (micro-batch input, unit -> (output, seconds) for the last unit's forward,
+    last unit's (gradient, seconds))."""
+    x0, last_f, last_b = feed
+    n = len(units)
+    reps, end = [], time.perf_counter() + budget
+    while len(reps) < 4 or time.perf_counter() < end:
+        t = np.zeros((n, 3))
+        for mb in range(CHAIN):
+            x = x0
+            for i, u in enumerate(units[:-1]):
+                t0 = time.perf_counter()
+                x = u.forward(x, mb=mb)
+                t[i, 0] += time.perf_counter() - t0
+            t[-1, 0] += last_f(x, mb)
+        for mb in range(CHAIN):
+            dy = None
+            for i in range(n - 1, -1, -1):
+                t0 = time.perf_counter()
+                if i == n - 1:
+                    dy, extra = last_b(mb)
+                    t[i, 1] += extra
+                    t0 = time.perf_counter()
+                dy = units[i].backward_input(dy, mb=mb)
+                t1 = time.perf_counter()
+                units[i].backward_weight(mb=mb)
+                t[i, 1] += t1 - t0
+                t[i, 2] += time.perf_counter() - t1
+        reps.append(t / CHAIN)
+    # the first repeat allocates the stashes and the gradients: not a step's cost
+    med = np.median(np.array(reps[1:]), axis=0)
+    return [tuple(float(v) for v in row) for row in med]
 
 
 def gpt_units(d: int, heads: int, seq: int, b: int, budget: float) -> dict:
-    """{"embed_f": s, ..., "block_w": s, "head_w": s} of a one-block GPT at this shape (the
-    head with its cross-entropy loss)."""
-    model = _gpt_model(d, heads, seq)
-    emb, blk, head = model.units
+    """{"embed_f": s, ..., "block_w": s, "head_w": s} of a ``CHAIN``-block GPT at this shape
+    run as a chain (``_chain``; a block's time the mean over its blocks; the head with its
+    cross-entropy loss: F + LOSS, then the loss's gradient and B)."""
+    model = _gpt_model(d, heads, seq, CHAIN)
+    units = model.units
     tok = np.zeros((b, seq), np.int64)
-    h = emb.forward(tok)
+    grads = {}
+
+    def last_f(x, mb):
+        t0 = time.perf_counter()
+        model.loss.forward(units[-1].forward(x, mb=mb), tok)
+        t1 = time.perf_counter()
+        grads[mb] = model.loss.backward()  # the loss keeps one micro-batch: take it now
+        grads[(mb, "t")] = time.perf_counter() - t1
+        return t1 - t0
+
+    def last_b(mb):
+        return grads[mb], grads[(mb, "t")]
+
+    got = _chain(units, (tok, last_f, last_b), budget)
     out = {}
-    for name, unit, x, dy in (("embed", emb, tok, np.ones_like(h)), ("block", blk, h, h),
-                              ("head", _WithLoss(head, model.loss, tok), h, None)):
-        for ph, t in zip(PHASES, _phases(unit, x, dy, budget), strict=True):
-            out[f"{name}_{ph}"] = t
+    for name, rows in (("embed", got[:1]), ("block", got[1:-1]), ("head", got[-1:])):
+        mean = np.mean(np.array(rows), axis=0)
+        out.update({f"{name}_{ph}": float(t) for ph, t in zip(PHASES, mean, strict=True)})
     return out
 
 
 def mlp_units(width: int, b: int, budget: float) -> dict:
-    """{"linear_f": s, "linear_b": s, "linear_w": s} of one MLP unit (linear + activation)."""
-    model = _mlp_model(width)
-    x = np.ones((b, width), np.float32)
-    return {f"linear_{ph}": t for ph, t in zip(PHASES, _phases(model.units[0], x, x, budget),
-                                               strict=True)}
+    """{"linear_f": s, "linear_b": s, "linear_w": s} of an MLP unit (linear + activation),
+    the mean over ``CHAIN`` distinct units run as a chain (``_chain``)."""
+    model = _mlp_model_of([width] * (CHAIN + 2))
+    units = model.units
+    x0 = np.ones((b, width), np.float32)
+
+    def last_f(x, mb):
+        t0 = time.perf_counter()
+        units[-1].forward(x, mb=mb)
+        return time.perf_counter() - t0
+
+    got = _chain(units, (x0, last_f, lambda mb: (np.ones_like(x0), 0.0)), budget)
+    mean = np.mean(np.array(got[:CHAIN]), axis=0)
+    out = {f"linear_{ph}": float(t) for ph, t in zip(PHASES, mean, strict=True)}
+    return out | _loss_times(model.loss, x0, budget)
 
 
-def optimizer_per_tensor(budget: float, tensors: int = 32) -> float:
-    """Median seconds of mpipar's AdamW step per parameter tensor, over ``tensors`` tiny ones
-    (an MLP of 8-wide linears, weight and bias each): the per-tensor cost that a step pays
-    whatever the sizes (its traffic is the element-wise rate's, counted apart)."""
-    from mpipar.nn.optim import AdamW
+def _loss_times(loss, logits, budget: float) -> dict:
+    """{"loss_f": s, "loss_b": s}: the MLP's loss (its own LOSS region in a run, which no
+    unit above holds), median over repeats."""
+    targets = np.zeros(logits.shape[0], np.int64)
+    got, end = [], time.perf_counter() + budget / 4
+    while len(got) < 5 or time.perf_counter() < end:
+        t0 = time.perf_counter()
+        loss.forward(logits, targets)
+        t1 = time.perf_counter()
+        loss.backward()
+        got.append((t1 - t0, time.perf_counter() - t1))
+    f, b = np.median(np.array(got), axis=0)
+    return {"loss_f": float(f), "loss_b": float(b)}
 
-    model = _mlp_model_of([8] * (tensors // 2 + 1))
+
+def _opt_step_time(model, budget: float) -> tuple[float, int, int]:
+    """(median seconds, parameter tensors, values) of what a step's OPT region does on the
+    parameters of ``model``: the local gradient norm, clipping, mpipar's AdamW."""
+    from mpipar.nn.optim import AdamW, clip_grads_, grad_norm_sq_local
+
     params = model.params()
     for prm in params:
         prm.grad[...] = 1e-3
@@ -111,10 +167,32 @@ def optimizer_per_tensor(budget: float, tensors: int = 32) -> float:
     got = []
     end = time.perf_counter() + budget
     while len(got) < 5 or time.perf_counter() < end:
+        _evict()
         t0 = time.perf_counter()
+        clip_grads_(params, 1.0, float(np.sqrt(grad_norm_sq_local(params))))
         opt.step()
         got.append(time.perf_counter() - t0)
-    return float(np.median(got)) / len(params)
+    return float(np.median(got)), len(params), sum(int(p.data.size) for p in params)
+
+
+def optimizer_costs(budget: float) -> tuple[float, float]:
+    """(seconds per parameter tensor, seconds per parameter value) of the OPT region. Per
+    value: ~0.5 M values in two tensors (NumPy's passes over the weights, gradient, moments
+    and scratch, measured rather than counted), less their share of the per-tensor cost; per
+    tensor: the ``CHAIN``-block GPT at the reference shape (a real model's mix of norms,
+    biases and matrices: each tensor's own norm, clipping and update calls, ~2-3x what 8-wide
+    tensors alone cost) less its values' cost. Two equations, solved by a few substitutions."""
+    d, heads, seq, _ = REF["gpt"]
+    t_big, n_big, v_big = _opt_step_time(_mlp_model_of(OPT_VALUES), budget)
+    t_gpt, n_gpt, v_gpt = _opt_step_time(_gpt_model(d, heads, seq, CHAIN), budget)
+    per_tensor = 0.0
+    for _ in range(4):  # converges at once: the big linear's 2 tensors weigh little
+        per_value = max(t_big - per_tensor * n_big, 0.0) / v_big
+        per_tensor = max(t_gpt - per_value * v_gpt, 0.0) / n_gpt
+    return per_tensor, per_value
+
+
+OPT_VALUES = [1024, 512]  # one linear: 0.5 M weights, the order of the runs' parameter counts
 
 
 def _mlp_model_of(sizes):
@@ -128,9 +206,11 @@ def _mlp_model_of(sizes):
 
 
 def measure_units(quick: bool) -> dict:
-    """{"floor_<unit>_<phase>": s, "ref_<unit>_<phase>": s, "opt_tensor": s} (seconds)."""
+    """{"floor_<unit>_<phase>": s, "ref_<unit>_<phase>": s, "opt_tensor": s, "opt_value": s}
+    (seconds)."""
     budget = 0.05 if quick else 0.4
-    out = {"opt_tensor": optimizer_per_tensor(budget)}
+    per_tensor, per_value = optimizer_costs(budget)
+    out = {"opt_tensor": per_tensor, "opt_value": per_value}
     for tag, shapes in (("floor", FLOOR), ("ref", REF)):
         got = gpt_units(*shapes["gpt"], budget) | mlp_units(*shapes["mlp"], budget)
         out.update({f"{tag}_{k}": v for k, v in got.items()})
