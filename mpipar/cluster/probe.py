@@ -15,6 +15,7 @@ from .spec import NODE_IFACE, ClusterSpec
 
 # the environment that makes each rank print its protocol tables to stderr
 PROTO_INFO_ENV = {"UCX_PROTO_INFO": "y"}
+_PREFIX = re.compile(r"^\[[^]]*\]\s*\[([^]]*)\]\s*")  # [timestamp] [host:pid:thread]
 _HEADER = re.compile(r"\|\s*ucp_context_\d+\s+(intra-node|inter-node)\s+cfg#\d+\s*\|\s*"
                      r"tagged message by ucp_tag_send\* from host memory\s*\|")
 
@@ -36,22 +37,26 @@ def delta(before: dict, after: dict) -> dict[str, dict[str, int]]:
 
 def transports(ucx_log: str) -> dict[str, set[str]]:
     """From UCX_PROTO_INFO output: peer class -> transports that carry tagged messages
-    ({'inter-node': {'tcp/eth0'}, 'intra-node': {'sysv/memory', 'cma/memory'}})."""
+    ({'inter-node': {'tcp/eth0'}, 'intra-node': {'sysv/memory', 'cma/memory'}}). Every rank
+    writes its tables to the same stream, so lines of two ranks' tables can interleave: each
+    line belongs to the table its own process (the ``[host:pid:thread]`` prefix) last opened."""
     found: dict[str, set[str]] = {}
-    current = None
+    current: dict[str, str | None] = {}  # process prefix -> the peer class of its open table
     for line in ucx_log.splitlines():
-        line = re.sub(r"^\[[^]]*\]\s*\[[^]]*\]\s*", "", line)
+        pre = _PREFIX.match(line)
+        proc = pre.group(1) if pre else ""
+        line = line[pre.end():] if pre else line
         m = _HEADER.search(line)
         if m:
-            current = m.group(1)
-            found.setdefault(current, set())
+            current[proc] = m.group(1)
+            found.setdefault(m.group(1), set())
             continue
-        if current is None:
+        if current.get(proc) is None:
             continue
         if "ucp_context" in line:  # another table begins
-            current = None
+            current[proc] = None
             continue
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 3 and "/" in cells[2]:  # size range | protocol | transport/device
-            found[current].add(cells[2])
+            found[current[proc]].add(cells[2])
     return found
