@@ -2,7 +2,8 @@
 
 Input: a cluster spec of this machine, measured once (``mpipar plan measure --out here.toml``)
 and never refitted to these rows. For every configuration it trains a short ``mpipar train``
-(steps after the first measured), then puts side by side:
+(24 steps; the steps after the first measured: with 8 a row's step moved by up to 40 % between
+two quiet runs), then puts side by side:
 
 - measured: the mean step time (``mpipar.analysis.breakdown``) and the peak memory of the
   busiest rank (``mem.static + mem.peak - mem.base``, ``analysis.predict.measured_memory``);
@@ -92,7 +93,7 @@ def train(args, out: Path, row) -> Path:
     sets = {"parallel.dp": dp, "parallel.pp": pp, "parallel.tp": tp, "parallel.schedule": sched,
             "parallel.virtual_stages": v, "parallel.microbatches": m,
             "parallel.recompute": rec, "parallel.partition": "uniform",
-            "train.steps": args.steps or (3 if args.quick else 8), "train.eval_interval": 0,
+            "train.steps": args.steps or (3 if args.quick else 24), "train.eval_interval": 0,
             "run.progress": "false", "run.flush_interval": 0}
     cmd = launcher(args, dp * pp * tp) + [
         sys.executable, "-m", "mpipar.cli", "train", "--config",
