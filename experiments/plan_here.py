@@ -1,14 +1,21 @@
 """Experiment: `mpipar plan` against the runs of this machine (planned from a spec, then run).
 
 Input: a cluster spec of this machine, measured once (``mpipar plan measure --out here.toml``)
-and never refitted to these rows. For every configuration it trains a short ``mpipar train``
-(24 steps; the steps after the first measured: with 8 a row's step moved by up to 40 % between
-two quiet runs), then puts side by side:
+and never refitted to these rows. Every configuration trains a short ``mpipar train``
+(``--steps``, default 16; step 0 skipped as warm-up) ``--repeats`` times (default 3), the
+repeats interleaved across the rows (every row once, then every row again: a burst of load
+hits one repeat of many rows, not every repeat of one; a row's step moved by up to 40 %
+between two quiet single runs), and puts side by side:
 
-- measured: the mean step time (``mpipar.analysis.breakdown``) and the peak memory of the
-  busiest rank (``mem.static + mem.peak - mem.base``, ``analysis.predict.measured_memory``);
+- measured: the median over the repeats of the mean step time (``mpipar.analysis.breakdown``),
+  with their spread ((max - min) / median), and of the peak memory of the busiest rank
+  (``mem.static + mem.peak - mem.base``, ``analysis.predict.measured_memory``);
 - planned: ``mpipar.plan.here.planned`` from the run's configuration and the spec alone (the
-  calibrated path's simulator and memory model, costs from FLOPs, bytes and the spec).
+  calibrated path's simulator and memory model, costs from FLOPs, bytes and the spec). The
+  terms added to the plain model are shown on every row: ``no_floor_ms`` (without the
+  executor's in-event floor), ``no_share_ms`` (without core sharing: ranks beyond the node's
+  cores), ``runtime_mib`` (memory the MPI runtime, BLAS and allocator touch during the steps,
+  measured once on the probe run) and ``trace_mib`` (the timing dump's events held in memory).
 
 Table 1, one node (>= 12 rows): a tiny GPT (experiments/configs/tiny.toml), a larger one
 (exp_bubble.toml: 8 blocks of 128) and the MLP (mlp.toml); pp 1/2, tp 1/2, dp 1/2; gpipe, 1f1b,
@@ -16,15 +23,19 @@ interleaved, zb-h1; recompute none/full/selective. Targets: step and memory with
 Table 2, ranking: >= 8 layouts of the larger GPT on 4 ranks; the planner's top pick (least
 planned step) against the measured best (within 5 %), and the Spearman rank correlation of
 planned and measured step times (>= 0.8).
-
-``--emulated PPN``: run every row through ``mpipar cluster mpiexec --ppn PPN`` on the emulated
-cluster (which must be up, with nodes x PPN = each row's ranks); the spec should then be one
-measured there (``mpipar plan measure --inter-node``).
-Run: ``python experiments/plan_here.py --spec here.toml [--quick] [--out DIR]``.
+Table 3, ``--emulated`` (root): the emulated 2-node cluster (``mpipar.cluster``), brought up
+once per ``--rates`` rate and torn down after; per rate the link across the nodes is measured
+(``plan.measure.links``: commbench, one rank per node; what ``mpipar plan measure --inter-node``
+writes as ``[inter_node]``) and put into the machine's spec with the machine's cores split
+over the nodes (``experiments/multinode_plan.emulated``); >= 6 rows per rate, each axis that
+crosses the link priced there (``plan.placement``). One node's table is skipped then.
+Run: ``python experiments/plan_here.py --spec here.toml [--quick] [--out DIR]``;
+``python experiments/plan_here.py --spec here.toml --emulated [--rates 1gbit,200mbit]``.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from pathlib import Path
@@ -37,10 +48,11 @@ import common  # noqa: E402
 
 NAME = "plan_here"
 COLUMNS = ["table", "model", "grid", "schedule", "v", "m", "recompute", "step_ms",
-           "planned_ms", "step_err_pct", "no_floor_ms", "no_floor_err_pct", "mem_mib",
-           "planned_mib", "mem_err_pct", "ok"]
+           "spread_pct", "planned_ms", "step_err_pct", "no_floor_ms", "no_share_ms", "mem_mib",
+           "planned_mib", "mem_err_pct", "runtime_mib", "trace_mib", "ok"]
 STEP_PCT, MEM_PCT, PICK_PCT, SPEARMAN = 10.0, 10.0, 5.0, 0.8
 MODELS = {"tiny": "tiny.toml", "gpt8": "exp_bubble.toml", "mlp": "mlp.toml"}
+STEPS, QUICK_STEPS = 16, 3
 
 
 def one_node(quick: bool):
@@ -73,62 +85,77 @@ def ranking(quick: bool):
         (1, 2, 2, "1f1b", 1), (2, 1, 2, "1f1b", 1), (1, 1, 4, "1f1b", 1))]
 
 
-def launcher(args, ranks: int) -> list[str]:
-    if args.emulated:
-        return [sys.executable, "-m", "mpipar.cli", "cluster", "mpiexec", "--ppn",
-                str(args.emulated), "--"]
-    return ["mpiexec", "-n", str(ranks)]
-
-
-_DONE: set = set()  # runs trained by this invocation (a layout in both tables runs once)
-
-
-def train(args, out: Path, row) -> Path:
+def row_name(row) -> str:
     model, dp, pp, tp, sched, v, m, rec = row
-    name = f"{model}-dp{dp}pp{pp}tp{tp}-{sched}-v{v}-m{m}-{rec}"
+    return f"{model}-dp{dp}pp{pp}tp{tp}-{sched}-v{v}-m{m}-{rec}"
+
+
+def train(args, out: Path, row, rep: int, launch: list[str]) -> Path:
+    """Repeat ``rep`` of ``row`` under ``launch`` (mpiexec, or the emulated cluster's)."""
+    model, dp, pp, tp, sched, v, m, rec = row
+    name = f"{row_name(row)}-r{rep}"
     run_dir = out / name
-    if (args.reuse or name in _DONE) and common.complete_dump(run_dir):
+    if args.reuse and common.complete_dump(run_dir):
         return run_dir / "trace.h5"
-    _DONE.add(name)
     sets = {"parallel.dp": dp, "parallel.pp": pp, "parallel.tp": tp, "parallel.schedule": sched,
             "parallel.virtual_stages": v, "parallel.microbatches": m,
             "parallel.recompute": rec, "parallel.partition": "uniform",
-            "train.steps": args.steps or (3 if args.quick else 24), "train.eval_interval": 0,
-            "run.progress": "false", "run.flush_interval": 0}
-    cmd = launcher(args, dp * pp * tp) + [
-        sys.executable, "-m", "mpipar.cli", "train", "--config",
-        str(common.CONFIGS / MODELS[model]), "--out", str(run_dir)]
+            "train.steps": args.steps or (QUICK_STEPS if args.quick else STEPS),
+            "train.eval_interval": 0, "run.progress": "false", "run.flush_interval": 0}
+    cmd = launch + [sys.executable, "-m", "mpipar.cli", "train", "--config",
+                    str(common.CONFIGS / MODELS[model]), "--out", str(run_dir)]
     for k, val in sets.items():
         cmd += ["--set", f"{k}={val}"]
     common.run_command(cmd, args.timeout, name)
     return run_dir / "trace.h5"
 
 
+def train_all(args, out: Path, rows, launch) -> None:
+    """Every distinct row ``--repeats`` times, the repeats interleaved (module doc).
+    ``launch(row)``: the launcher's argv for that row."""
+    distinct = list(dict.fromkeys(rows))
+    for rep in range(args.repeats):
+        for row in distinct:
+            train(args, out, row, rep, launch(row))
+
+
 def _err(pred, meas):
     return 100 * (pred - meas) / meas if pred is not None and meas else None
 
 
-def measure_row(args, out: Path, row, cluster, table: str) -> dict:
+def _mib(x):
+    return x / 2**20 if x is not None else None
+
+
+def measure_row(args, out: Path, row, cluster, table: str, ranks_per_node=None) -> dict:
+    """One table row from the row's ``--repeats`` dumps (medians) and its plan."""
     from mpipar.analysis import breakdown, load
     from mpipar.analysis.predict import measured_memory
     from mpipar.plan.here import planned
 
-    path = train(args, out, row)
-    run = load(str(path))
-    s = breakdown(run)["summary"]
-    pl = planned(run.config, run.grid, cluster, args.emulated)
-    bare = planned(run.config, run.grid, cluster, args.emulated, with_floor=False)
-    mem = measured_memory(run)
-    got = max(mem) if mem else None
-    want = max(pl["memory"]) if pl.get("memory") else None
+    steps, mems, run = [], [], None
+    for rep in range(args.repeats):
+        run = load(str(out / f"{row_name(row)}-r{rep}" / "trace.h5"))
+        steps.append(breakdown(run)["summary"]["step_time"])
+        mem = measured_memory(run)
+        if mem:
+            mems.append(max(mem))
+    step = float(np.median(steps))
+    pl = planned(run.config, run.grid, cluster, ranks_per_node)
+    bare = planned(run.config, run.grid, cluster, ranks_per_node, with_floor=False)
+    alone = planned(run.config, run.grid, cluster, ranks_per_node, with_share=False)
+    busiest = int(np.argmax(pl["memory"])) if pl.get("memory") else None
+    parts = pl["memory_parts"][busiest] if busiest is not None else {}
     model, dp, pp, tp, sched, v, m, rec = row
     r = {"table": table, "model": model, "grid": f"{dp}x{pp}x{tp}", "schedule": sched, "v": v,
-         "m": m, "recompute": rec, "step_ms": 1e3 * s["step_time"],
-         "planned_ms": 1e3 * pl["step"], "mem_mib": got / 2**20 if got else None,
-         "planned_mib": want / 2**20 if want else None}
+         "m": m, "recompute": rec, "step_ms": 1e3 * step,
+         "spread_pct": 100 * (max(steps) - min(steps)) / step,
+         "planned_ms": 1e3 * pl["step"], "no_floor_ms": 1e3 * bare["step"],
+         "no_share_ms": 1e3 * alone["step"],
+         "mem_mib": _mib(float(np.median(mems))) if mems else None,
+         "planned_mib": _mib(parts.get("total")), "runtime_mib": _mib(parts.get("runtime")),
+         "trace_mib": _mib(parts.get("trace"))}
     r["step_err_pct"] = _err(r["planned_ms"], r["step_ms"])
-    r["no_floor_ms"] = 1e3 * bare["step"]  # without the executor's in-event floor (a term)
-    r["no_floor_err_pct"] = _err(r["no_floor_ms"], r["step_ms"])
     r["mem_err_pct"] = _err(r["planned_mib"], r["mem_mib"])
     r["ok"] = (abs(r["step_err_pct"]) <= STEP_PCT and r["mem_err_pct"] is not None
                and abs(r["mem_err_pct"]) <= MEM_PCT)
@@ -153,13 +180,45 @@ def rank_summary(rows: list[dict]) -> dict:
             "ok": gap <= PICK_PCT and rho >= SPEARMAN}
 
 
+def one_node_tables(args, out: Path, cluster) -> tuple[list[dict], dict]:
+    rows, ranked = list(one_node(args.quick)), ranking(args.quick)
+    train_all(args, out, rows + ranked,
+              lambda row: ["mpiexec", "-n", str(row[1] * row[2] * row[3])])
+    got = [measure_row(args, out, row, cluster, "one-node") for row in rows]
+    got_ranked = [measure_row(args, out, row, cluster, "ranking") for row in ranked]
+    summary = rank_summary(got_ranked)
+    ok = sum(1 for r in got if r["ok"])
+    print(f"one node: {ok} of {len(got)} rows within {STEP_PCT:.0f} % (step) and "
+          f"{MEM_PCT:.0f} % (memory)")
+    print(f"ranking over {len(got_ranked)} layouts: planner's pick {summary['top_pick']}, "
+          f"measured best {summary['measured_best']} (pick {summary['pick_gap_pct']:+.1f} % "
+          f"slower), Spearman {summary['spearman']:.2f}; "
+          f"{'meets' if summary['ok'] else 'misses'} the bounds")
+    return got + got_ranked, {"ranking": summary, "one_node_ok": ok}
+
+
+TERMS = ("planned = plan.here: unit floor + GEMM + k x element-wise per phase ([units]), the "
+         "executor's in-event floor per compute action (no_floor_ms: without it), executor "
+         "costs ([executor]), core sharing when a node runs more ranks than it has cores "
+         "(no_share_ms: without it), p2p/collective links; memory: the memory model + the "
+         "runtime's ([executor] probe_runtime_mib) + the trace's; one spec for every row")
+
+
 def main() -> int:
     p = common.parser(NAME, __doc__)
     p.add_argument("--spec", required=True,
                    help="cluster spec of this machine (mpipar plan measure --out FILE)")
-    p.add_argument("--emulated", type=int, default=None, metavar="PPN",
-                   help="run the rows on the emulated cluster (mpipar cluster mpiexec --ppn PPN)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="runs per row, interleaved across the rows; the median is reported "
+                        "(default 3)")
+    p.add_argument("--emulated", action="store_true",
+                   help="table 3 only: the rows on the emulated 2-node cluster (root)")
+    p.add_argument("--rates", default=None,
+                   help="--emulated: link rates, comma-separated (default 1gbit,200mbit)")
     args = p.parse_args()
+    if args.repeats < 1:
+        print(f"plan_here: --repeats {args.repeats}: give 1 or more", file=sys.stderr)
+        return 2
     from mpipar.plan import PlanError, load_cluster
 
     try:
@@ -169,23 +228,25 @@ def main() -> int:
         return 2
     out = common.out_dir(args, NAME)
     t0 = time.perf_counter()
-    rows = [measure_row(args, out, row, cluster, "one-node") for row in one_node(args.quick)]
-    ranked = [measure_row(args, out, row, cluster, "ranking") for row in ranking(args.quick)]
-    summary = rank_summary(ranked)
-    meta = {"spec": args.spec, "cluster": cluster.name, "seconds": time.perf_counter() - t0,
-            "ranking": summary, "machine": common.machine_note(),
-            "terms": "planned = plan.here: unit floor + GEMM + k x element-wise per phase "
-                     "([units]), the executor's in-event floor per compute action "
-                     "(no_floor_ms: without it), executor costs ([executor]), core sharing "
-                     "beyond cores_per_node, p2p/collective links; one spec for every row"}
-    common.write_results(out, NAME, rows + ranked, COLUMNS, meta)
-    ok = sum(1 for r in rows if r["ok"])
-    print(f"one node: {ok} of {len(rows)} rows within {STEP_PCT:.0f} % (step) and "
-          f"{MEM_PCT:.0f} % (memory)")
-    print(f"ranking over {len(ranked)} layouts: planner's pick {summary['top_pick']}, measured "
-          f"best {summary['measured_best']} (pick {summary['pick_gap_pct']:+.1f} % slower), "
-          f"Spearman {summary['spearman']:.2f}; "
-          f"{'meets' if summary['ok'] else 'misses'} the bounds")
+    if args.emulated:
+        import plan_here_emulated
+
+        from mpipar.cluster.spec import ClusterError
+
+        # SIGTERM becomes an exception, so the `finally` that removes the cluster runs
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        try:
+            rows, meta = plan_here_emulated.run(args, out / "emulated", cluster)
+        except (ClusterError, PlanError, common.ExperimentError) as exc:
+            print(f"plan_here: {exc}", file=sys.stderr)
+            return 2
+        out = out / "emulated"
+    else:
+        rows, meta = one_node_tables(args, out, cluster)
+    meta.update({"spec": args.spec, "cluster": cluster.name, "repeats": args.repeats,
+                 "seconds": time.perf_counter() - t0, "machine": common.machine_note(),
+                 "terms": TERMS})
+    common.write_results(out, NAME, rows, COLUMNS, meta)
     print(f"took {meta['seconds']:.0f} s")
     return 0
 

@@ -28,9 +28,11 @@ tensor-parallel rank (1D Megatron cut, ``models.counts``):
   the pools, the trace): ``action_floor``, the probe run's measured mean F and backward per
   chunk (``[executor] probe_f_us`` / ``probe_b_us``, ``measure.PROBE``) less what this model
   gives that run without it; added to every chunk's F and B (backward-input, or the fused BW);
-- core sharing (CPU specs, ``cores_per_node``): a node running more ranks than it has cores
-  gives each rank cores / ranks of one (MPI waits poll, so an idle rank still holds its core):
-  every CPU cost (units, optimizer, executor) is divided by that share; links are not;
+- core sharing (CPU specs, ``cores_per_node``; ``plan.sharing``): a node running more ranks
+  than it has cores gives each rank cores / ranks of one (MPI waits poll, so an idle rank still
+  holds its core): every CPU cost (units, optimizer, executor) is divided by that share; links
+  are not; and each collective call (tp's in the blocks, dp's per bucket, the gradient norm's)
+  spins half a scheduler slice for each time a partner is off its core (``cosched_wait``);
 - dp: each chunk's gradients all-reduced in ``bucket_mb`` buckets (latency per bucket, ring
   volume 2 (dp-1)/dp bytes / bus bandwidth); optimizer: AdamW's ~12 values of traffic per
   parameter (weights, gradient, two moments read and written, the update and clipping) / the
@@ -48,7 +50,9 @@ import math
 
 from .cluster import Cluster
 from .errors import PlanError
+from .memory_terms import planned_memory
 from .placement import axis_links
+from .sharing import core_share, cosched_wait
 
 DTYPE_KEYS = {"float32": ("fp32", 4), "float64": ("fp64", 8), "bfloat16": ("bf16", 2),
               "float16": ("fp16", 2)}
@@ -212,13 +216,6 @@ def phase_times(u: dict, cal: dict, recompute: str) -> tuple[float, float, float
     return f, b, t["w"]
 
 
-def core_share(c: Cluster, ranks_per_node: int) -> float:
-    """The fraction of a core each rank gets (module doc); 1 without ``cores_per_node``."""
-    if c.cores_per_node <= 0 or ranks_per_node <= c.cores_per_node:
-        return 1.0
-    return c.cores_per_node / ranks_per_node
-
-
 def action_floor(c: Cluster) -> tuple[float, float]:
     """(F, backward) seconds the executor adds inside each compute event (module doc); (0, 0)
     without the probe's numbers."""
@@ -238,12 +235,14 @@ def action_floor(c: Cluster) -> tuple[float, float]:
             max(ex["probe_b"] - sum(bwd) / len(bwd), 0.0))
 
 
-def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,
-               ranks_per_node: int | None = None, floor: tuple | None = None):
+def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,  # noqa: C901
+               ranks_per_node: int | None = None, floor: tuple | None = None,
+               share: bool = True):
     """The ``CostModel`` of the run's lowered schedule ``sched``, from the spec (module doc).
     ``ranks_per_node``: default every rank of the run on one node (else the axes whose groups
     span nodes cost on ``[inter_node]``, ``placement.axis_links``); ``floor``: the executor's
-    (F, backward) in-event floor, default ``action_floor``."""
+    (F, backward) in-event floor, default ``action_floor``; ``share`` False: without the
+    terms of ranks sharing cores (``plan.sharing``)."""
     from mpipar.analysis.memory_model import chunk_bounds
     from mpipar.models.counts import boundary_values
     from mpipar.parallel.pipeline.simulate import CostModel
@@ -251,6 +250,10 @@ def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,
     # which axes cross nodes (ranks_per_node, parallel.order): their links (``placement``)
     links = axis_links(c, grid, ranks_per_node, grid.get("order") or _get(config, "order"))
     units = unit_costs(config, grid, c, links)
+    dp, tp = int(grid.get("dp", 1)), int(grid.get("tp", 1))
+    world = dp * sched.pp * tp
+    node = ranks_per_node or world
+    wait = (lambda g: cosched_wait(c, node, g)) if share else (lambda g: 0.0)
     cal = calibration(c)
     bounds = chunk_bounds(config, grid, v)
     if bounds is None:
@@ -258,13 +261,12 @@ def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,
     _, s = _peak(c, config)
     recompute = str(_get(config, "recompute", "none")).lower()
     recompute = {"true": "full", "false": "none"}.get(recompute, recompute)  # older configs
-    dp = int(grid.get("dp", 1))
     zero = dp if _get(config, "zero1") and dp > 1 else 1
     ex = dict(c.executor)
     coll = links["dp"]
     bucket = max(1.0, float(_get(config, "bucket_mb", 4.0)) * 2**20)
     model = CostModel(unit={})
-    params, tensors = {}, {}
+    params, tensors, spins = {}, {}, {}
     floor_f, floor_b = action_floor(c) if floor is None else floor
     for chunk, (lo, hi) in bounds.items():
         p = sched.rank_of(chunk)
@@ -274,12 +276,17 @@ def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,
         fwd, bwd_in = fwd + floor_f, bwd_in + floor_b
         for op, val in (("F", fwd), ("B", bwd_in), ("W", wgt), ("BW", bwd_in + wgt)):
             model.per_unit[(p, chunk, op)] = val
+        # each of a block's tp all-reduces (2 in F, 2 in B, 2 more when B redoes F) spins for
+        # its partners: added after the time sharing below (a spin is wall time, not work)
+        calls = sum(1 for u in us if u["tp"])
+        spins[(p, chunk)] = (2 * calls * wait(tp), (4 if recompute == "full" else 2) * calls
+                             * wait(tp))
         n = sum(u["params"] for u in us)
         params[p] = params.get(p, 0.0) + n
         tensors[p] = tensors.get(p, 0) + sum(u["tensors"] for u in us)
         if dp > 1:
             nbytes = s * n
-            model.dp_reduce[(p, chunk)] = (math.ceil(nbytes / bucket) * coll.latency
+            model.dp_reduce[(p, chunk)] = (math.ceil(nbytes / bucket) * (coll.latency + wait(dp))
                                            + _allreduce(coll, nbytes, dp) - coll.latency)
     fixed = opt_floor(c)
     model.optimizer = {p: _optimizer(c, s, n / zero, tensors[p]) + fixed
@@ -289,15 +296,18 @@ def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,
     model.default_bytes = s * _boundary(config, grid, boundary_values)
     model.overhead = ex.get("action_overhead", 0.0)
     model.send_post, model.recv_post = ex.get("send_post", 0.0), ex.get("recv_post", 0.0)
-    world = dp * sched.pp * int(grid.get("tp", 1))
-    model.sync = links["world"].latency if world > 1 else 0.0  # the gradient-norm all-reduce
+    # the gradient-norm all-reduce
+    model.sync = links["world"].latency + wait(world) if world > 1 else 0.0
     model.step_pre, model.step_post = ex.get("step_pre", 0.0), ex.get("step_post", 0.0)
-    share = core_share(c, ranks_per_node or world)
-    if share < 1:
-        model.per_unit = {k: t / share for k, t in model.per_unit.items()}
-        model.optimizer = {k: t / share for k, t in model.optimizer.items()}
+    frac = core_share(c, node) if share else 1.0
+    if frac < 1:
+        model.per_unit = {k: t / frac for k, t in model.per_unit.items()}
+        model.optimizer = {k: t / frac for k, t in model.optimizer.items()}
         for name in ("overhead", "send_post", "recv_post", "step_pre", "step_post"):
-            setattr(model, name, getattr(model, name) / share)
+            setattr(model, name, getattr(model, name) / frac)
+    for (p, chunk), (f_spin, b_spin) in spins.items():
+        for op, extra in (("F", f_spin), ("B", b_spin), ("BW", b_spin)):
+            model.per_unit[(p, chunk, op)] += extra
     return model.check()
 
 
@@ -350,12 +360,13 @@ def _boundary(config, grid, boundary_values) -> float:
 
 
 def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | None = None,
-            with_floor: bool = True) -> dict:
+            with_floor: bool = True, with_share: bool = True) -> dict:
     """{step, bubble, bubble_step, compute[p], comm[p], overhead[p], memory[p] | None,
     memory_parts} of the run ``config`` on ``grid`` (dp, pp, tp), from the spec alone
     (``ranks_per_node``: default all ranks on one node; ``with_floor`` False: without the
-    executor's in-event floor, ``action_floor``)."""
-    from mpipar.analysis.memory_model import predict_run
+    executor's in-event floor, ``action_floor``; ``with_share`` False: without the terms of
+    ranks sharing cores, ``plan.sharing``)."""
+    from mpipar.analysis.memory_model import chunk_bounds
     from mpipar.analysis.predict import expected_outcomes
     from mpipar.parallel.pipeline.generators import build_schedule
     from mpipar.parallel.pipeline.lowering import lower
@@ -369,9 +380,10 @@ def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | No
                         "column covers it")
     sched = lower(build_schedule(kind, pp, m, virtual_stages=v))
     model = cost_model(config, grid, cluster, sched, v, ranks_per_node,
-                       None if with_floor else (0.0, 0.0))
+                       None if with_floor else (0.0, 0.0), with_share)
     out = expected_outcomes(sched, [[model]], [0])[0]
-    mem = predict_run(config, grid)
+    mem = planned_memory(config, grid, cluster, sched, chunk_bounds(config, grid, v),
+                         unit_costs(config, grid, cluster))
     out["memory"] = [r["total"] for r in mem] if mem else None
     out["memory_parts"] = mem
     out["spec"] = cluster.name

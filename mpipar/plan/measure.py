@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import PlanError
+from .sharing import sched_slice
 
 SIZES = (32, 64, 128, 256, 512, 768)
 QUICK_SIZES = (16, 32, 64)
@@ -113,20 +114,23 @@ def _run(cmd: list[str], timeout: float, what: str) -> str:
     return done.stdout
 
 
-def _launcher(ranks: int, inter_node: bool) -> list[str]:
+def _launcher(ranks: int, inter_node: bool, cluster: str = "mpc") -> list[str]:
     if inter_node:
-        return [sys.executable, "-m", "mpipar.cli", "cluster", "mpiexec", "--ppn", "1", "--"]
+        return [sys.executable, "-m", "mpipar.cli", "cluster", "mpiexec", "--name", cluster,
+                "--ppn", "1", "--"]
     return ["mpiexec", "-n", str(ranks)]
 
 
-def links(ranks: int, inter_node: bool, quick: bool, timeout: float) -> dict:
-    """{"p2p": (latency s, bytes/s), "allreduce": (latency s, bus bytes/s)} from commbench."""
+def links(ranks: int, inter_node: bool, quick: bool, timeout: float,
+          cluster: str = "mpc") -> dict:
+    """{"p2p": (latency s, bytes/s), "allreduce": (latency s, bus bytes/s)} from commbench
+    (``inter_node``: one rank on each node of the emulated cluster named ``cluster``)."""
     import h5py
 
     sizes = "8,1M" if quick else "8,64K,4M"
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "commbench.h5"
-        cmd = _launcher(ranks, inter_node) + [
+        cmd = _launcher(ranks, inter_node, cluster) + [
             sys.executable, "-m", "mpipar.cli", "commbench", "--sizes", sizes, "--iters",
             "3" if quick else "10", "--collectives", "allreduce", "--out", str(out)]
         _run(cmd, timeout, "commbench")
@@ -155,7 +159,7 @@ PROBE = {"model": {"kind": "mlp", "sizes": [8, 8, 8, 8, 8], "task": "regression"
 def executor_costs(quick: bool, timeout: float) -> dict:
     """The fitted executor costs of the tiny traced pp = 2 run ``PROBE`` (module doc), and its
     mean measured F (+ LOSS) and backward per chunk action (``here.action_floor``) and its
-    OPT region (``here.opt_floor``)."""
+    OPT region (``here.opt_floor``); and the bytes its runtime touched (``_runtime_bytes``)."""
     from mpipar.analysis.dump import load as load_run
     from mpipar.analysis.predict import run_model
 
@@ -171,6 +175,7 @@ def executor_costs(quick: bool, timeout: float) -> dict:
         run = load_run(str(Path(tmp) / "trace.h5"))
         steps = [s for s in run.steps() if s > 0] or list(run.steps())
         _, model, _, _ = run_model(run, steps, "1f1b", 2, 4, 1)
+        runtime = _runtime_bytes(run, steps)
     per = model.per_unit
     fwd = [t for (_, _, op), t in per.items() if op == "F"]
     bwd = [t for (_, _, op), t in per.items() if op == "B"]
@@ -179,7 +184,21 @@ def executor_costs(quick: bool, timeout: float) -> dict:
             "step_post_us": model.step_post, "probe_f_us": float(np.mean(fwd)),
             "probe_b_us": float(np.mean(bwd)),
             # the OPT region of the rank that waits least in its norm all-reduce
-            "probe_opt_us": float(min(model.optimizer.values()))}
+            "probe_opt_us": float(min(model.optimizer.values()))}, runtime
+
+
+def _runtime_bytes(run, steps) -> float:
+    """What the probe's ranks touched during the steps beyond the memory model's prediction of
+    them (its trace included): the runtime's own (``plan.memory_terms``); their mean, >= 0."""
+    from mpipar.analysis.memory_model import predict_run
+    from mpipar.analysis.predict import events_per_step, measured_memory
+
+    got = measured_memory(run)
+    rows = predict_run(run.config, run.grid, events_per_step(run, steps))
+    if not got or not rows:
+        return 0.0
+    pp = [int(run.coords[r, 1]) for r in range(len(got))]
+    return max(float(np.mean([g - rows[p]["total"] for g, p in zip(got, pp)])), 0.0)
 
 
 def local_rates(quick: bool) -> dict:
@@ -229,16 +248,19 @@ def measure(ranks: int = 2, inter_node: bool = False, quick: bool = False,
     if inter:
         say("  across nodes: " + _link_line(inter))
     say("executor costs of a tiny traced pp = 2 MLP run ...")
-    ex = executor_costs(quick, timeout)
-    say("  " + ", ".join(f"{k[:-3]} {v * 1e6:.0f} us" for k, v in ex.items()))
+    ex, runtime = executor_costs(quick, timeout)
+    say("  " + ", ".join(f"{k[:-3]} {v * 1e6:.0f} us" for k, v in ex.items())
+        + f"; runtime memory {runtime / 2**20:.2f} MiB a rank")
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     cores = len(os.sched_getaffinity(0)) or os.cpu_count() or 1
+    ex["sched_slice_us"] = sched_slice(cores)  # plan.sharing: a spinning rank's slice
     return {
         "name": "measured-" + os.uname().nodename,
         "gpus_per_node": ranks,
         "cores_per_rank": max(cores / ranks, 0.0),
         "cores_per_node": cores,
         "workspace_gb": rss / 1e9,
+        "runtime_mb": runtime / 2**20,
         "peak_tflops": {"fp32": peak32 / 1e12, "fp64": peak64 / 1e12},
         "hbm": {"capacity_gb": _physical_memory() / 1e9, "bandwidth_gbs": mem / 1e9,
                 "efficiency": 1.0},
@@ -279,6 +301,7 @@ def to_toml(spec: dict) -> str:
         f"cores_per_rank = {spec['cores_per_rank']:.3g}",
         f"cores_per_node = {spec['cores_per_node']}         # more ranks than this share cores",
         f"workspace_gb = {spec['workspace_gb']:.4g}   # resident size of Python + NumPy",
+        f"runtime_mb = {spec['runtime_mb']:.4g}   # MPI, BLAS, allocator: touched during steps",
     ]
     for sec in ("peak_tflops", "hbm", "intra_node", "inter_node", "collective", "gemm",
                 "executor", "units"):
