@@ -14,7 +14,8 @@ between two quiet single runs), and puts side by side:
   calibrated path's simulator and memory model, costs from FLOPs, bytes and the spec). The
   terms added to the plain model are shown on every row: ``no_floor_ms`` (without the
   executor's in-event floor), ``no_share_ms`` (without core sharing: ranks beyond the node's
-  cores), ``runtime_mib`` (memory the MPI runtime, BLAS and allocator touch during the steps,
+  cores), ``no_wait_ms`` (time sharing, without the collectives' co-scheduling wait),
+  ``runtime_mib`` (memory the MPI runtime, BLAS and allocator touch during the steps,
   measured once on the probe run) and ``trace_mib`` (the timing dump's events held in memory).
 
 Table 1, one node (>= 12 rows): a tiny GPT (experiments/configs/tiny.toml), a larger one
@@ -42,13 +43,15 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's mpipar
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
 
 NAME = "plan_here"
 COLUMNS = ["table", "model", "grid", "schedule", "v", "m", "recompute", "step_ms",
-           "spread_pct", "planned_ms", "step_err_pct", "no_floor_ms", "no_share_ms", "mem_mib",
+           "spread_pct", "planned_ms", "step_err_pct", "no_floor_ms", "no_wait_ms", "no_share_ms",
+           "mem_mib",
            "planned_mib", "mem_err_pct", "runtime_mib", "trace_mib", "ok"]
 STEP_PCT, MEM_PCT, PICK_PCT, SPEARMAN = 10.0, 10.0, 5.0, 0.8
 MODELS = {"tiny": "tiny.toml", "gpt8": "exp_bubble.toml", "mlp": "mlp.toml"}
@@ -144,6 +147,7 @@ def measure_row(args, out: Path, row, cluster, table: str, ranks_per_node=None) 
     pl = planned(run.config, run.grid, cluster, ranks_per_node)
     bare = planned(run.config, run.grid, cluster, ranks_per_node, with_floor=False)
     alone = planned(run.config, run.grid, cluster, ranks_per_node, with_share=False)
+    spin = planned(run.config, run.grid, cluster, ranks_per_node, with_cosched=False)
     busiest = int(np.argmax(pl["memory"])) if pl.get("memory") else None
     parts = pl["memory_parts"][busiest] if busiest is not None else {}
     model, dp, pp, tp, sched, v, m, rec = row
@@ -151,7 +155,7 @@ def measure_row(args, out: Path, row, cluster, table: str, ranks_per_node=None) 
          "m": m, "recompute": rec, "step_ms": 1e3 * step,
          "spread_pct": 100 * (max(steps) - min(steps)) / step,
          "planned_ms": 1e3 * pl["step"], "no_floor_ms": 1e3 * bare["step"],
-         "no_share_ms": 1e3 * alone["step"],
+         "no_wait_ms": 1e3 * spin["step"], "no_share_ms": 1e3 * alone["step"],
          "mem_mib": _mib(float(np.median(mems))) if mems else None,
          "planned_mib": _mib(parts.get("total")), "runtime_mib": _mib(parts.get("runtime")),
          "trace_mib": _mib(parts.get("trace"))}
@@ -200,7 +204,8 @@ def one_node_tables(args, out: Path, cluster) -> tuple[list[dict], dict]:
 TERMS = ("planned = plan.here: unit floor + GEMM + k x element-wise per phase ([units]), the "
          "executor's in-event floor per compute action (no_floor_ms: without it), executor "
          "costs ([executor]), core sharing when a node runs more ranks than it has cores "
-         "(no_share_ms: without it), p2p/collective links; memory: the memory model + the "
+         "(no_share_ms: without it; no_wait_ms: time sharing without the co-scheduling wait "
+         "of collectives), p2p/collective links; memory: the memory model + the "
          "runtime's ([executor] probe_runtime_mib) + the trace's; one spec for every row")
 
 

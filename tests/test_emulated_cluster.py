@@ -451,3 +451,50 @@ def test_a_token_file_on_one_node_only_is_refused_naming_the_host_and_path(token
             in said[0]), said
     assert "filesystem every node sees" in said[0] and "node0" not in said[0], said
     assert not (out / "trace.h5").exists() and not (out / "metrics.json").exists()
+
+
+def test_plan_here_emulated_quick(tmp_path):
+    """experiments/plan_here.py --emulated --quick: the cluster up at one rate, the link
+    measured there, each row run on both nodes and planned with that link; nothing left."""
+    spec = tmp_path / "cpu.toml"
+    spec.write_text(CPU_SPEC)
+    proc = subprocess.run([sys.executable, str(REPO / "experiments" / "plan_here.py"), "--quick",
+                           "--emulated", "--repeats", "1", "--spec", str(spec),
+                           "--out", str(tmp_path)], capture_output=True, text=True,
+                          timeout=600,
+                          env={**os.environ, **ONE_THREAD, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    assert leftovers("mpph") == []
+    doc = json.loads((tmp_path / "emulated" / "results.json").read_text())
+    assert [(r["table"], r["grid"]) for r in doc["rows"]] == [
+        ("2 nodes @1gbit", "2x1x1"), ("2 nodes @1gbit", "1x2x1")]
+    assert all(r["step_ms"] > 0 and r["planned_ms"] > 0 for r in doc["rows"])
+    link = doc["meta"]["links"]["1gbit"]
+    assert link["latency_us"] > 0 and 0 < link["bandwidth_mbs"] < 200  # 1 Gbit/s = 125 MB/s
+
+
+CPU_SPEC = """name = "cpu"
+gpus_per_node = 2
+cores_per_node = 2
+workspace_gb = 0.05
+[peak_tflops]
+fp32 = 0.1
+[hbm]
+capacity_gb = 16.0
+bandwidth_gbs = 20.0
+efficiency = 1.0
+[intra_node]
+bandwidth_gbs = 5.0
+latency_us = 5.0
+efficiency = 1.0
+[inter_node]
+bandwidth_gbs = 5.0
+latency_us = 5.0
+efficiency = 1.0
+[gemm]
+sms = 1
+tile_rows = 1
+tile_cols = 1
+max_efficiency = 1.0
+half_dim = 20.0
+"""

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from mpipar.analysis.memory_model import predict_run
+from mpipar.analysis.memory_model import chunk_bounds, predict_run
 from mpipar.parallel.pipeline.formulas import textbook_bubble
+from mpipar.parallel.pipeline.generators import build_schedule
+from mpipar.parallel.pipeline.lowering import lower
 from mpipar.plan import PlanError, load_cluster
 from mpipar.plan.here import calibration, phase_times, planned, unit_costs
 
@@ -58,10 +60,39 @@ def test_equal_stages_give_the_closed_form_bubble(tmp_path):
     assert got["step"] > 0
 
 
-def test_planned_memory_is_the_memory_model(tmp_path):
+def test_planned_memory_is_the_memory_model_with_trace_and_runtime(tmp_path):
+    """The shared memory model, its trace part from the planned events per step, plus the
+    spec's runtime_mb on every rank (none in a spec without it)."""
+    from mpipar.plan.memory_terms import trace_events
+
     cfg, grid = _mlp("gpipe", 4), {"dp": 2, "pp": 2, "tp": 1}
-    got = planned(cfg, grid, _cluster(tmp_path))
-    assert got["memory"] == [r["total"] for r in predict_run(cfg, grid)]
+    sched = lower(build_schedule("gpipe", 2, 4))
+    events = trace_events(cfg, grid, sched, chunk_bounds(cfg, grid, 1),
+                          unit_costs(cfg, grid, _cluster(tmp_path)))
+    model = [r["total"] for r in predict_run(cfg, grid, events)]
+    assert model != [r["total"] for r in predict_run(cfg, grid)]  # the trace part counts
+    assert planned(cfg, grid, _cluster(tmp_path))["memory"] == model
+    spec = tmp_path / "runtime.toml"
+    spec.write_text("runtime_mb = 1.0\n" + SPEC)  # a top-level key: before the tables
+    got = planned(cfg, grid, load_cluster(str(spec)))
+    assert got["memory"] == [t + 2**20 for t in model]
+    assert all(r["runtime"] == 2**20 for r in got["memory_parts"])
+
+
+def test_trace_events_count_what_the_tracer_records():
+    """Per rank and step, as a dump of the probe (MLP, pp = 2, 1F1B, m = 4) records them:
+    F, B, pp.send, pp.recv, two pp.wait per receive, LOSS on the last stage, the gradient
+    norm, OPT, STEP, mem.peak (counted in such dumps: 28 and 32); dp adds two per bucket."""
+    from mpipar.plan.measure import PROBE
+    from mpipar.plan.memory_terms import trace_events
+
+    c = load_cluster("dgx-a100-80gb")
+    for grid, sched, want in (({"dp": 1, "pp": 2, "tp": 1}, ("1f1b", 2), [28, 32]),
+                              ({"dp": 2, "pp": 1, "tp": 1}, ("1f1b", 1), [18])):
+        low = lower(build_schedule(sched[0], sched[1], 4))
+        got = trace_events(PROBE, grid, low, chunk_bounds(PROBE, grid, 1),
+                           unit_costs(PROBE, grid, c))
+        assert got == want
 
 
 def test_recomputation_and_dp_cost_more(tmp_path):
@@ -208,3 +239,64 @@ def test_optimizer_per_value_per_tensor_and_probe_floor(tmp_path):
     a, b = cost_model(_mlp(), grid, c, sched, 1), cost_model(_mlp(), grid, probe, sched, 1)
     for p in (0, 1):
         assert b.optimizer[p] == pytest.approx(a.optimizer[p] + opt_floor(probe))
+
+
+def test_collectives_of_ranks_sharing_cores_wait_for_their_partners(tmp_path):
+    """plan.sharing: the chance that all partners run beside a running member, C(R-g, C-g) /
+    C(R-1, C-1); each collective call waits (1 - it) x half a slice; none with a core per rank.
+    A tp = 2 x dp = 2 run on 2 cores: its F and B grow by the tp calls' waits, its gradient
+    reduction by the buckets', on top of the time sharing."""
+    import dataclasses
+
+    from mpipar.plan.sharing import cosched_wait
+
+    c = _cluster(tmp_path, "\n[executor]\nsched_slice_us = 1000.0\n")
+    two = dataclasses.replace(c, cores_per_node=2)
+    assert cosched_wait(two, 2, 2) == 0.0 and cosched_wait(c, 4, 2) == 0.0
+    assert cosched_wait(two, 4, 2) == pytest.approx((1 - 1 / 3) * 500e-6)
+    assert cosched_wait(two, 4, 4) == pytest.approx(500e-6)  # never all four at once
+    assert cosched_wait(dataclasses.replace(c, cores_per_node=3), 4, 2) == pytest.approx(
+        (1 - 2 / 3) * 500e-6)
+    gpt = {"model": {"kind": "gpt", "vocab_size": 256, "block_size": 32, "n_layer": 2,
+                     "n_embd": 32, "n_head": 2},
+           "train": {"batch_size": 8, "seq_len": 32, "dtype": "float32"},
+           "parallel": {"schedule": "1f1b", "microbatches": 2}}
+    grid = {"dp": 2, "pp": 1, "tp": 2}
+    full = planned(gpt, grid, two)
+    shared = planned(gpt, grid, two, with_cosched=False)
+    alone = planned(gpt, grid, two, with_share=False)
+    # 2 blocks x (2 in F + 2 in B) x 2 micro-batches tp calls, 1 bucket, the norm's all-reduce
+    waits = (2 * 4 * 2 + 1) * cosched_wait(two, 4, 2) + cosched_wait(two, 4, 4)
+    assert full["step"] - shared["step"] == pytest.approx(waits, rel=1e-6)
+    assert shared["step"] > 1.9 * alone["step"]  # the time sharing: half a core each
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_plan_here_quick_repeats_rows_and_reports_medians(tmp_path):
+    """experiments/plan_here.py --quick --repeats 2: every distinct row run twice (a layout in
+    both tables once per repeat), the median step and its spread, every added term a column."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    spec = tmp_path / "spec.toml"
+    spec.write_text("cores_per_node = 2\n" + SPEC)
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1",
+           "OPENBLAS_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(repo / "experiments" / "plan_here.py"),
+                           "--quick", "--repeats", "2", "--spec", str(spec), "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True, env=env,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    runs = sorted(p.name for p in (tmp_path / "out").iterdir() if p.is_dir())
+    assert len(runs) == 2 * 5 and all(r.endswith(("-r0", "-r1")) for r in runs)
+    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert len(doc["rows"]) == 3 + 3 and doc["meta"]["repeats"] == 2
+    for r in doc["rows"]:
+        assert r["step_ms"] > 0 and r["spread_pct"] >= 0 and r["planned_ms"] > 0
+        assert r["no_share_ms"] <= r["no_wait_ms"] <= r["planned_ms"] + 1e-9
+        assert r["trace_mib"] > 0 and r["runtime_mib"] == 0  # the spec has no runtime_mb

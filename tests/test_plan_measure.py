@@ -46,6 +46,9 @@ def test_measure_writes_a_spec_that_cluster_reads(tmp_path):
     assert c.intra.latency > 0 and c.intra.bandwidth > 0 and c.collective is not None
     assert dict(c.executor).keys() >= {"action_overhead", "send_post", "step_pre", "step_post"}
     assert c.hbm_capacity > 1e8 and c.cores_per_rank > 0
+    # the probe's runtime memory (plan.memory_terms) and the scheduler slice (plan.sharing)
+    assert 0 <= c.runtime < 64 * 2**20 and "runtime memory" in done.stdout
+    assert 1e-5 < dict(c.executor)["sched_slice"] < 0.1
 
 
 def test_measure_refuses_a_missing_out(tmp_path):

@@ -237,12 +237,12 @@ def action_floor(c: Cluster) -> tuple[float, float]:
 
 def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,  # noqa: C901
                ranks_per_node: int | None = None, floor: tuple | None = None,
-               share: bool = True):
+               share: bool = True, cosched: bool = True):
     """The ``CostModel`` of the run's lowered schedule ``sched``, from the spec (module doc).
     ``ranks_per_node``: default every rank of the run on one node (else the axes whose groups
     span nodes cost on ``[inter_node]``, ``placement.axis_links``); ``floor``: the executor's
     (F, backward) in-event floor, default ``action_floor``; ``share`` False: without the
-    terms of ranks sharing cores (``plan.sharing``)."""
+    terms of ranks sharing cores (``plan.sharing``), ``cosched`` False: time sharing only."""
     from mpipar.analysis.memory_model import chunk_bounds
     from mpipar.models.counts import boundary_values
     from mpipar.parallel.pipeline.simulate import CostModel
@@ -253,7 +253,7 @@ def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,  # noqa: C90
     dp, tp = int(grid.get("dp", 1)), int(grid.get("tp", 1))
     world = dp * sched.pp * tp
     node = ranks_per_node or world
-    wait = (lambda g: cosched_wait(c, node, g)) if share else (lambda g: 0.0)
+    wait = (lambda g: cosched_wait(c, node, g)) if share and cosched else (lambda g: 0.0)
     cal = calibration(c)
     bounds = chunk_bounds(config, grid, v)
     if bounds is None:
@@ -360,12 +360,12 @@ def _boundary(config, grid, boundary_values) -> float:
 
 
 def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | None = None,
-            with_floor: bool = True, with_share: bool = True) -> dict:
+            with_floor: bool = True, with_share: bool = True, with_cosched: bool = True) -> dict:
     """{step, bubble, bubble_step, compute[p], comm[p], overhead[p], memory[p] | None,
     memory_parts} of the run ``config`` on ``grid`` (dp, pp, tp), from the spec alone
     (``ranks_per_node``: default all ranks on one node; ``with_floor`` False: without the
     executor's in-event floor, ``action_floor``; ``with_share`` False: without the terms of
-    ranks sharing cores, ``plan.sharing``)."""
+    ranks sharing cores, ``plan.sharing``; ``with_cosched`` False: its time sharing only)."""
     from mpipar.analysis.memory_model import chunk_bounds
     from mpipar.analysis.predict import expected_outcomes
     from mpipar.parallel.pipeline.generators import build_schedule
@@ -380,7 +380,7 @@ def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | No
                         "column covers it")
     sched = lower(build_schedule(kind, pp, m, virtual_stages=v))
     model = cost_model(config, grid, cluster, sched, v, ranks_per_node,
-                       None if with_floor else (0.0, 0.0), with_share)
+                       None if with_floor else (0.0, 0.0), with_share, with_cosched)
     out = expected_outcomes(sched, [[model]], [0])[0]
     mem = planned_memory(config, grid, cluster, sched, chunk_bounds(config, grid, v),
                          unit_costs(config, grid, cluster))
