@@ -7,9 +7,11 @@ repeats interleaved across the rows (every row once, then every row again: a bur
 hits one repeat of many rows, not every repeat of one; a row's step moved by up to 40 %
 between two quiet single runs), and puts side by side:
 
-- measured: the median over the repeats of the mean step time (``mpipar.analysis.breakdown``),
-  with their spread ((max - min) / median), and of the peak memory of the busiest rank
-  (``mem.static + mem.peak - mem.base``, ``analysis.predict.measured_memory``);
+- measured: the median over the repeats of each run's median step (``median_step``: a step
+  slowed by another process moves it less than the mean), with their spread ((max - min) /
+  median), beside the median of the runs' mean step (``mean_ms``, ``mpipar.analysis.breakdown``),
+  and of the peak memory of the busiest rank (``mem.static + mem.peak - mem.base``,
+  ``analysis.predict.measured_memory``);
 - planned: ``mpipar.plan.here.planned`` from the run's configuration and the spec alone (the
   calibrated path's simulator and memory model, costs from FLOPs, bytes and the spec). The
   terms added to the plain model are shown on every row: ``no_floor_ms`` (without the
@@ -50,9 +52,8 @@ import common  # noqa: E402
 
 NAME = "plan_here"
 COLUMNS = ["table", "model", "grid", "schedule", "v", "m", "recompute", "step_ms",
-           "spread_pct", "planned_ms", "step_err_pct", "no_floor_ms", "no_wait_ms", "no_share_ms",
-           "mem_mib",
-           "planned_mib", "mem_err_pct", "runtime_mib", "trace_mib", "ok"]
+           "spread_pct", "mean_ms", "planned_ms", "step_err_pct", "no_floor_ms", "no_wait_ms",
+           "no_share_ms", "mem_mib", "planned_mib", "mem_err_pct", "runtime_mib", "trace_mib", "ok"]
 STEP_PCT, MEM_PCT, PICK_PCT, SPEARMAN = 10.0, 10.0, 5.0, 0.8
 MODELS = {"tiny": "tiny.toml", "gpt8": "exp_bubble.toml", "mlp": "mlp.toml"}
 STEPS, QUICK_STEPS = 16, 3
@@ -130,16 +131,31 @@ def _mib(x):
     return x / 2**20 if x is not None else None
 
 
+def median_step(run) -> float:
+    """The median over the measured steps (step 0 skipped) of first STEP start to last STEP
+    end over all ranks: a step slowed by another process moves it less than the mean."""
+    lo, hi = {}, {}
+    for ev in run.events:
+        kinds = ev["kind"]
+        for e in ev[kinds == (b"STEP" if kinds.dtype.kind == "S" else "STEP")]:
+            s = int(e["step"])
+            if s >= 1:
+                lo[s] = min(lo.get(s, np.inf), float(e["start"]))
+                hi[s] = max(hi.get(s, -np.inf), float(e["end"]))
+    return float(np.median([hi[s] - lo[s] for s in lo])) if lo else float("nan")
+
+
 def measure_row(args, out: Path, row, cluster, table: str, ranks_per_node=None) -> dict:
     """One table row from the row's ``--repeats`` dumps (medians) and its plan."""
     from mpipar.analysis import breakdown, load
     from mpipar.analysis.predict import measured_memory
     from mpipar.plan.here import planned
 
-    steps, mems, run = [], [], None
+    steps, means, mems, run = [], [], [], None
     for rep in range(args.repeats):
         run = load(str(out / f"{row_name(row)}-r{rep}" / "trace.h5"))
-        steps.append(breakdown(run)["summary"]["step_time"])
+        steps.append(median_step(run))
+        means.append(breakdown(run)["summary"]["step_time"])
         mem = measured_memory(run)
         if mem:
             mems.append(max(mem))
@@ -154,6 +170,7 @@ def measure_row(args, out: Path, row, cluster, table: str, ranks_per_node=None) 
     r = {"table": table, "model": model, "grid": f"{dp}x{pp}x{tp}", "schedule": sched, "v": v,
          "m": m, "recompute": rec, "step_ms": 1e3 * step,
          "spread_pct": 100 * (max(steps) - min(steps)) / step,
+         "mean_ms": 1e3 * float(np.median(means)),
          "planned_ms": 1e3 * pl["step"], "no_floor_ms": 1e3 * bare["step"],
          "no_wait_ms": 1e3 * spin["step"], "no_share_ms": 1e3 * alone["step"],
          "mem_mib": _mib(float(np.median(mems))) if mems else None,
