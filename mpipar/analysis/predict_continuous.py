@@ -6,7 +6,8 @@ the last one of a step-k micro-batch). The ranks never meet between calls: each 
 of the loss (and stop) reduction and reads one ``LAG`` steps old (``training/lagged.py``), so
 each rank runs its calls back to back and waits only in its receives. The prediction replays
 the run's lists that way (``simulate.simulate_steps``), on costs fitted from the dump
-(``fit_continuous``: per rank and chunk F / B / W and UPDATE, the overhead per action, the p2p
+(``fit_continuous``: per rank and chunk F / B / W and UPDATE, the weight-version work (STASH)
+before each F, BW and UPDATE, the overhead per action, the p2p
 latency, the rank's own time in the lagged reduction, the fixed time before and after each
 call and between calls, the compute jitter), and takes what the measurement takes: the step
 is the longest rank's call (``breakdown._step_times``: the ranks' calls of one step are not
@@ -119,6 +120,7 @@ def fit_continuous(run: Run, steps, schedule, cuts):
             d = o[o["chunk"] == c]
             upd[(int(run.coords[r, 1]), int(c))].append(float((d["end"] - d["start"]).mean()))
     model.per_unit.update({(p, c, "UPDATE"): float(np.mean(v)) for (p, c), v in upd.items()})
+    model.stash = stash_costs(run, steps)
     over, pre, post, meet, ends = [], [], [], [], defaultdict(list)
     for r, s, lo, hi, e in _calls(run, steps):
         if not e.size:
@@ -126,7 +128,7 @@ def fit_continuous(run: Run, steps, schedule, cuts):
         p = int(run.coords[r, 1])
         n = cuts[p][s] - (cuts[p][s - 1] if s > 0 else 0)  # the lists start at step 0
         coll = e[np.char.startswith(e["kind"].astype(str), "world.")]
-        pipe = e[np.isin(e["kind"], PIPE_KINDS + ("OPT",))]
+        pipe = e[np.isin(e["kind"], PIPE_KINDS + ("OPT", "STASH"))]  # STASH: ``stash_costs``
         if pipe.size and n > 0:
             over.append(_uncovered(pipe["start"], pipe["end"]) / n)
         pre.append(float(e["start"].min()) - lo)
@@ -151,6 +153,31 @@ def fit_continuous(run: Run, steps, schedule, cuts):
     if assumed:
         notes.append("p2p latency of one direction only, the ranks' clocks taken as one")
     return model, notes
+
+
+STASH_BEFORE = {"F": "F", "B": "BW", "OPT": "UPDATE"}  # the region after a STASH -> its action
+
+
+def stash_costs(run: Run, steps) -> dict:
+    """{(pp rank, chunk, op): mean STASH time before each such action} over the measured steps:
+    a rank's weight-version work is concentrated before its forwards (copies) and backwards
+    (swap, zeroing), where it delays the next send; spread over every action as overhead it
+    would not (the first stage stashes more than the last). Each action counts, stash or not."""
+    time, count = defaultdict(float), defaultdict(int)
+    for r, ev in enumerate(run.events):
+        p = int(run.coords[r, 1])
+        e = np.sort(ev[np.isin(ev["step"], steps) & (ev["chunk"] >= 0)
+                       & np.isin(ev["kind"], ("STASH",) + tuple(STASH_BEFORE))], order="start")
+        pending = defaultdict(float)  # chunk -> STASH time not yet given to an action
+        for x in e:
+            kind, c = str(x["kind"]), int(x["chunk"])
+            if kind == "STASH":
+                pending[c] += float(x["end"] - x["start"])
+            else:
+                key = (p, c, STASH_BEFORE[kind])
+                time[key] += pending.pop(c, 0.0)
+                count[key] += 1
+    return {k: time[k] / count[k] for k in count if time[k] > 0}
 
 
 def _outcome(sim, spans, cuts, steps) -> dict:
@@ -210,6 +237,7 @@ def calibrated_continuous(run: Run, steps, kind: str, pp: int, m: int) -> dict:
             "model": {k: getattr(model, k) for k in (
                 "overhead", "send_post", "recv_post", "latency", "sync", "step_pre",
                 "step_post", "step_gap", "default_bytes")} | {
+                "stash": {f"{p}/{c}/{op}": v for (p, c, op), v in sorted(model.stash.items())},
                 "samples": model.samples if model.jitter else 1,
                 "jitter_cv": float(np.std(model.jitter)) if model.jitter else 0.0},
             "mean_costs": {"step_time": whole["step"], "bubble": whole["bubble"]},

@@ -48,6 +48,9 @@ class CostModel:
     time before the first action and after the optimizer (batch fetch, loss all-reduce, ...);
     ``step_gap``: a continuous run's time between one call and the next on a rank (the training
     loop's own work), which a neighbour waiting for this rank's messages sees.
+    ``stash[(rank, chunk, op)]``: an asynchronous schedule's weight-version work before each
+    such action (the copy of a version before F, the swap and gradient zeroing before BW, the
+    copy an UPDATE makes of the version it ends): on the rank's clock, not model compute.
     ``jitter``: multipliers (mean 1) that one compute's duration takes around its cost, as
     sampled from a dump (``costmodel.jitter``); ``simulate(..., draw=k)`` gives every compute
     one drawn at random (seed k); a prediction averages ``samples`` such draws.
@@ -69,6 +72,7 @@ class CostModel:
     step_pre: float = 0.0
     step_post: float = 0.0
     step_gap: float = 0.0
+    stash: dict = field(default_factory=dict)
     jitter: tuple = ()
     samples: int = 32
 
@@ -90,6 +94,8 @@ class CostModel:
                 raise ScheduleError(f"cost model: {name} must be a number >= 0, got {val!r}")
         if not self.bandwidth > 0:
             raise ScheduleError(f"cost model: bandwidth must be > 0, got {self.bandwidth!r}")
+        if any(not isinstance(x, (int, float)) or not x >= 0 for x in self.stash.values()):
+            raise ScheduleError("cost model: stash costs must be numbers >= 0")
         if any(not isinstance(x, (int, float)) or not x >= 0 for x in self.jitter):
             raise ScheduleError("cost model: jitter must be multipliers >= 0")
         if not isinstance(self.samples, int) or self.samples < 1:
@@ -185,6 +191,9 @@ class _Timed(Replay):
             end = max(start, self.sent[matching(a)]) + m.recv_post
             self.comm[r] += end - start
         else:
+            prep = m.stash.get((r, a.chunk, a.op), 0.0) if m.stash else 0.0
+            self.over[r] += prep
+            start += prep  # the weight version first (``CostModel.stash``), then the compute
             cost = m.compute(r, a, self.v)
             if self.scale is not None:
                 cost *= float(self.scale[r][self.pos[r] - 1])  # pos is past this action
