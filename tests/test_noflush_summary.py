@@ -3,6 +3,8 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 
 import noflush_summary  # noqa: E402
@@ -34,3 +36,28 @@ def test_the_folder_is_read_by_run_name(tmp_path, capsys):
     assert noflush_summary.rows(tmp_path) == []
     noflush_summary.main(tmp_path)
     assert "speedup" in capsys.readouterr().out
+
+
+def test_the_figure_takes_medians_over_rounds_and_writes_a_png(tmp_path):
+    import noflush_figure
+
+    rows = [_row("1f1b", b, 100.0, pred=p, rnd=k, m=m)
+            for k, (b, p) in enumerate([(0.30, 0.28), (0.20, 0.21), (0.25, 0.22)], 1)
+            for m in (2, 4)]
+    rows += [_row("pipedream-cont", 0.10, 120.0, pred=float("nan"), m=4)]
+    cur = noflush_figure.curves(rows)
+    assert cur["tiny"]["1f1b"] == [(2, 0.25, 0.22), (4, 0.25, 0.22)]
+    m, meas, pred = cur["tiny"]["pipedream-cont"][0]
+    assert (m, meas) == (4, 0.10) and pred != pred  # no prediction: NaN, not a crash
+    assert "pipedream-cont" in noflush_figure.table(cur)
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "f.png"
+    noflush_figure.draw(cur, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_figure_says_what_to_run_on_an_empty_folder(tmp_path):
+    import noflush_figure
+
+    with pytest.raises(SystemExit, match="noflush_ab.sh"):
+        noflush_figure.main(tmp_path, tmp_path / "f.png")
