@@ -121,7 +121,8 @@ def fit_continuous(run: Run, steps, schedule, cuts):
             upd[(int(run.coords[r, 1]), int(c))].append(float((d["end"] - d["start"]).mean()))
     model.per_unit.update({(p, c, "UPDATE"): float(np.mean(v)) for (p, c), v in upd.items()})
     model.stash = stash_costs(run, steps)
-    over, pre, post, meet, ends = [], [], [], [], defaultdict(list)
+    parts = defaultdict(list)  # (pp rank, name) -> one value per call
+    ends = defaultdict(list)
     for r, s, lo, hi, e in _calls(run, steps):
         if not e.size:
             continue
@@ -129,21 +130,24 @@ def fit_continuous(run: Run, steps, schedule, cuts):
         n = cuts[p][s] - (cuts[p][s - 1] if s > 0 else 0)  # the lists start at step 0
         coll = e[np.char.startswith(e["kind"].astype(str), "world.")]
         pipe = e[np.isin(e["kind"], PIPE_KINDS + ("OPT", "STASH"))]  # STASH: ``stash_costs``
-        if pipe.size and n > 0:
-            over.append(_uncovered(pipe["start"], pipe["end"]) / n)
-        pre.append(float(e["start"].min()) - lo)
-        post.append(hi - float(e["end"].max()))
-        ends[r].append((lo, hi))
-        meet.append(float((coll["end"] - coll["start"]).sum()))
-    model.overhead = _med(over)
-    model.step_pre = _med(pre)
-    # each rank's own post and read of the lagged reduction: nobody waits for another there
-    model.sync = _med(meet)
-    model.step_post = _med(post)
+        if pipe.size and n > 1:  # the time between its n actions: n - 1 gaps (the one after
+            # the last is the simulation's too, before the lagged reduction: measured nowhere)
+            parts[(p, "overhead")].append(_uncovered(pipe["start"], pipe["end"]) / (n - 1))
+        parts[(p, "step_pre")].append(float(e["start"].min()) - lo)
+        parts[(p, "step_post")].append(hi - float(e["end"].max()))
+        # each rank's own post and read of the lagged reduction: nobody waits for another there
+        parts[(p, "sync")].append(float((coll["end"] - coll["start"]).sum()))
+        ends[p].append((lo, hi))
     # between a rank's calls (the loop's own work: metrics, progress, dump flushes, counted by
     # their median): the neighbour waiting for this rank's next message waits through it
-    model.step_gap = _med([b[0] - a[1] for calls in ends.values()
-                           for a, b in zip(sorted(calls), sorted(calls)[1:])])
+    for p, calls in ends.items():
+        calls = sorted(calls)
+        parts[(p, "step_gap")] += [b[0] - a[1] for a, b in zip(calls, calls[1:])]
+    # one value per rank (the ranks keep their own pace: ``CostModel.per_rank``), and the
+    # median over every call as the value for all
+    for name in ("overhead", "step_pre", "step_post", "sync", "step_gap"):
+        setattr(model, name, _med([v for (_, k), vs in parts.items() if k == name for v in vs]))
+    model.per_rank = {key: _med(vs) for key, vs in parts.items() if vs}
     ev = np.concatenate(run.events)
     ev = ev[np.isin(ev["step"], steps)]
     model.send_post, model.recv_post = post_costs(ev)
@@ -238,6 +242,7 @@ def calibrated_continuous(run: Run, steps, kind: str, pp: int, m: int) -> dict:
                 "overhead", "send_post", "recv_post", "latency", "sync", "step_pre",
                 "step_post", "step_gap", "default_bytes")} | {
                 "stash": {f"{p}/{c}/{op}": v for (p, c, op), v in sorted(model.stash.items())},
+                "per_rank": {f"{p}/{k}": v for (p, k), v in sorted(model.per_rank.items())},
                 "samples": model.samples if model.jitter else 1,
                 "jitter_cv": float(np.std(model.jitter)) if model.jitter else 0.0},
             "mean_costs": {"step_time": whole["step"], "bubble": whole["bubble"]},

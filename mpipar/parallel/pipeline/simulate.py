@@ -48,6 +48,10 @@ class CostModel:
     time before the first action and after the optimizer (batch fetch, loss all-reduce, ...);
     ``step_gap``: a continuous run's time between one call and the next on a rank (the training
     loop's own work), which a neighbour waiting for this rank's messages sees.
+    ``per_rank[(rank, name)]``: a rank's own value of ``overhead``, ``sync``, ``step_pre``,
+    ``step_post`` or ``step_gap`` where it has one (``of``): a continuous run's ranks never meet,
+    so each keeps its own pace (the first stage stashes and reads inputs, the last computes the
+    loss), and a median over ranks would hand the slower one's fixed costs to the faster.
     ``stash[(rank, chunk, op)]``: an asynchronous schedule's weight-version work before each
     such action (the copy of a version before F, the swap and gradient zeroing before BW, the
     copy an UPDATE makes of the version it ends): on the rank's clock, not model compute.
@@ -73,8 +77,14 @@ class CostModel:
     step_post: float = 0.0
     step_gap: float = 0.0
     stash: dict = field(default_factory=dict)
+    per_rank: dict = field(default_factory=dict)
     jitter: tuple = ()
     samples: int = 32
+
+    def of(self, name: str, r: int) -> float:
+        """Rank r's ``name`` (``per_rank``), else the one for every rank."""
+        return self.per_rank.get((r, name), getattr(self, name)) if self.per_rank \
+            else getattr(self, name)
 
     def compute(self, r: int, a: Action, v: int) -> float:
         c = self.per_unit.get((r, a.chunk, a.op))
@@ -94,8 +104,9 @@ class CostModel:
                 raise ScheduleError(f"cost model: {name} must be a number >= 0, got {val!r}")
         if not self.bandwidth > 0:
             raise ScheduleError(f"cost model: bandwidth must be > 0, got {self.bandwidth!r}")
-        if any(not isinstance(x, (int, float)) or not x >= 0 for x in self.stash.values()):
-            raise ScheduleError("cost model: stash costs must be numbers >= 0")
+        for name, d in (("stash", self.stash), ("per_rank", self.per_rank)):
+            if any(not isinstance(x, (int, float)) or not x >= 0 for x in d.values()):
+                raise ScheduleError(f"cost model: {name} costs must be numbers >= 0")
         if any(not isinstance(x, (int, float)) or not x >= 0 for x in self.jitter):
             raise ScheduleError("cost model: jitter must be multipliers >= 0")
         if not isinstance(self.samples, int) or self.samples < 1:
@@ -203,8 +214,9 @@ class _Timed(Replay):
             if a.op in ("W", "BW"):
                 self.last_w[(r, a.chunk)] = end
         self.timeline[r].append((start, end, a))
-        self.now[r] = end + m.overhead
-        self.over[r] += m.overhead
+        over = m.of("overhead", r)
+        self.now[r] = end + over
+        self.over[r] += over
 
     def _count_activations(self, r: int, a: Action) -> None:
         if a.op == "F":
@@ -246,6 +258,7 @@ class _Stepped(_Timed):
         self.k = [0] * len(order)  # each rank's call in progress
         self.spans = [[] for _ in order]  # per rank, per call: its span, start to end
         self.call_start = [0.0] * len(order)
+        self.now = [model.of("step_pre", r) for r in range(len(order))]
 
     def can_run(self, r: int, a: Action) -> bool:
         k = self.k[r]
@@ -255,10 +268,11 @@ class _Stepped(_Timed):
         m, moved = self.model, False
         for r in range(len(self.streams)):
             while self.k[r] < len(self.cuts[r]) and self.pos[r] >= self.cuts[r][self.k[r]]:
-                end = self.now[r] + m.sync + m.step_post
+                end = self.now[r] + m.of("sync", r) + m.of("step_post", r)
                 self.spans[r].append(end - self.call_start[r])
-                self.call_start[r] = end + m.step_gap
-                self.now[r] = end + m.step_gap + m.step_pre
+                gap = m.of("step_gap", r)
+                self.call_start[r] = end + gap
+                self.now[r] = end + gap + m.of("step_pre", r)
                 self.k[r] += 1
                 moved = True
         return moved
@@ -271,7 +285,8 @@ def simulate_steps(s: Schedule, model: CostModel, order, cuts, draw=None) -> tup
     model = as_model(model)
     sim = _Stepped(s, model, order, cuts, draw)
     sim.play()
-    makespan = max(sim.call_start) - model.step_gap if s.pp else 0.0  # the last call's end
+    makespan = max((t - model.of("step_gap", r) for r, t in enumerate(sim.call_start)),
+                   default=0.0)  # the last call's end
     per_rank = [(makespan - b) / makespan if makespan > 0 else 0.0 for b in sim.busy]
     return SimResult(makespan=makespan, busy=sim.busy,
                      bubble_fraction=sum(per_rank) / s.pp if s.pp else 0.0,
