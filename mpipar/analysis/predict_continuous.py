@@ -113,6 +113,7 @@ def fit_continuous(run: Run, steps, schedule, cuts):
 
     inside, tags = in_calls(run, steps)
     model = CostModel(per_unit=unit_costs(inside, tags), unit={}, jitter=jitter(inside, tags))
+    model.rank_jitter = rank_jitter(inside, tags)
     upd = defaultdict(list)  # UPDATE: the optimizer step of a chunk, recorded as OPT with a chunk
     for r, ev in enumerate(run.events):
         o = ev[(ev["kind"] == "OPT") & (ev["chunk"] >= 0) & np.isin(ev["step"], steps)]
@@ -157,6 +158,20 @@ def fit_continuous(run: Run, steps, schedule, cuts):
     if assumed:
         notes.append("p2p latency of one direction only, the ranks' clocks taken as one")
     return model, notes
+
+
+def rank_jitter(run: Run, tags) -> dict:
+    """{pp rank: ``costmodel.jitter`` of that rank's units alone}: in a pipeline that never
+    drains, a unit of the stage with slack that runs long stalls its neighbour, one of the other
+    stage does not; drawn from one pool for both, a noisier first stage would stall the last
+    less often in the simulation than it does (only the ranks with repeating units)."""
+    out = {}
+    for r in range(run.world_size):
+        one = replace(run, events=[ev if q == r else ev[:0] for q, ev in enumerate(run.events)])
+        j = jitter(one, tags)
+        if j:
+            out[int(run.coords[r, 1])] = j
+    return out
 
 
 STASH_BEFORE = {"F": "F", "B": "BW", "OPT": "UPDATE"}  # the region after a STASH -> its action
@@ -244,7 +259,9 @@ def calibrated_continuous(run: Run, steps, kind: str, pp: int, m: int) -> dict:
                 "stash": {f"{p}/{c}/{op}": v for (p, c, op), v in sorted(model.stash.items())},
                 "per_rank": {f"{p}/{k}": v for (p, k), v in sorted(model.per_rank.items())},
                 "samples": model.samples if model.jitter else 1,
-                "jitter_cv": float(np.std(model.jitter)) if model.jitter else 0.0},
+                "jitter_cv": float(np.std(model.jitter)) if model.jitter else 0.0,
+                "rank_jitter_cv": {str(p): float(np.std(j))
+                                   for p, j in sorted(model.rank_jitter.items())}},
             "mean_costs": {"step_time": whole["step"], "bubble": whole["bubble"]},
             "replicas": 1, "continuous_steps": total,
             "notes": notes,

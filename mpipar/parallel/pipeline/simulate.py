@@ -58,6 +58,8 @@ class CostModel:
     ``jitter``: multipliers (mean 1) that one compute's duration takes around its cost, as
     sampled from a dump (``costmodel.jitter``); ``simulate(..., draw=k)`` gives every compute
     one drawn at random (seed k); a prediction averages ``samples`` such draws.
+    ``rank_jitter[rank]``: that rank's own multipliers where given (its units are other layers:
+    the embedding on the first stage, head and loss on the last, with their own spread).
     """
 
     unit: dict = field(default_factory=lambda: dict(DEFAULT_COSTS))
@@ -79,6 +81,7 @@ class CostModel:
     stash: dict = field(default_factory=dict)
     per_rank: dict = field(default_factory=dict)
     jitter: tuple = ()
+    rank_jitter: dict = field(default_factory=dict)
     samples: int = 32
 
     def of(self, name: str, r: int) -> float:
@@ -107,7 +110,8 @@ class CostModel:
         for name, d in (("stash", self.stash), ("per_rank", self.per_rank)):
             if any(not isinstance(x, (int, float)) or not x >= 0 for x in d.values()):
                 raise ScheduleError(f"cost model: {name} costs must be numbers >= 0")
-        if any(not isinstance(x, (int, float)) or not x >= 0 for x in self.jitter):
+        if any(not isinstance(x, (int, float)) or not x >= 0
+               for x in (*self.jitter, *(y for q in self.rank_jitter.values() for y in q))):
             raise ScheduleError("cost model: jitter must be multipliers >= 0")
         if not isinstance(self.samples, int) or self.samples < 1:
             raise ScheduleError(f"cost model: samples must be an int >= 1, got {self.samples!r}")
@@ -175,8 +179,10 @@ class _Timed(Replay):
         self.scale = None
         if draw is not None and model.jitter:
             rng = np.random.default_rng(draw)
-            pool = np.asarray(model.jitter, dtype=float)
-            self.scale = [pool[rng.integers(0, len(pool), len(acts))] for acts in s.ranks]
+            pools = [np.asarray(model.rank_jitter.get(r, model.jitter), dtype=float)
+                     for r in range(pp)]
+            self.scale = [pool[rng.integers(0, len(pool), len(acts))]
+                          for pool, acts in zip(pools, s.ranks)]
         self.now = [model.step_pre] * pp
         self.busy = [0.0] * pp
         self.comm = [0.0] * pp
