@@ -147,3 +147,25 @@ def test_fused_blocks_split_decay_runs_across_blocks(monkeypatch):
     drive(AdamW(fused, 1e-2, weight_decay=0.1), fused, 3)
     drive(AdamW(plain, 1e-2, weight_decay=0.1, fused=False), plain, 3)
     assert same_bits(fused, plain)
+
+
+def test_packed_copier_copies_each_packed_run_once():
+    """The stash's copy of a chunk's weights: equal to each tensor's own copy, independent of
+    the weights, one buffer per packed run; a plan made again when the arrays change."""
+    from mpipar.nn.flat import PackedCopier
+
+    b = Backend("cpu", "float32")
+    ps = make(b, packed=True)
+    AdamW(ps, 1e-2)  # packs the data to match the gradients
+    arrays = [p.data for p in ps]
+    cp = PackedCopier()
+    got = cp.copy(arrays)
+    assert all(np.array_equal(g, a) and g.shape == a.shape for g, a in zip(got, arrays))
+    assert all(not np.shares_memory(g, a) for g, a in zip(got, arrays))
+    assert len({id(np.asarray(g).base) for g in got}) == 1  # one copy for the whole run
+    ps[2].data += 1  # the copies do not follow the weights
+    assert not np.array_equal(got[2], ps[2].data)
+    loose = [np.arange(6.0).reshape(2, 3), np.ones(4)]  # separate arrays: a copy each
+    got = cp.copy(loose)
+    assert all(np.array_equal(g, a) for g, a in zip(got, loose))
+    assert not np.shares_memory(got[0], got[1]) and not np.shares_memory(got[0], loose[0])

@@ -137,3 +137,61 @@ def flat_groups(params, state: dict, buffers, fused: bool = True) -> list[FlatGr
     parameter (the per-tensor update, for comparison)."""
     runs = _packed_runs(params) if fused else [[p] for p in params]
     return [FlatGroup(run, state, buffers) for run in runs]
+
+
+class PackedCopier:
+    """Copies of a list of arrays (one chunk's weights, for a stashed version) made with one
+    copy per run of them lying back to back in memory (``FlatGroup`` packs them so) instead of
+    one per array; each copy a view of the run's copy, in the arrays' shapes. The plan is made
+    once and kept while the arrays are the same objects."""
+
+    def __init__(self):
+        self._key = None  # the arrays the plan was made for
+        self._plan = None  # [(flat view of a run, [(index, offset, shape)])]
+
+    def _make(self, arrays):
+        order = sorted(range(len(arrays)), key=lambda i: _address(arrays[i]))
+        runs, cur = [], [order[0]]
+        for i in order[1:]:
+            prev, a = arrays[cur[-1]], arrays[i]
+            if (type(a) is type(prev) and a.dtype == prev.dtype and _contiguous(a)
+                    and _contiguous(prev) and _root(a) is _root(prev)
+                    and _address(a) == _address(prev) + prev.nbytes):
+                cur.append(i)
+            else:
+                runs.append(cur)
+                cur = [i]
+        runs.append(cur)
+        plan = []
+        for run in runs:
+            views = [arrays[i] for i in run]
+            n = sum(v.size for v in views)
+            flat = _flat_view(views, n) if _contiguous(views[0]) else None
+            offs, off = [], 0
+            for i in run:
+                offs.append((i, off, arrays[i].shape))
+                off += arrays[i].size
+            plan.append((flat, offs))
+        return plan
+
+    def copy(self, arrays) -> list:
+        if self._key is None or len(self._key) != len(arrays) or \
+                any(a is not b for a, b in zip(arrays, self._key)):
+            self._key, self._plan = list(arrays), self._make(arrays)
+        out = [None] * len(arrays)
+        for flat, offs in self._plan:
+            if flat is None:  # not contiguous: a copy of its own
+                (i, _, _), = offs
+                out[i] = arrays[i].copy()
+                continue
+            buf = flat.copy()
+            for i, off, shape in offs:
+                out[i] = buf[off:off + _size(shape)].reshape(shape)
+        return out
+
+
+def _size(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from contextlib import contextmanager
 
+from ...nn.flat import PackedCopier
 from .actions import ScheduleError
 from .versions import weight_versions
 
@@ -38,6 +39,8 @@ class VersionStash:
         # each chunk's parameters, listed once: a swap per action walked the layers each time
         self.params = {c: ch.params() for c, ch in chunks.items()}
         self.live = _live(schedule, chunks, self.map)
+        # a version's copy: one per packed run of the weights (the optimizer packs them)
+        self._copiers = {c: PackedCopier() for c in chunks}
 
     def _weights(self, c, v, chunk):
         if (c, v) not in self.kept:
@@ -45,8 +48,11 @@ class VersionStash:
                 raise ScheduleError(f"F of chunk {c} needs weight version {v}, which this rank "
                                     f"no longer holds or has not made (it is at "
                                     f"{self.current[c]})")
-            self.kept[(c, v)] = [p.data.copy() for p in self.params[c]]
+            self.kept[(c, v)] = self._copy(c)
         return self.kept[(c, v)]
+
+    def _copy(self, c) -> list:
+        return self._copiers[c].copy([p.data for p in self.params[c]])
 
     def copies(self, mb, c) -> bool:
         """Whether ``keep(mb, c)`` copies a version (the executor times that copy as STASH)."""
@@ -101,7 +107,7 @@ class VersionStash:
         needs it (2BW: the next step's forwards on the last stages; vertical sync)."""
         v = self.current[c]
         if self.uses[(c, v)] > 0 and (c, v) not in self.kept:
-            self.kept[(c, v)] = [p.data.copy() for p in self.params[c]]
+            self.kept[(c, v)] = self._copy(c)
         self.current[c] = v + 1
 
 
