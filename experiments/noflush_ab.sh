@@ -11,8 +11,8 @@
 # then about a minute of analysis).
 # MS and SCHEDS (environment) change the sweep; the figure of bubble against m
 # (noflush_figure.py) takes one round of every schedule at m = 2, 4, 8, 16:
-#   MS="2 4 8 16" SCHEDS="gpipe 1f1b pipedream-cont pipedream-2bw-cont" \
-#     bash experiments/noflush_ab.sh /tmp/noflush_fig 1 60
+#   MS="2 4 8 16" SCHEDS="gpipe 1f1b pipedream-cont pipedream-2bw-cont" ANALYZE=0 \
+#     bash experiments/noflush_ab.sh /tmp/noflush_fig 1 30
 set -euo pipefail
 OUT=${1:-/tmp/noflush_ab}
 ROUNDS=${2:-3}
@@ -43,5 +43,6 @@ for round in $(seq 1 "$ROUNDS"); do
   done
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
-python -m mpipar.cli analyze "$OUT" | sed -n '/^comparison:/,$p'
+# ANALYZE=0 leaves out the `mpipar analyze` table (the figure's sweep needs the summary only)
+[ "${ANALYZE:-1}" = 0 ] || python -m mpipar.cli analyze "$OUT" | sed -n '/^comparison:/,$p'
 python "$HERE/noflush_summary.py" "$OUT"

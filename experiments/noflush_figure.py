@@ -8,10 +8,12 @@ continuous PipeDream and PipeDream-2BW do not) the measured bubble (``b_calls`` 
 solid line and its calibrated prediction (the simulation on the costs fitted from that dump) as
 a dashed one, the median over rounds at each m. The runs come from
 
-    MS="2 4 8 16" SCHEDS="gpipe 1f1b pipedream-cont pipedream-2bw-cont" \\
-      bash experiments/noflush_ab.sh /tmp/noflush_fig 1 60
+    MS="2 4 8 16" SCHEDS="gpipe 1f1b pipedream-cont pipedream-2bw-cont" ANALYZE=0 \\
+      bash experiments/noflush_ab.sh /tmp/noflush_fig 1 30
 
-(32 runs, about 3 minutes on 2 idle cores, then about 2 minutes of analysis). Prints the
+(32 runs of 30 steps, about 1.5 minutes on 2 idle cores, then about 1.5 minutes of analysis
+by ``noflush_summary.py``, whose numbers this script reads back from each run's
+``noflush_row.json``). Prints the
 plotted numbers as a table too. Needs matplotlib (``pip install mpipar[plots]``).
 """
 
