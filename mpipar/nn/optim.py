@@ -237,8 +237,9 @@ class AdamW(Optimizer):
         one batch (small groups would each pay a hand-off to the threads otherwise), unless
         all of them together are below ``cpu.PARALLEL_MIN_ELEMENTS``."""
         lr = self._begin_step(lr)
-        blocks = [blk for g in self.groups() for blk in self._blocks(g, lr)]
-        if sum(p.data.size for p in self.params) < cpu.PARALLEL_MIN_ELEMENTS:
+        groups = self.groups()
+        blocks = [blk for g in groups for blk in self._blocks(g, lr)]
+        if sum(g.size for g in groups) < cpu.PARALLEL_MIN_ELEMENTS:  # (a few groups, not tensors)
             # a small model's whole update is shorter than handing blocks to the threads and
             # waking them (15-50 us each): the calling thread does it, block by block
             for blk in blocks:
