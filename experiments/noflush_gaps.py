@@ -93,7 +93,8 @@ def simulated(run, steps, kind, pp, m) -> dict:
             out[(r, "uncovered")].append(1e3 * (len(calls) * model.of("overhead", r)
                                                 + model.of("step_pre", r)
                                                 + model.of("step_post", r)))
-        out[(r, "between calls")] += [1e3 * model.of("step_gap", r)] * (len(steps) - 1)
+        out[(r, "between calls")] += [1e3 * model.call_gap.get((r, k), model.of("step_gap", r))
+                                      for k in steps[:-1]]
     return out
 
 

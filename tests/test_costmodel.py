@@ -249,8 +249,8 @@ def continuous_dump(path, model, kind="pipedream-2bw", pp=2, m=2, steps=4):
     rows = []
     for r, tl in enumerate(sim.timeline):
         mine = []
-        gap = model.of("step_gap", r)
-        starts = [sum(spans[r][:k]) + k * gap for k in range(steps)]
+        gaps = [model.call_gap.get((r, k), model.of("step_gap", r)) for k in range(steps)]
+        starts = [sum(spans[r][:k]) + sum(gaps[:k]) for k in range(steps)]
         for k in range(steps):
             lo, hi = (cuts[r][k - 1] if k else 0), cuts[r][k]
             meet = starts[k] + spans[r][k] - model.of("step_post", r)
@@ -311,10 +311,10 @@ def test_a_continuous_run_is_predicted_from_its_own_costs(tmp_path):
 @pytest.mark.parametrize("kind", ["pipedream", "pipedream-2bw"])
 def test_a_continuous_runs_own_paces_and_stashes_are_fitted(tmp_path, kind):
     """The same round trip with each rank's own fixed costs (``CostModel.per_rank``: the
-    first stage's longer gap between calls and per-action overhead) and the weight-version
-    work before its forwards and backwards (``CostModel.stash``): each is recovered where it
-    was, and bubble and step come out as made; the costs of every rank taken as one (the
-    median) would miss them."""
+    first stage's longer gap between calls and per-action overhead), one long gap between two
+    calls (``call_gap``: a dump flush) and the weight-version work before its forwards and
+    backwards (``CostModel.stash``): each is recovered where it was, and bubble and step come
+    out as made; the costs of every rank taken as one (the median) would miss them."""
     from mpipar.analysis import breakdown
     from mpipar.parallel.pipeline.simulate import CostModel
 
@@ -324,7 +324,8 @@ def test_a_continuous_runs_own_paces_and_stashes_are_fitted(tmp_path, kind):
     per_rank = {(0, "step_gap"): 0.9, (1, "step_gap"): 0.1, (0, "overhead"): 0.04,
                 (1, "overhead"): 0.0, (0, "step_post"): 0.2, (1, "step_post"): 0.05}
     model = CostModel(unit={}, per_unit=per_unit, latency=0.2, sync=0.5, step_pre=0.1,
-                      step_post=0.05, step_gap=0.3, stash=stash, per_rank=per_rank)
+                      step_post=0.05, step_gap=0.3, stash=stash, per_rank=per_rank,
+                      call_gap={(0, 2): 4.0})  # a dump flush on rank 0 between calls 2 and 3
     path, spans = continuous_dump(tmp_path / "cont.h5", model, kind=kind, m=4, steps=5)
     s = breakdown(path)["summary"]
     fitted = s["predicted"]["model"]
@@ -332,6 +333,7 @@ def test_a_continuous_runs_own_paces_and_stashes_are_fitted(tmp_path, kind):
                                              stash.items()})
     for (p, name), v in per_rank.items():
         assert fitted["per_rank"][f"{p}/{name}"] == pytest.approx(v, abs=1e-9), (p, name)
+    assert fitted["call_gap_excess"] == pytest.approx({"0": 4.0 - 0.9, "1": 0.0})
     assert s["step_time_pred"] == pytest.approx(s["step_time"])
     assert s["bubble_pred"] == pytest.approx(s["bubble_pipeline"]), s["predict_note"]
     # without the terms the same run is predicted otherwise

@@ -138,12 +138,16 @@ def fit_continuous(run: Run, steps, schedule, cuts):
         parts[(p, "step_post")].append(hi - float(e["end"].max()))
         # each rank's own post and read of the lagged reduction: nobody waits for another there
         parts[(p, "sync")].append(float((coll["end"] - coll["start"]).sum()))
-        ends[p].append((lo, hi))
-    # between a rank's calls (the loop's own work: metrics, progress, dump flushes, counted by
-    # their median): the neighbour waiting for this rank's next message waits through it
+        ends[p].append((lo, hi, s))
+    # between a rank's calls (the loop's own work: metrics, progress, dump flushes): the
+    # neighbour waiting for this rank's next message waits through it; each measured one where
+    # it was (a dump flush is one long gap in fifty), their median elsewhere
     for p, calls in ends.items():
         calls = sorted(calls)
-        parts[(p, "step_gap")] += [b[0] - a[1] for a, b in zip(calls, calls[1:])]
+        for a, b in zip(calls, calls[1:]):
+            parts[(p, "step_gap")].append(b[0] - a[1])
+            if b[2] == a[2] + 1:
+                model.call_gap[(p, a[2])] = b[0] - a[1]
     # one value per rank (the ranks keep their own pace: ``CostModel.per_rank``), and the
     # median over every call as the value for all
     for name in ("overhead", "step_pre", "step_post", "sync", "step_gap"):
@@ -258,6 +262,10 @@ def calibrated_continuous(run: Run, steps, kind: str, pp: int, m: int) -> dict:
                 "step_post", "step_gap", "default_bytes")} | {
                 "stash": {f"{p}/{c}/{op}": v for (p, c, op), v in sorted(model.stash.items())},
                 "per_rank": {f"{p}/{k}": v for (p, k), v in sorted(model.per_rank.items())},
+                # the measured gaps between calls beyond each rank's median (dump flushes)
+                "call_gap_excess": {str(p): sum(g - model.of("step_gap", p) for (q, _), g in
+                                                model.call_gap.items() if q == p)
+                                    for p in sorted({q for q, _ in model.call_gap})},
                 "samples": model.samples if model.jitter else 1,
                 "jitter_cv": float(np.std(model.jitter)) if model.jitter else 0.0,
                 "rank_jitter_cv": {str(p): float(np.std(j))

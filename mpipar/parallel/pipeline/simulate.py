@@ -52,6 +52,9 @@ class CostModel:
     ``step_post`` or ``step_gap`` where it has one (``of``): a continuous run's ranks never meet,
     so each keeps its own pace (the first stage stashes and reads inputs, the last computes the
     loss), and a median over ranks would hand the slower one's fixed costs to the faster.
+    ``call_gap[(rank, k)]``: the time between rank's call k and call k + 1 where measured (a
+    dump flush or a collection pause between two calls: the neighbour waiting for this rank's
+    next message waits through it), else ``step_gap``.
     ``stash[(rank, chunk, op)]``: an asynchronous schedule's weight-version work before each
     such action (the copy of a version before F, the swap and gradient zeroing before BW, the
     copy an UPDATE makes of the version it ends): on the rank's clock, not model compute.
@@ -80,6 +83,7 @@ class CostModel:
     step_gap: float = 0.0
     stash: dict = field(default_factory=dict)
     per_rank: dict = field(default_factory=dict)
+    call_gap: dict = field(default_factory=dict)
     jitter: tuple = ()
     rank_jitter: dict = field(default_factory=dict)
     samples: int = 32
@@ -107,7 +111,8 @@ class CostModel:
                 raise ScheduleError(f"cost model: {name} must be a number >= 0, got {val!r}")
         if not self.bandwidth > 0:
             raise ScheduleError(f"cost model: bandwidth must be > 0, got {self.bandwidth!r}")
-        for name, d in (("stash", self.stash), ("per_rank", self.per_rank)):
+        for name, d in (("stash", self.stash), ("per_rank", self.per_rank),
+                        ("call_gap", self.call_gap)):
             if any(not isinstance(x, (int, float)) or not x >= 0 for x in d.values()):
                 raise ScheduleError(f"cost model: {name} costs must be numbers >= 0")
         if any(not isinstance(x, (int, float)) or not x >= 0
@@ -276,7 +281,8 @@ class _Stepped(_Timed):
             while self.k[r] < len(self.cuts[r]) and self.pos[r] >= self.cuts[r][self.k[r]]:
                 end = self.now[r] + m.of("sync", r) + m.of("step_post", r)
                 self.spans[r].append(end - self.call_start[r])
-                gap = m.of("step_gap", r)
+                gap = m.call_gap.get((r, self.k[r]), m.of("step_gap", r)) if m.call_gap \
+                    else m.of("step_gap", r)
                 self.call_start[r] = end + gap
                 self.now[r] = end + gap + m.of("step_pre", r)
                 self.k[r] += 1
