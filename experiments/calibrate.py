@@ -22,7 +22,9 @@ experiments/configs/exp_bubble.toml and puts side by side:
 - the uniform prediction (one cost per kind for all ranks, the model before calibration) and the
   textbook formula.
 
-Targets (quiet machine): |bubble error| <= 1.5 points, step error within 10 %.
+Targets (quiet machine): |bubble error| <= 1.5 points, step error within 10 % (continuous
+rows: 5 %). ``--continuous`` runs only the continuous rows (PipeDream and 2BW without a flush,
+m = 2, 4, 8: six runs, about 2 minutes on 2 idle cores).
 Column ``contention``: set where the row's units ran markedly slower beside the other rank's
 compute than alone (``mpipar.analysis.contention``): on this 2-vCPU VM that comes and goes, and
 the simulator has no term for it, so such a row's bubble is measured below its prediction.
@@ -44,7 +46,7 @@ NAME = "calibrate"
 COLUMNS = ["grid", "schedule", "v", "m", "bubble_measured", "bubble_pred", "bubble_err_pts",
            "bubble_uniform", "bubble_textbook", "step_ms", "step_pred_ms", "step_err_pct",
            "overhead_us", "latency_us", "jitter_cv", "contention", "ok"]
-BUBBLE_PTS, STEP_PCT = 1.5, 10.0
+BUBBLE_PTS, STEP_PCT, CONT_STEP_PCT = 1.5, 10.0, 5.0
 # A row is marked when its units ran this much slower beside a neighbour's compute than alone,
 # with the line explaining this share of their spread (analysis.contention). Over 193 rows of
 # five calibrate runs, three reached 1.22-1.36 (R^2 0.44-0.63) and missed; every other row's
@@ -52,8 +54,14 @@ BUBBLE_PTS, STEP_PCT = 1.5, 10.0
 CONTENTION_SLOWDOWN, CONTENTION_R2 = 1.1, 0.3
 
 
-def configurations(quick: bool):
-    """(dp, pp, tp, schedule, v, m): bubble.py's pp = 2 rows, then tp = 2 and dp = 2."""
+def configurations(quick: bool, continuous: bool = False):
+    """(dp, pp, tp, schedule, v, m): bubble.py's pp = 2 rows, then tp = 2 and dp = 2; or the
+    continuous rows only (``continuous``)."""
+    if continuous:
+        for sched in ("pipedream-cont", "pipedream-2bw-cont"):
+            for m in (2, 4) if quick else (2, 4, 8):
+                yield 1, 2, 1, sched, 1, m
+        return
     for pp, sched, v, m in bubble.configurations(quick):
         if pp == 2 and (not quick or m == 4):
             yield 1, pp, 1, sched, v, m
@@ -94,17 +102,22 @@ def row(path, dp, pp, tp, sched, v, m) -> dict:
         out["bubble_err_pts"] = 100 * (out["bubble_pred"] - out["bubble_measured"])
         out["step_err_pct"] = 100 * (out["step_pred_ms"] - out["step_ms"]) / out["step_ms"]
         # every row, dp = 2 and tp = 2 too: the prediction simulates each dp replica and tp rank
-        out["ok"] = (abs(out["step_err_pct"]) <= STEP_PCT
+        step_pct = CONT_STEP_PCT if sched.endswith("-cont") else STEP_PCT
+        out["ok"] = (abs(out["step_err_pct"]) <= step_pct
                      and abs(out["bubble_err_pts"]) <= BUBBLE_PTS)
     return out
 
 
 def main(argv=None) -> int:
-    args = common.parser(NAME, __doc__).parse_args(argv)
+    p = common.parser(NAME, __doc__)
+    p.add_argument("--continuous", action="store_true",
+                   help="only the continuous rows (PipeDream and 2BW without a flush, m = 2, 4, "
+                        "8), each judged on 1.5 points and 5 %% of step")
+    args = p.parse_args(argv)
     out = common.out_dir(args, NAME)
     config, base, n_layer = common.bubble_model(args, 3, 6)
     rows = []
-    for dp, pp, tp, sched, v, m in configurations(args.quick):
+    for dp, pp, tp, sched, v, m in configurations(args.quick, args.continuous):
         run_dir = out / f"dp{dp}_pp{pp}_tp{tp}_{sched}_m{m}"
         sets = dict(base)
         kind, cont = bubble.kind_of(sched)  # "-cont": the schedule without a flush
@@ -120,7 +133,7 @@ def main(argv=None) -> int:
     ok = sum(1 for r in rows if r.get("ok"))
     marked = [f"{r['schedule']} m={r['m']}" for r in rows if r["contention"]]
     title = (f"calibrated cost model: predicted vs measured ({ok}/{len(rows)} within "
-             f"{BUBBLE_PTS} points and {STEP_PCT:.0f} %)")
+             f"{BUBBLE_PTS} points and {STEP_PCT:.0f} %, continuous rows {CONT_STEP_PCT:.0f} %)")
     if marked:  # the simulator has no term for it: say so beside the table, change nothing
         title += (f"; units ran >= {CONTENTION_SLOWDOWN:.1f}x slower beside a neighbour's "
                   f"compute than alone in {', '.join(marked)} (column contention): the ranks "
@@ -128,7 +141,8 @@ def main(argv=None) -> int:
     common.write_results(out, title, rows, COLUMNS,
                          meta={"config": str(config), "steps": base["train.steps"],
                                "quick": args.quick,
-                               "targets": {"bubble_pts": BUBBLE_PTS, "step_pct": STEP_PCT},
+                               "targets": {"bubble_pts": BUBBLE_PTS, "step_pct": STEP_PCT,
+                                           "continuous_step_pct": CONT_STEP_PCT},
                                "contention_marks": {"slowdown": CONTENTION_SLOWDOWN,
                                                     "r2": CONTENTION_R2},
                                **common.machine_note()})

@@ -9,10 +9,16 @@
 # Run alone on the machine: bash experiments/noflush_ab.sh [OUT] [ROUNDS] [STEPS]
 # (defaults /tmp/noflush_ab, 3 rounds, 60 steps: 36 runs, about 35 s a round on 2 idle cores,
 # then about a minute of analysis).
+# MS and SCHEDS (environment) change the sweep; the figure of bubble against m
+# (noflush_figure.py) takes one round of every schedule at m = 2, 4, 8, 16:
+#   MS="2 4 8 16" SCHEDS="gpipe 1f1b pipedream-cont pipedream-2bw-cont" ANALYZE=0 \
+#     bash experiments/noflush_ab.sh /tmp/noflush_fig 1 30
 set -euo pipefail
 OUT=${1:-/tmp/noflush_ab}
 ROUNDS=${2:-3}
 STEPS=${3:-60}
+MS=${MS:-4 8}
+SCHEDS=${SCHEDS:-1f1b pipedream-cont pipedream-2bw-cont}
 HERE=$(cd "$(dirname "$0")" && pwd)
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 PYTHONPATH=${PYTHONPATH:-$HERE/..}
 mkdir -p "$OUT"
@@ -23,8 +29,8 @@ echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 for round in $(seq 1 "$ROUNDS"); do
   for cfg in tiny mlp; do
     data=(); [ "$cfg" = tiny ] && data=(--data "$DATA")
-    for m in 4 8; do
-      for sched in 1f1b pipedream-cont pipedream-2bw-cont; do
+    for m in $MS; do
+      for sched in $SCHEDS; do
         kind=${sched%-cont}; cont=false; [ "$kind" != "$sched" ] && cont=true
         run=$OUT/r${round}_${cfg}_m${m}_${sched}
         rm -rf "$run"
@@ -37,5 +43,6 @@ for round in $(seq 1 "$ROUNDS"); do
   done
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
-python -m mpipar.cli analyze "$OUT" | sed -n '/^comparison:/,$p'
+# ANALYZE=0 leaves out the `mpipar analyze` table (the figure's sweep needs the summary only)
+[ "${ANALYZE:-1}" = 0 ] || python -m mpipar.cli analyze "$OUT" | sed -n '/^comparison:/,$p'
 python "$HERE/noflush_summary.py" "$OUT"

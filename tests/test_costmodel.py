@@ -249,20 +249,27 @@ def continuous_dump(path, model, kind="pipedream-2bw", pp=2, m=2, steps=4):
     rows = []
     for r, tl in enumerate(sim.timeline):
         mine = []
-        starts = [sum(spans[r][:k]) + k * model.step_gap for k in range(steps)]
+        gaps = [model.call_gap.get((r, k), model.of("step_gap", r)) for k in range(steps)]
+        starts = [sum(spans[r][:k]) + sum(gaps[:k]) for k in range(steps)]
         for k in range(steps):
             lo, hi = (cuts[r][k - 1] if k else 0), cuts[r][k]
-            meet = starts[k] + spans[r][k] - model.step_post
+            meet = starts[k] + spans[r][k] - model.of("step_post", r)
             for a, b, act in tl[lo:hi]:
                 comm = act.op.startswith(("SEND", "RECV"))
                 peer = 1 - r if comm else -1
+                prep = model.stash.get((r, act.chunk, act.op), 0.0)
+                if prep:  # the weight-version work before the action (CostModel.stash)
+                    mine.append(ev("STASH", s.step_of(act.mb), a - prep, a, mb=act.mb % m,
+                                   chunk=act.chunk))
                 mine.append(ev(names[act.op], s.step_of(act.mb), a, b,
                                mb=act.mb if comm else act.mb % m, chunk=act.chunk,
                                nbytes=64 if comm else 0, peer=peer))
-            end = tl[hi - 1][1] if hi > lo else starts[k] + model.step_pre
+            end = tl[hi - 1][1] if hi > lo else starts[k] + model.of("step_pre", r)
             # the executor finds its sends complete later (a test between actions, the drain)
             mine += [ev("pp.wait", k, end, end, mb=act.mb, chunk=act.chunk, nbytes=64,
                         peer=1 - r) for _, _, act in tl[lo:hi] if act.op.startswith("SEND")]
+            if hi > lo:  # the overhead after the last action comes before the reduction
+                end += model.of("overhead", r)
             mine += [ev("world.allreduce", k, end, meet, nbytes=16),
                      ev("STEP", k, starts[k], starts[k] + spans[r][k])]
         rows.append(mine)
@@ -299,6 +306,42 @@ def test_a_continuous_run_is_predicted_from_its_own_costs(tmp_path):
     sim = predicted_for(load(path), [1, 2, 3])
     made = build_schedule("pipedream-2bw", 2, 2, steps=4)
     assert [len(tl) for tl in sim.timeline] == [len(a) for a in made.ranks]
+
+
+@pytest.mark.parametrize("kind", ["pipedream", "pipedream-2bw"])
+def test_a_continuous_runs_own_paces_and_stashes_are_fitted(tmp_path, kind):
+    """The same round trip with each rank's own fixed costs (``CostModel.per_rank``: the
+    first stage's longer gap between calls and per-action overhead), one long gap between two
+    calls (``call_gap``: a dump flush) and the weight-version work before its forwards and
+    backwards (``CostModel.stash``): each is recovered where it was, and bubble and step come
+    out as made; the costs of every rank taken as one (the median) would miss them."""
+    from mpipar.analysis import breakdown
+    from mpipar.parallel.pipeline.simulate import CostModel
+
+    per_unit = {(0, 0, "F"): 1.0, (0, 0, "BW"): 2.0, (1, 1, "F"): 1.5, (1, 1, "BW"): 2.5,
+                (0, 0, "UPDATE"): 0.25, (1, 1, "UPDATE"): 0.25}
+    stash = {(0, 0, "F"): 0.3, (0, 0, "BW"): 0.2, (1, 1, "BW"): 0.05}
+    per_rank = {(0, "step_gap"): 0.9, (1, "step_gap"): 0.1, (0, "overhead"): 0.04,
+                (1, "overhead"): 0.0, (0, "step_post"): 0.2, (1, "step_post"): 0.05}
+    model = CostModel(unit={}, per_unit=per_unit, latency=0.2, sync=0.5, step_pre=0.1,
+                      step_post=0.05, step_gap=0.3, stash=stash, per_rank=per_rank,
+                      call_gap={(0, 2): 4.0})  # a dump flush on rank 0 between calls 2 and 3
+    path, spans = continuous_dump(tmp_path / "cont.h5", model, kind=kind, m=4, steps=5)
+    s = breakdown(path)["summary"]
+    fitted = s["predicted"]["model"]
+    assert fitted["stash"] == pytest.approx({f"{p}/{c}/{op}": v for (p, c, op), v in
+                                             stash.items()})
+    for (p, name), v in per_rank.items():
+        assert fitted["per_rank"][f"{p}/{name}"] == pytest.approx(v, abs=1e-9), (p, name)
+    assert fitted["call_gap_excess"] == pytest.approx({"0": 4.0 - 0.9, "1": 0.0})
+    assert s["step_time_pred"] == pytest.approx(s["step_time"])
+    assert s["bubble_pred"] == pytest.approx(s["bubble_pipeline"]), s["predict_note"]
+    # without the terms the same run is predicted otherwise
+    from mpipar.parallel.pipeline.simulate import simulate_steps  # noqa: F401
+    plain = CostModel(unit={}, per_unit=per_unit, latency=0.2, sync=0.5, step_pre=0.1,
+                      step_post=0.05, step_gap=0.3)
+    path2, _ = continuous_dump(tmp_path / "plain.h5", plain, kind=kind, m=4, steps=5)
+    assert breakdown(path2)["summary"]["bubble_pipeline"] != pytest.approx(s["bubble_pipeline"])
 
 
 def test_each_ranks_predicted_parts_add_up_to_the_predicted_step(tmp_path):

@@ -113,3 +113,7 @@ def test_calibrate_configurations():
     pp2 = {(s, m) for dp, pp, tp, s, v, m in cfgs if pp == 2}
     assert {("gpipe", 8), ("1f1b", 1), ("interleaved", 4), ("zb-h1", 2), ("naive", 1)} <= pp2
     assert (1, 1, 2, "1f1b", 1, 4) in cfgs and (2, 1, 1, "1f1b", 1, 4) in cfgs
+    cont = list(calibrate.configurations(quick=False, continuous=True))
+    assert {(s, m) for _, pp, _, s, _, m in cont} == {
+        (s, m) for s in ("pipedream-cont", "pipedream-2bw-cont") for m in (2, 4, 8)}
+    assert {(dp, pp, tp, v) for dp, pp, tp, _, v, _ in cont} == {(1, 2, 1, 1)}

@@ -3,6 +3,9 @@
 import sys
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 
 import noflush_summary  # noqa: E402
@@ -34,3 +37,56 @@ def test_the_folder_is_read_by_run_name(tmp_path, capsys):
     assert noflush_summary.rows(tmp_path) == []
     noflush_summary.main(tmp_path)
     assert "speedup" in capsys.readouterr().out
+
+
+def test_the_figure_takes_medians_over_rounds_and_writes_a_png(tmp_path):
+    import noflush_figure
+
+    rows = [_row("1f1b", b, 100.0, pred=p, rnd=k, m=m)
+            for k, (b, p) in enumerate([(0.30, 0.28), (0.20, 0.21), (0.25, 0.22)], 1)
+            for m in (2, 4)]
+    rows += [_row("pipedream-cont", 0.10, 120.0, pred=float("nan"), m=4)]
+    cur = noflush_figure.curves(rows)
+    assert cur["tiny"]["1f1b"] == [(2, 0.25, 0.22), (4, 0.25, 0.22)]
+    m, meas, pred = cur["tiny"]["pipedream-cont"][0]
+    assert (m, meas) == (4, 0.10) and pred != pred  # no prediction: NaN, not a crash
+    assert "pipedream-cont" in noflush_figure.table(cur)
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "f.png"
+    noflush_figure.draw(cur, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_figure_says_what_to_run_on_an_empty_folder(tmp_path):
+    import noflush_figure
+
+    with pytest.raises(SystemExit, match="noflush_ab.sh"):
+        noflush_figure.main(tmp_path, tmp_path / "f.png")
+
+
+def test_the_gaps_table_puts_each_term_beside_its_simulation(tmp_path):
+    """On a continuous run written by the simulation itself (known costs, stashes on the first
+    stage, long enough that the last waits for it), every measured term of noflush_gaps.py
+    equals its simulated one."""
+    import noflush_gaps
+    from test_costmodel import continuous_dump
+
+    from mpipar.analysis import load
+    from mpipar.parallel.pipeline.simulate import CostModel
+
+    per_unit = {(0, 0, "F"): 1.0, (0, 0, "BW"): 2.0, (1, 1, "F"): 1.5, (1, 1, "BW"): 2.5,
+                (0, 0, "UPDATE"): 0.25, (1, 1, "UPDATE"): 0.25}
+    model = CostModel(unit={}, per_unit=per_unit, latency=0.2, sync=0.5, step_pre=0.1,
+                      step_post=0.05, step_gap=0.3, stash={(0, 0, "F"): 1.0, (0, 0, "BW"): 0.2})
+    (tmp_path / "r1").mkdir()
+    continuous_dump(tmp_path / "r1" / "trace.h5", model, kind="pipedream", m=4, steps=5)
+    run = load(str(tmp_path / "r1" / "trace.h5"))
+    steps = [1, 2, 3, 4]
+    meas, sim = noflush_gaps.measured(run, steps), noflush_gaps.simulated(run, steps,
+                                                                          "pipedream", 2, 4)
+    for key in sim:
+        if key[1] != "uncovered":  # (the sim's includes send and receive posting)
+            assert np.mean(meas[key]) == pytest.approx(np.mean(sim[key]), abs=1e-9), key
+    assert np.mean(meas[(0, "stash")]) > 0 and np.mean(meas[(1, "wait for activations")]) > 0
+    text = noflush_gaps.report(tmp_path / "r1")
+    assert "wait for gradients" in text and "longest stalls" in text

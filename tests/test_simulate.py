@@ -208,6 +208,44 @@ def test_a_continuous_schedule_run_a_step_at_a_time_never_meets_between_steps():
     assert free.makespan < sim.makespan
 
 
+def test_a_ranks_own_terms_stash_and_jitter_apply_to_it_alone():
+    """CostModel.per_rank, stash and rank_jitter: rank 0's own gap between calls, the
+    weight-version work before its forwards (before the compute, not part of it) and its own
+    jitter; rank 1 keeps the values for every rank and runs its units at their costs."""
+    from mpipar.parallel.pipeline.actions import step_cuts
+    from mpipar.parallel.pipeline.lowering import lower
+    from mpipar.parallel.pipeline.simulate import CostModel, simulate_steps
+
+    s = lower(build_schedule("pipedream", 2, 2, steps=3))
+    order = s.ranks
+    cuts = [step_cuts(s, a) for a in order]
+    unit = {"F": 1.0, "BW": 2.0, "UPDATE": 0.5}
+    base = CostModel(unit=dict(unit), step_gap=0.25)
+    model = CostModel(unit=dict(unit), step_gap=0.25, per_rank={(0, "step_gap"): 1.0},
+                      stash={(0, 0, "F"): 0.3}, jitter=(1.0,), rank_jitter={0: (0.5, 1.5)})
+    (_, b_spans), (sim, spans) = (simulate_steps(s, base, order, cuts),
+                                  simulate_steps(s, model, order, cuts, draw=3))
+    for r, tl in enumerate(sim.timeline):
+        got = [b - a for a, b, act in tl if act.op in unit]
+        want = [unit[act.op] for _, _, act in tl if act.op in unit]
+        if r == 1:
+            assert got == pytest.approx(want)  # its own pool (none): the costs as given
+        else:
+            assert got != pytest.approx(want)  # drawn from (0.5, 1.5)
+            assert {round(g / w, 9) for g, w in zip(got, want)} <= {0.5, 1.5}
+    # rank 0's forwards start 0.3 after the action before them (the stash, not compute), and
+    # its calls its own gap (1.0) after the previous one's last action; rank 1's the common 0.25
+    tl0 = sim.timeline[0]
+    lead = [a1 - b0 for (_, b0, _), (a1, _, q) in zip(tl0, tl0[1:]) if q.op == "F"]
+    assert min(lead) == pytest.approx(0.3)
+    for r, gap in ((0, 1.0), (1, 0.25)):
+        tl = sim.timeline[r]
+        for k in (1, 2):
+            assert tl[cuts[r][k - 1]][0] - tl[cuts[r][k - 1] - 1][1] >= gap - 1e-12
+    assert sim.busy[0] == pytest.approx(sum(b - a for a, b, act in tl0 if act.op in unit))
+    assert sum(spans[0]) > sum(b_spans[0])
+
+
 def test_textbook_bubble_is_the_makespan_form_of_its_one_home():
     """simulate.textbook_bubble and plan.pipeline.closed_form are formulas' functions: the
     bubble is 1 - m (f+b+w) / makespan at f = b = w = 1, the same figure either way."""

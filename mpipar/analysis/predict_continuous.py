@@ -6,7 +6,8 @@ the last one of a step-k micro-batch). The ranks never meet between calls: each 
 of the loss (and stop) reduction and reads one ``LAG`` steps old (``training/lagged.py``), so
 each rank runs its calls back to back and waits only in its receives. The prediction replays
 the run's lists that way (``simulate.simulate_steps``), on costs fitted from the dump
-(``fit_continuous``: per rank and chunk F / B / W and UPDATE, the overhead per action, the p2p
+(``fit_continuous``: per rank and chunk F / B / W and UPDATE, the weight-version work (STASH)
+before each F, BW and UPDATE, the overhead per action, the p2p
 latency, the rank's own time in the lagged reduction, the fixed time before and after each
 call and between calls, the compute jitter), and takes what the measurement takes: the step
 is the longest rank's call (``breakdown._step_times``: the ranks' calls of one step are not
@@ -112,6 +113,7 @@ def fit_continuous(run: Run, steps, schedule, cuts):
 
     inside, tags = in_calls(run, steps)
     model = CostModel(per_unit=unit_costs(inside, tags), unit={}, jitter=jitter(inside, tags))
+    model.rank_jitter = rank_jitter(inside, tags)
     upd = defaultdict(list)  # UPDATE: the optimizer step of a chunk, recorded as OPT with a chunk
     for r, ev in enumerate(run.events):
         o = ev[(ev["kind"] == "OPT") & (ev["chunk"] >= 0) & np.isin(ev["step"], steps)]
@@ -119,29 +121,38 @@ def fit_continuous(run: Run, steps, schedule, cuts):
             d = o[o["chunk"] == c]
             upd[(int(run.coords[r, 1]), int(c))].append(float((d["end"] - d["start"]).mean()))
     model.per_unit.update({(p, c, "UPDATE"): float(np.mean(v)) for (p, c), v in upd.items()})
-    over, pre, post, meet, ends = [], [], [], [], defaultdict(list)
+    model.stash = stash_costs(run, steps)
+    parts = defaultdict(list)  # (pp rank, name) -> one value per call
+    ends = defaultdict(list)
     for r, s, lo, hi, e in _calls(run, steps):
         if not e.size:
             continue
         p = int(run.coords[r, 1])
         n = cuts[p][s] - (cuts[p][s - 1] if s > 0 else 0)  # the lists start at step 0
         coll = e[np.char.startswith(e["kind"].astype(str), "world.")]
-        pipe = e[np.isin(e["kind"], PIPE_KINDS + ("OPT",))]
-        if pipe.size and n > 0:
-            over.append(_uncovered(pipe["start"], pipe["end"]) / n)
-        pre.append(float(e["start"].min()) - lo)
-        post.append(hi - float(e["end"].max()))
-        ends[r].append((lo, hi))
-        meet.append(float((coll["end"] - coll["start"]).sum()))
-    model.overhead = _med(over)
-    model.step_pre = _med(pre)
-    # each rank's own post and read of the lagged reduction: nobody waits for another there
-    model.sync = _med(meet)
-    model.step_post = _med(post)
-    # between a rank's calls (the loop's own work: metrics, progress, dump flushes, counted by
-    # their median): the neighbour waiting for this rank's next message waits through it
-    model.step_gap = _med([b[0] - a[1] for calls in ends.values()
-                           for a, b in zip(sorted(calls), sorted(calls)[1:])])
+        pipe = e[np.isin(e["kind"], PIPE_KINDS + ("OPT", "STASH"))]  # STASH: ``stash_costs``
+        if pipe.size and n > 1:  # the time between its n actions: n - 1 gaps (the one after
+            # the last is the simulation's too, before the lagged reduction: measured nowhere)
+            parts[(p, "overhead")].append(_uncovered(pipe["start"], pipe["end"]) / (n - 1))
+        parts[(p, "step_pre")].append(float(e["start"].min()) - lo)
+        parts[(p, "step_post")].append(hi - float(e["end"].max()))
+        # each rank's own post and read of the lagged reduction: nobody waits for another there
+        parts[(p, "sync")].append(float((coll["end"] - coll["start"]).sum()))
+        ends[p].append((lo, hi, s))
+    # between a rank's calls (the loop's own work: metrics, progress, dump flushes): the
+    # neighbour waiting for this rank's next message waits through it; each measured one where
+    # it was (a dump flush is one long gap in fifty), their median elsewhere
+    for p, calls in ends.items():
+        calls = sorted(calls)
+        for a, b in zip(calls, calls[1:]):
+            parts[(p, "step_gap")].append(b[0] - a[1])
+            if b[2] == a[2] + 1:
+                model.call_gap[(p, a[2])] = b[0] - a[1]
+    # one value per rank (the ranks keep their own pace: ``CostModel.per_rank``), and the
+    # median over every call as the value for all
+    for name in ("overhead", "step_pre", "step_post", "sync", "step_gap"):
+        setattr(model, name, _med([v for (_, k), vs in parts.items() if k == name for v in vs]))
+    model.per_rank = {key: _med(vs) for key, vs in parts.items() if vs}
     ev = np.concatenate(run.events)
     ev = ev[np.isin(ev["step"], steps)]
     model.send_post, model.recv_post = post_costs(ev)
@@ -151,6 +162,45 @@ def fit_continuous(run: Run, steps, schedule, cuts):
     if assumed:
         notes.append("p2p latency of one direction only, the ranks' clocks taken as one")
     return model, notes
+
+
+def rank_jitter(run: Run, tags) -> dict:
+    """{pp rank: ``costmodel.jitter`` of that rank's units alone}: in a pipeline that never
+    drains, a unit of the stage with slack that runs long stalls its neighbour, one of the other
+    stage does not; drawn from one pool for both, a noisier first stage would stall the last
+    less often in the simulation than it does (only the ranks with repeating units)."""
+    out = {}
+    for r in range(run.world_size):
+        one = replace(run, events=[ev if q == r else ev[:0] for q, ev in enumerate(run.events)])
+        j = jitter(one, tags)
+        if j:
+            out[int(run.coords[r, 1])] = j
+    return out
+
+
+STASH_BEFORE = {"F": "F", "B": "BW", "OPT": "UPDATE"}  # the region after a STASH -> its action
+
+
+def stash_costs(run: Run, steps) -> dict:
+    """{(pp rank, chunk, op): mean STASH time before each such action} over the measured steps:
+    a rank's weight-version work is concentrated before its forwards (copies) and backwards
+    (swap, zeroing), where it delays the next send; spread over every action as overhead it
+    would not (the first stage stashes more than the last). Each action counts, stash or not."""
+    time, count = defaultdict(float), defaultdict(int)
+    for r, ev in enumerate(run.events):
+        p = int(run.coords[r, 1])
+        e = np.sort(ev[np.isin(ev["step"], steps) & (ev["chunk"] >= 0)
+                       & np.isin(ev["kind"], ("STASH",) + tuple(STASH_BEFORE))], order="start")
+        pending = defaultdict(float)  # chunk -> STASH time not yet given to an action
+        for x in e:
+            kind, c = str(x["kind"]), int(x["chunk"])
+            if kind == "STASH":
+                pending[c] += float(x["end"] - x["start"])
+            else:
+                key = (p, c, STASH_BEFORE[kind])
+                time[key] += pending.pop(c, 0.0)
+                count[key] += 1
+    return {k: time[k] / count[k] for k in count if time[k] > 0}
 
 
 def _outcome(sim, spans, cuts, steps) -> dict:
@@ -210,8 +260,16 @@ def calibrated_continuous(run: Run, steps, kind: str, pp: int, m: int) -> dict:
             "model": {k: getattr(model, k) for k in (
                 "overhead", "send_post", "recv_post", "latency", "sync", "step_pre",
                 "step_post", "step_gap", "default_bytes")} | {
+                "stash": {f"{p}/{c}/{op}": v for (p, c, op), v in sorted(model.stash.items())},
+                "per_rank": {f"{p}/{k}": v for (p, k), v in sorted(model.per_rank.items())},
+                # the measured gaps between calls beyond each rank's median (dump flushes)
+                "call_gap_excess": {str(p): sum(g - model.of("step_gap", p) for (q, _), g in
+                                                model.call_gap.items() if q == p)
+                                    for p in sorted({q for q, _ in model.call_gap})},
                 "samples": model.samples if model.jitter else 1,
-                "jitter_cv": float(np.std(model.jitter)) if model.jitter else 0.0},
+                "jitter_cv": float(np.std(model.jitter)) if model.jitter else 0.0,
+                "rank_jitter_cv": {str(p): float(np.std(j))
+                                   for p, j in sorted(model.rank_jitter.items())}},
             "mean_costs": {"step_time": whole["step"], "bubble": whole["bubble"]},
             "replicas": 1, "continuous_steps": total,
             "notes": notes,

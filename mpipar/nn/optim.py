@@ -22,6 +22,7 @@ import numpy as np
 
 from mpipar.backend import array_module
 from mpipar.nn import cpu
+from mpipar.nn.flat import flat_groups
 
 # elements per cache block of the AdamW update on the CPU (5 arrays x 4 bytes x 64K = 1.3 MB)
 OPT_BLOCK_ELEMENTS = 1 << 16
@@ -60,11 +61,16 @@ class _Scratch:
 
 class Optimizer:
     """Shared bookkeeping: the parameter list, per-parameter state buffers, step count and
-    ``state_dict`` / ``load_state_dict``. Subclasses name their buffers in ``BUFFERS``."""
+    ``state_dict`` / ``load_state_dict``. Subclasses name their buffers in ``BUFFERS``.
+
+    The update runs over ``flat.FlatGroup``s: where the gradients lie packed in one buffer (the
+    trainer's buckets), the parameters' data and state are packed to match at construction and
+    a step is a handful of operations per group instead of per tensor; ``fused=False`` updates
+    tensor by tensor (the same bits: the same element-wise operations in the same order)."""
 
     BUFFERS: tuple[str, ...] = ()
 
-    def __init__(self, params, lr: float):
+    def __init__(self, params, lr: float, fused: bool = True):
         self.params = list(params)
         if not self.params:
             raise ValueError("optimizer got an empty parameter list")
@@ -81,6 +87,15 @@ class Optimizer:
         # visible from the start.
         self.state = {p.name: {b: array_module(p.data).zeros_like(p.data) for b in self.BUFFERS}
                       for p in self.params}
+        self.fused = bool(fused)
+        self._groups = flat_groups(self.params, self.state, self.BUFFERS, self.fused)
+
+    def groups(self) -> list:
+        """The flat groups of this step: laid out again when a parameter's data or gradient
+        was rebound since (the state and data are copied into the new layout, unchanged)."""
+        if not all(g.valid() for g in self._groups):
+            self._groups = flat_groups(self.params, self.state, self.BUFFERS, self.fused)
+        return self._groups
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -89,8 +104,8 @@ class Optimizer:
     def step(self, lr: float | None = None) -> None:
         """One update from the current ``.grad``; ``lr`` overrides the base lr for this step."""
         lr = self._begin_step(lr)
-        for p in self.params:
-            self._update(p, self.state[p.name], lr)
+        for g in self.groups():
+            self._update(g, lr)
 
     def _begin_step(self, lr) -> float:
         lr = self.lr if lr is None else _positive_float(lr, "lr", allow_zero=True)
@@ -98,7 +113,7 @@ class Optimizer:
         self.step_count += 1
         return lr
 
-    def _update(self, p, state, lr: float) -> None:
+    def _update(self, group, lr: float) -> None:
         raise NotImplementedError
 
     def state_dict(self) -> dict:
@@ -159,7 +174,7 @@ class SGD(Optimizer):
     ``p -= lr * g``."""
 
     def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
-                 nesterov: bool = False):
+                 nesterov: bool = False, fused: bool = True):
         self.momentum = _positive_float(momentum, "momentum", allow_zero=True)
         self.weight_decay = _positive_float(weight_decay, "weight_decay", allow_zero=True)
         if self.momentum >= 1.0:
@@ -168,18 +183,23 @@ class SGD(Optimizer):
             raise ValueError("nesterov needs momentum > 0")
         self.nesterov = bool(nesterov)
         self.BUFFERS = ("momentum_buffer",) if self.momentum > 0 else ()
-        super().__init__(params, lr)
+        super().__init__(params, lr, fused)
 
-    def _update(self, p, state, lr: float) -> None:
-        xp = np if type(p.data) is np.ndarray else array_module(p.data)
-        g = p.grad
-        if self.weight_decay and decays(p):
-            g = self._scratch.like(p.data, 0)
-            xp.multiply(p.data, self.weight_decay, out=g)
-            g += p.grad
-        step = self._scratch.like(p.data, 1)
+    def _update(self, group, lr: float) -> None:
+        w, grad = group.data, group.grad
+        xp = np if type(w) is np.ndarray else array_module(w)
+        g = grad
+        if self.weight_decay and group.decay_runs:
+            # g = wd * p + grad on the decaying elements, grad itself on the others
+            g = self._scratch.like(w, 0)
+            if not group.all_decay:
+                g[...] = grad
+            for a, b in group.decay_runs:
+                xp.multiply(w[a:b], self.weight_decay, out=g[a:b])
+                g[a:b] += grad[a:b]
+        step = self._scratch.like(w, 1)
         if self.momentum:
-            buf = state["momentum_buffer"]
+            buf = group.state["momentum_buffer"]
             buf *= self.momentum
             buf += g
             if self.nesterov:
@@ -190,7 +210,7 @@ class SGD(Optimizer):
                 xp.multiply(buf, lr, out=step)
         else:
             xp.multiply(g, lr, out=step)
-        p.data -= step
+        w -= step
 
 
 class AdamW(Optimizer):
@@ -202,7 +222,7 @@ class AdamW(Optimizer):
     BUFFERS = ("exp_avg", "exp_avg_sq")
 
     def __init__(self, params, lr: float, betas=(0.9, 0.95), eps: float = 1e-8,
-                 weight_decay: float = 0.0):
+                 weight_decay: float = 0.0, fused: bool = True):
         b1, b2 = (float(b) for b in betas)
         if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
             raise ValueError(f"betas must be in [0, 1), got {tuple(betas)}")
@@ -210,15 +230,16 @@ class AdamW(Optimizer):
         self.eps = _positive_float(eps, "eps")
         self.weight_decay = _positive_float(weight_decay, "weight_decay", allow_zero=True)
         self._local = threading.local()  # per kernel thread scratch (``_thread_scratch``)
-        super().__init__(params, lr)
+        super().__init__(params, lr, fused)
 
     def step(self, lr: float | None = None) -> None:
-        """One update of every parameter: the blocks of all of them go to the kernel threads in
-        one batch (small parameters would each pay a hand-off to the threads otherwise), unless
+        """One update of every parameter: the blocks of all groups go to the kernel threads in
+        one batch (small groups would each pay a hand-off to the threads otherwise), unless
         all of them together are below ``cpu.PARALLEL_MIN_ELEMENTS``."""
         lr = self._begin_step(lr)
-        blocks = [blk for p in self.params for blk in self._blocks(p, self.state[p.name], lr)]
-        if sum(p.data.size for p in self.params) < cpu.PARALLEL_MIN_ELEMENTS:
+        groups = self.groups()
+        blocks = [blk for g in groups for blk in self._blocks(g, lr)]
+        if sum(g.size for g in groups) < cpu.PARALLEL_MIN_ELEMENTS:  # (a few groups, not tensors)
             # a small model's whole update is shorter than handing blocks to the threads and
             # waking them (15-50 us each): the calling thread does it, block by block
             for blk in blocks:
@@ -232,26 +253,30 @@ class AdamW(Optimizer):
             self._local.scratch = _Scratch()
         return self._local.scratch.like(like)
 
-    def _blocks(self, p, state, lr: float) -> list:
-        """[(update of one block, its slice)] for parameter ``p``."""
-        xp = np if type(p.data) is np.ndarray else array_module(p.data)
+    def _blocks(self, group, lr: float) -> list:
+        """[(update of one block, its slice)] for a ``flat.FlatGroup``."""
+        w, g = group.data, group.grad
+        xp = np if type(w) is np.ndarray else array_module(w)
         b1, b2 = self.betas
         t = self.step_count
-        decay = 1.0 - lr * self.weight_decay if self.weight_decay and decays(p) else None
+        decay = 1.0 - lr * self.weight_decay if self.weight_decay and group.decay_runs else None
         c2 = 1.0 / math.sqrt(1.0 - b2**t)
         eps_c, step_c = self.eps / c2, lr / (1.0 - b1**t) / c2
-        # flat views (parameters and their state are contiguous); the 13 passes of one update
+        # flat arrays (a group's data, grads and state: flat.py); the 13 passes of one update
         # run block by block so that the five arrays' blocks stay in cache between passes
         # instead of streaming 80 MB from memory per pass (large config: 45 -> 36 ms); the
         # blocks go to the kernel threads (small config, one step: 7.7 ms on one, 5.1 on two)
-        w, g = p.data.reshape(-1), p.grad.reshape(-1)
-        m, v = state["exp_avg"].reshape(-1), state["exp_avg_sq"].reshape(-1)
+        m, v = group.state["exp_avg"], group.state["exp_avg_sq"]
 
         def block(r):
             wb, gb, mb, vb = w[r], g[r], m[r], v[r]
             tb = self._thread_scratch(wb)
             if decay is not None:
-                wb *= decay
+                if group.all_decay:
+                    wb *= decay
+                else:  # only the decaying tensors' elements
+                    for s in group.runs_in(r.start, r.stop):
+                        wb[s] *= decay
             # m += (1 - b1) * (g - m)  ==  b1 m + (1 - b1) g
             xp.subtract(gb, mb, out=tb)
             tb *= 1.0 - b1

@@ -48,9 +48,21 @@ class CostModel:
     time before the first action and after the optimizer (batch fetch, loss all-reduce, ...);
     ``step_gap``: a continuous run's time between one call and the next on a rank (the training
     loop's own work), which a neighbour waiting for this rank's messages sees.
+    ``per_rank[(rank, name)]``: a rank's own value of ``overhead``, ``sync``, ``step_pre``,
+    ``step_post`` or ``step_gap`` where it has one (``of``): a continuous run's ranks never meet,
+    so each keeps its own pace (the first stage stashes and reads inputs, the last computes the
+    loss), and a median over ranks would hand the slower one's fixed costs to the faster.
+    ``call_gap[(rank, k)]``: the time between rank's call k and call k + 1 where measured (a
+    dump flush or a collection pause between two calls: the neighbour waiting for this rank's
+    next message waits through it), else ``step_gap``.
+    ``stash[(rank, chunk, op)]``: an asynchronous schedule's weight-version work before each
+    such action (the copy of a version before F, the swap and gradient zeroing before BW, the
+    copy an UPDATE makes of the version it ends): on the rank's clock, not model compute.
     ``jitter``: multipliers (mean 1) that one compute's duration takes around its cost, as
     sampled from a dump (``costmodel.jitter``); ``simulate(..., draw=k)`` gives every compute
     one drawn at random (seed k); a prediction averages ``samples`` such draws.
+    ``rank_jitter[rank]``: that rank's own multipliers where given (its units are other layers:
+    the embedding on the first stage, head and loss on the last, with their own spread).
     """
 
     unit: dict = field(default_factory=lambda: dict(DEFAULT_COSTS))
@@ -69,8 +81,17 @@ class CostModel:
     step_pre: float = 0.0
     step_post: float = 0.0
     step_gap: float = 0.0
+    stash: dict = field(default_factory=dict)
+    per_rank: dict = field(default_factory=dict)
+    call_gap: dict = field(default_factory=dict)
     jitter: tuple = ()
+    rank_jitter: dict = field(default_factory=dict)
     samples: int = 32
+
+    def of(self, name: str, r: int) -> float:
+        """Rank r's ``name`` (``per_rank``), else the one for every rank."""
+        return self.per_rank.get((r, name), getattr(self, name)) if self.per_rank \
+            else getattr(self, name)
 
     def compute(self, r: int, a: Action, v: int) -> float:
         c = self.per_unit.get((r, a.chunk, a.op))
@@ -90,7 +111,12 @@ class CostModel:
                 raise ScheduleError(f"cost model: {name} must be a number >= 0, got {val!r}")
         if not self.bandwidth > 0:
             raise ScheduleError(f"cost model: bandwidth must be > 0, got {self.bandwidth!r}")
-        if any(not isinstance(x, (int, float)) or not x >= 0 for x in self.jitter):
+        for name, d in (("stash", self.stash), ("per_rank", self.per_rank),
+                        ("call_gap", self.call_gap)):
+            if any(not isinstance(x, (int, float)) or not x >= 0 for x in d.values()):
+                raise ScheduleError(f"cost model: {name} costs must be numbers >= 0")
+        if any(not isinstance(x, (int, float)) or not x >= 0
+               for x in (*self.jitter, *(y for q in self.rank_jitter.values() for y in q))):
             raise ScheduleError("cost model: jitter must be multipliers >= 0")
         if not isinstance(self.samples, int) or self.samples < 1:
             raise ScheduleError(f"cost model: samples must be an int >= 1, got {self.samples!r}")
@@ -158,8 +184,10 @@ class _Timed(Replay):
         self.scale = None
         if draw is not None and model.jitter:
             rng = np.random.default_rng(draw)
-            pool = np.asarray(model.jitter, dtype=float)
-            self.scale = [pool[rng.integers(0, len(pool), len(acts))] for acts in s.ranks]
+            pools = [np.asarray(model.rank_jitter.get(r, model.jitter), dtype=float)
+                     for r in range(pp)]
+            self.scale = [pool[rng.integers(0, len(pool), len(acts))]
+                          for pool, acts in zip(pools, s.ranks)]
         self.now = [model.step_pre] * pp
         self.busy = [0.0] * pp
         self.comm = [0.0] * pp
@@ -185,6 +213,9 @@ class _Timed(Replay):
             end = max(start, self.sent[matching(a)]) + m.recv_post
             self.comm[r] += end - start
         else:
+            prep = m.stash.get((r, a.chunk, a.op), 0.0) if m.stash else 0.0
+            self.over[r] += prep
+            start += prep  # the weight version first (``CostModel.stash``), then the compute
             cost = m.compute(r, a, self.v)
             if self.scale is not None:
                 cost *= float(self.scale[r][self.pos[r] - 1])  # pos is past this action
@@ -194,8 +225,9 @@ class _Timed(Replay):
             if a.op in ("W", "BW"):
                 self.last_w[(r, a.chunk)] = end
         self.timeline[r].append((start, end, a))
-        self.now[r] = end + m.overhead
-        self.over[r] += m.overhead
+        over = m.of("overhead", r)
+        self.now[r] = end + over
+        self.over[r] += over
 
     def _count_activations(self, r: int, a: Action) -> None:
         if a.op == "F":
@@ -237,6 +269,7 @@ class _Stepped(_Timed):
         self.k = [0] * len(order)  # each rank's call in progress
         self.spans = [[] for _ in order]  # per rank, per call: its span, start to end
         self.call_start = [0.0] * len(order)
+        self.now = [model.of("step_pre", r) for r in range(len(order))]
 
     def can_run(self, r: int, a: Action) -> bool:
         k = self.k[r]
@@ -246,10 +279,12 @@ class _Stepped(_Timed):
         m, moved = self.model, False
         for r in range(len(self.streams)):
             while self.k[r] < len(self.cuts[r]) and self.pos[r] >= self.cuts[r][self.k[r]]:
-                end = self.now[r] + m.sync + m.step_post
+                end = self.now[r] + m.of("sync", r) + m.of("step_post", r)
                 self.spans[r].append(end - self.call_start[r])
-                self.call_start[r] = end + m.step_gap
-                self.now[r] = end + m.step_gap + m.step_pre
+                gap = m.call_gap.get((r, self.k[r]), m.of("step_gap", r)) if m.call_gap \
+                    else m.of("step_gap", r)
+                self.call_start[r] = end + gap
+                self.now[r] = end + gap + m.of("step_pre", r)
                 self.k[r] += 1
                 moved = True
         return moved
@@ -262,7 +297,8 @@ def simulate_steps(s: Schedule, model: CostModel, order, cuts, draw=None) -> tup
     model = as_model(model)
     sim = _Stepped(s, model, order, cuts, draw)
     sim.play()
-    makespan = max(sim.call_start) - model.step_gap if s.pp else 0.0  # the last call's end
+    makespan = max((t - model.of("step_gap", r) for r, t in enumerate(sim.call_start)),
+                   default=0.0)  # the last call's end
     per_rank = [(makespan - b) / makespan if makespan > 0 else 0.0 for b in sim.busy]
     return SimResult(makespan=makespan, busy=sim.busy,
                      bubble_fraction=sum(per_rank) / s.pp if s.pp else 0.0,

@@ -6,6 +6,10 @@ vertical sync, PipeDream-2BW's older buffer) and BW(mb, c) with the same ones. A
 copied once, when a forward first needs it or an UPDATE ends it while a later forward still
 needs it, and kept while a later forward or an in-flight backward needs it, so 2BW holds two
 buffers: the current weights and one older copy.
+
+A forward whose backward comes before the chunk's next UPDATE on its rank (``live``: the last
+stage of 1F1B, where F(mb), BW(mb) and UPDATE(mb) follow one another) needs no copy: its
+backward finds the same weights in place. Only the copies an UPDATE would overwrite are made.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from contextlib import contextmanager
 
+from ...nn.flat import PackedCopier
 from .actions import ScheduleError
 from .versions import weight_versions
 
@@ -33,6 +38,9 @@ class VersionStash:
         self.zero = zero_each if callable(zero_each) else self._zero if zero_each else None
         # each chunk's parameters, listed once: a swap per action walked the layers each time
         self.params = {c: ch.params() for c, ch in chunks.items()}
+        self.live = _live(schedule, chunks, self.map)
+        # a version's copy: one per packed run of the weights (the optimizer packs them)
+        self._copiers = {c: PackedCopier() for c in chunks}
 
     def _weights(self, c, v, chunk):
         if (c, v) not in self.kept:
@@ -40,26 +48,31 @@ class VersionStash:
                 raise ScheduleError(f"F of chunk {c} needs weight version {v}, which this rank "
                                     f"no longer holds or has not made (it is at "
                                     f"{self.current[c]})")
-            self.kept[(c, v)] = [p.data.copy() for p in self.params[c]]
+            self.kept[(c, v)] = self._copy(c)
         return self.kept[(c, v)]
+
+    def _copy(self, c) -> list:
+        return self._copiers[c].copy([p.data for p in self.params[c]])
 
     def copies(self, mb, c) -> bool:
         """Whether ``keep(mb, c)`` copies a version (the executor times that copy as STASH)."""
-        return (c, self.map[(mb, c)]) not in self.kept
+        return (mb, c) not in self.live and (c, self.map[(mb, c)]) not in self.kept
 
     def keep(self, mb, c, chunk) -> None:
         """Before F(mb, c): stash its version's weights for its backward (copied when the rank
-        holds no copy of that version yet: an UPDATE comes before the backward)."""
+        holds no copy of that version yet and an UPDATE comes before the backward; None: the
+        backward runs on the weights in place, ``live``)."""
         v = self.map[(mb, c)]
-        self.saved[(mb, c)] = self._weights(c, v, chunk)
+        live = (mb, c) in self.live
+        self.saved[(mb, c)] = None if live else self._weights(c, v, chunk)
         self.uses[(c, v)] -= 1
         if not self.uses[(c, v)]:
-            del self.kept[(c, v)]  # the stash holds it until the backward
+            self.kept.pop((c, v), None)  # the stash holds it until the backward
 
     @contextmanager
     def forward(self, mb, c, chunk):
         """F(mb, c) with the weights ``keep`` stashed for it (swapped in unless current)."""
-        if self.map[(mb, c)] == self.current[c]:  # the current weights are the version
+        if self.saved[(mb, c)] is None or self.map[(mb, c)] == self.current[c]:
             yield
             return
         with _swapped(self.params[c], self.saved[(mb, c)], zero=False):
@@ -70,9 +83,12 @@ class VersionStash:
         each micro-batch updates on its own). Returns the arrays ``restore`` puts back after
         the backward. Kept apart from the backward so the executor times it on its own."""
         params = self.params[c]
-        current = [p.data for p in params]
-        for p, w in zip(params, self.saved.pop((mb, c))):
-            p.data = w
+        saved = self.saved.pop((mb, c))
+        current = None
+        if saved is not None:  # None: the weights in place are the version (``live``)
+            current = [p.data for p in params]
+            for p, w in zip(params, saved):
+                p.data = w
         if self.zero is not None:
             self.zero(c)
         return current
@@ -83,7 +99,7 @@ class VersionStash:
 
     def restore(self, chunk, current) -> None:
         """After BW: the current weights back in place (``swap_in``'s return)."""
-        for p, w in zip(self.params[chunk.index], current):
+        for p, w in zip(self.params[chunk.index], current or ()):
             p.data = w
 
     def updating(self, c, chunk):
@@ -91,8 +107,28 @@ class VersionStash:
         needs it (2BW: the next step's forwards on the last stages; vertical sync)."""
         v = self.current[c]
         if self.uses[(c, v)] > 0 and (c, v) not in self.kept:
-            self.kept[(c, v)] = [p.data.copy() for p in self.params[c]]
+            self.kept[(c, v)] = self._copy(c)
         self.current[c] = v + 1
+
+
+def _live(schedule, chunks, versions) -> set:
+    """{(mb, c)} of this rank's chunks whose forward runs on the current version and whose
+    backward comes before the chunk's next UPDATE, in the rank's order of the lists."""
+    live = set()
+    for acts in schedule.ranks:
+        done, open_ = {}, {}  # chunk -> UPDATEs so far; (mb, c) -> UPDATEs when F ran
+        for a in acts:
+            if a.chunk not in chunks:
+                continue
+            if a.op == "UPDATE":
+                done[a.chunk] = done.get(a.chunk, 0) + 1
+            elif a.op == "F":
+                open_[(a.mb, a.chunk)] = done.get(a.chunk, 0)
+            elif a.op == "BW" and (a.mb, a.chunk) in open_:  # (a split B/W: never live)
+                at_f = open_.pop((a.mb, a.chunk))
+                if at_f == done.get(a.chunk, 0) == versions.get((a.mb, a.chunk)):
+                    live.add((a.mb, a.chunk))
+    return live
 
 
 @contextmanager
