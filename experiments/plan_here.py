@@ -33,6 +33,8 @@ writes as ``[inter_node]``) and put into the machine's spec with the machine's c
 over the nodes (``experiments/multinode_plan.emulated``); >= 6 rows per rate, each axis that
 crosses the link priced there (``plan.placement``). One node's table is skipped then.
 Run: ``python experiments/plan_here.py --spec here.toml [--quick] [--out DIR]``;
+``--replan DIR``: tables 1 and 2 planned again from the dumps of an earlier ``--out DIR``
+(nothing run: a changed planner or spec against the same measurements);
 ``python experiments/plan_here.py --spec here.toml --emulated [--rates 1gbit,200mbit]``.
 """
 
@@ -145,6 +147,18 @@ def median_step(run) -> float:
     return float(np.median([hi[s] - lo[s] for s in lo])) if lo else float("nan")
 
 
+def dumps_of(out: Path, row, repeats: int) -> list[Path]:
+    """The row's dumps: ``<row>-r<rep>/trace.h5`` for each repeat, else (an older layout, one
+    run per row) ``<row>/trace.h5``; a missing dump is one clear error."""
+    got = [out / f"{row_name(row)}-r{rep}" / "trace.h5" for rep in range(repeats)]
+    got = [p for p in got if p.is_file()] or [q for q in [out / row_name(row) / "trace.h5"]
+                                              if q.is_file()]
+    if not got:
+        raise common.ExperimentError(f"no dump of {row_name(row)} under {out} (run the row, "
+                                     "or give --replan the directory that holds it)")
+    return got
+
+
 def measure_row(args, out: Path, row, cluster, table: str, ranks_per_node=None) -> dict:
     """One table row from the row's ``--repeats`` dumps (medians) and its plan."""
     from mpipar.analysis import breakdown, load
@@ -152,8 +166,8 @@ def measure_row(args, out: Path, row, cluster, table: str, ranks_per_node=None) 
     from mpipar.plan.here import planned
 
     steps, means, mems, run = [], [], [], None
-    for rep in range(args.repeats):
-        run = load(str(out / f"{row_name(row)}-r{rep}" / "trace.h5"))
+    for path in dumps_of(out, row, args.repeats):
+        run = load(str(path))
         steps.append(median_step(run))
         means.append(breakdown(run)["summary"]["step_time"])
         mem = measured_memory(run)
@@ -202,9 +216,14 @@ def rank_summary(rows: list[dict]) -> dict:
 
 
 def one_node_tables(args, out: Path, cluster) -> tuple[list[dict], dict]:
+    """Tables 1 and 2: run the rows (none with ``--replan DIR``: that directory's dumps) and
+    plan them."""
     rows, ranked = list(one_node(args.quick)), ranking(args.quick)
-    train_all(args, out, rows + ranked,
-              lambda row: ["mpiexec", "-n", str(row[1] * row[2] * row[3])])
+    if args.replan:
+        out = Path(args.replan)
+    else:
+        train_all(args, out, rows + ranked,
+                  lambda row: ["mpiexec", "-n", str(row[1] * row[2] * row[3])])
     got = [measure_row(args, out, row, cluster, "one-node") for row in rows]
     got_ranked = [measure_row(args, out, row, cluster, "ranking") for row in ranked]
     summary = rank_summary(got_ranked)
@@ -237,6 +256,9 @@ def main() -> int:
                    help="table 3 only: the rows on the emulated 2-node cluster (root)")
     p.add_argument("--rates", default=None,
                    help="--emulated: link rates, comma-separated (default 1gbit,200mbit)")
+    p.add_argument("--replan", default=None, metavar="DIR",
+                   help="tables 1 and 2 from the dumps already in DIR (a previous --out), "
+                        "planned again with --spec; nothing is run")
     args = p.parse_args()
     if args.repeats < 1:
         print(f"plan_here: --repeats {args.repeats}: give 1 or more", file=sys.stderr)
@@ -264,7 +286,11 @@ def main() -> int:
             return 2
         out = out / "emulated"
     else:
-        rows, meta = one_node_tables(args, out, cluster)
+        try:
+            rows, meta = one_node_tables(args, out, cluster)
+        except common.ExperimentError as exc:
+            print(f"plan_here: {exc}", file=sys.stderr)
+            return 2
     meta.update({"spec": args.spec, "cluster": cluster.name, "repeats": args.repeats,
                  "seconds": time.perf_counter() - t0, "machine": common.machine_note(),
                  "terms": TERMS})
