@@ -18,7 +18,9 @@ between two quiet single runs), and puts side by side:
   executor's in-event floor), ``no_share_ms`` (without core sharing: ranks beyond the node's
   cores), ``no_wait_ms`` (time sharing, without the collectives' co-scheduling wait),
   ``runtime_mib`` (memory the MPI runtime, BLAS and allocator touch during the steps,
-  measured once on the probe run) and ``trace_mib`` (the timing dump's events held in memory).
+  measured once on the probe run), ``trace_mib`` (the timing dump's events held in memory)
+  and ``cold_opt_ms`` (every rank's OPT region at its cold costs: without the warm costs a
+  rank gets when its optimizer state fits its core's cache, ``plan.here.opt_warm``).
 
 Table 1, one node (>= 12 rows): a tiny GPT (experiments/configs/tiny.toml), a larger one
 (exp_bubble.toml: 8 blocks of 128) and the MLP (mlp.toml); pp 1/2, tp 1/2, dp 1/2; gpipe, 1f1b,
@@ -55,7 +57,7 @@ import common  # noqa: E402
 NAME = "plan_here"
 COLUMNS = ["table", "model", "grid", "schedule", "v", "m", "recompute", "step_ms",
            "spread_pct", "mean_ms", "planned_ms", "step_err_pct", "no_floor_ms", "no_wait_ms",
-           "no_share_ms", "mem_mib", "planned_mib", "mem_err_pct", "runtime_mib", "trace_mib", "ok"]
+           "no_share_ms", "cold_opt_ms", "mem_mib", "planned_mib", "mem_err_pct", "runtime_mib", "trace_mib", "ok"]
 STEP_PCT, MEM_PCT, PICK_PCT, SPEARMAN = 10.0, 10.0, 5.0, 0.8
 MODELS = {"tiny": "tiny.toml", "gpt8": "exp_bubble.toml", "mlp": "mlp.toml"}
 STEPS, QUICK_STEPS = 16, 3
@@ -178,6 +180,7 @@ def measure_row(args, out: Path, row, cluster, table: str, ranks_per_node=None) 
     bare = planned(run.config, run.grid, cluster, ranks_per_node, with_floor=False)
     alone = planned(run.config, run.grid, cluster, ranks_per_node, with_share=False)
     spin = planned(run.config, run.grid, cluster, ranks_per_node, with_cosched=False)
+    cold = planned(run.config, run.grid, cluster, ranks_per_node, with_warm=False)
     busiest = int(np.argmax(pl["memory"])) if pl.get("memory") else None
     parts = pl["memory_parts"][busiest] if busiest is not None else {}
     model, dp, pp, tp, sched, v, m, rec = row
@@ -187,6 +190,7 @@ def measure_row(args, out: Path, row, cluster, table: str, ranks_per_node=None) 
          "mean_ms": 1e3 * float(np.median(means)),
          "planned_ms": 1e3 * pl["step"], "no_floor_ms": 1e3 * bare["step"],
          "no_wait_ms": 1e3 * spin["step"], "no_share_ms": 1e3 * alone["step"],
+         "cold_opt_ms": 1e3 * cold["step"],
          "mem_mib": _mib(float(np.median(mems))) if mems else None,
          "planned_mib": _mib(parts.get("total")), "runtime_mib": _mib(parts.get("runtime")),
          "trace_mib": _mib(parts.get("trace"))}
