@@ -57,7 +57,8 @@ import common  # noqa: E402
 NAME = "plan_here"
 COLUMNS = ["table", "model", "grid", "schedule", "v", "m", "recompute", "step_ms",
            "spread_pct", "mean_ms", "planned_ms", "step_err_pct", "no_floor_ms", "no_wait_ms",
-           "no_share_ms", "cold_opt_ms", "mem_mib", "planned_mib", "mem_err_pct", "runtime_mib", "trace_mib", "ok"]
+           "no_share_ms", "cold_opt_ms", "mem_mib", "planned_mib", "mem_err_pct", "runtime_mib",
+           "trace_mib", "ok"]
 STEP_PCT, MEM_PCT, PICK_PCT, SPEARMAN = 10.0, 10.0, 5.0, 0.8
 MODELS = {"tiny": "tiny.toml", "gpt8": "exp_bubble.toml", "mlp": "mlp.toml"}
 STEPS, QUICK_STEPS = 16, 3
