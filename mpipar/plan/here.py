@@ -55,12 +55,12 @@ import math
 from .cluster import Cluster
 from .errors import PlanError
 from .memory_terms import planned_memory
+from .opt_region import _optimizer, opt_floor, opt_warm
 from .placement import axis_links
 from .sharing import core_share, cosched_wait
 
 DTYPE_KEYS = {"float32": ("fp32", 4), "float64": ("fp64", 8), "bfloat16": ("bf16", 2),
               "float16": ("fp16", 2)}
-ADAM_TRAFFIC = 12  # values per parameter the optimizer step reads and writes (module doc)
 
 
 def _get(config, key, default=None):
@@ -239,19 +239,6 @@ def action_floor(c: Cluster) -> tuple[float, float]:
             max(ex["probe_b"] - sum(bwd) / len(bwd), 0.0))
 
 
-def opt_state_bytes(s: int, values: float, zero: int) -> float:
-    """Bytes the OPT region reads on a rank holding ``values`` parameters of ``s`` bytes:
-    the weights and gradients, and its ``1 / zero`` share of AdamW's two moments."""
-    return s * values * (2 + 2 / zero)
-
-
-def opt_warm(c: Cluster, s: int, values: float, zero: int = 1) -> bool:
-    """Whether a rank's optimizer state stays in its core's cache (module doc): the spec
-    knows the cache and has the warm costs, and the state fits."""
-    return (c.cache > 0 and "opt_value_warm" in dict(c.units)
-            and opt_state_bytes(s, values, zero) <= c.cache)
-
-
 def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,  # noqa: C901
                ranks_per_node: int | None = None, floor: tuple | None = None,
                share: bool = True, cosched: bool = True, warm: bool = True):
@@ -328,41 +315,6 @@ def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,  # noqa: C90
         for op, extra in (("F", f_spin), ("B", b_spin), ("BW", b_spin)):
             model.per_unit[(p, chunk, op)] += extra
     return model.check()
-
-
-def _optimizer(c: Cluster, s: int, values: float, tensors: int, warm: bool = False) -> float:
-    """The OPT region of a rank holding ``values`` parameter values (its ZeRO-1 share) in
-    ``tensors`` tensors: measured per value (``[units] opt_value_us``, fp32, scaled by the
-    value size ``s``) when the spec has it, else ADAM_TRAFFIC values per parameter at the
-    element-wise rate; plus the measured cost per tensor. ``warm``: the warm costs
-    (``opt_value_warm_us``, ``opt_tensor_warm_us``; ``opt_warm`` says when)."""
-    units = dict(c.units)
-    tag = "_warm" if warm else ""
-    per_value = units.get("opt_value" + tag)
-    traffic = (per_value * s / 4 * values if per_value is not None
-               else c.hbm_time(ADAM_TRAFFIC * s * values))
-    return traffic + units.get("opt_tensor" + tag, 0.0) * tensors
-
-
-def opt_floor(c: Cluster) -> float:
-    """Seconds a step's OPT region takes beyond its tensors and values (module doc): the
-    probe run's measured OPT (``[executor] probe_opt_us``) less what ``_optimizer`` gives its
-    ranks; 0 without the probe's number."""
-    from mpipar.analysis.memory_model import chunk_bounds
-
-    from .measure import PROBE
-
-    measured = dict(c.executor).get("probe_opt")
-    if measured is None:
-        return 0.0
-    grid = {"dp": 1, "pp": 2, "tp": 1}
-    units, (_, s) = unit_costs(PROBE, grid, c), _peak(c, PROBE)
-    got = []
-    for lo, hi in chunk_bounds(PROBE, grid, 1).values():
-        n = sum(u["params"] for u in units[lo:hi])  # the probe's ranks: warm where known
-        got.append(_optimizer(c, s, n, sum(u["tensors"] for u in units[lo:hi]),
-                              opt_warm(c, s, n)))
-    return max(measured - min(got), 0.0)
 
 
 def _boundary(config, grid, boundary_values) -> float:
