@@ -20,7 +20,7 @@ between two quiet single runs), and puts side by side:
   ``runtime_mib`` (memory the MPI runtime, BLAS and allocator touch during the steps,
   measured once on the probe run), ``trace_mib`` (the timing dump's events held in memory)
   and ``cold_opt_ms`` (every rank's OPT region at its cold costs: without the warm costs a
-  rank gets when its optimizer state fits its core's cache, ``plan.here.opt_warm``).
+  rank gets when its optimizer state fits its core's cache, ``plan.opt_region.opt_warm``).
 
 Table 1, one node (>= 12 rows): a tiny GPT (experiments/configs/tiny.toml), a larger one
 (exp_bubble.toml: 8 blocks of 128) and the MLP (mlp.toml); pp 1/2, tp 1/2, dp 1/2; gpipe, 1f1b,

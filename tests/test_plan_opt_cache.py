@@ -1,5 +1,5 @@
 """The OPT region warm or cold by the size of a rank's optimizer state against its core's
-cache (``plan.here.opt_warm``), the cache read from sysfs (``plan.measure.core_cache_bytes``),
+cache (``plan.opt_region.opt_warm``), the cache read from sysfs (``plan.measure.core_cache_bytes``),
 and ``experiments/plan_here.py --replan``'s dump lookup."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from test_plan_here import SPEC
 from mpipar.parallel.pipeline.generators import build_schedule
 from mpipar.parallel.pipeline.lowering import lower
 from mpipar.plan import load_cluster
-from mpipar.plan.here import _optimizer, cost_model, opt_floor, opt_state_bytes, opt_warm, planned
+from mpipar.plan.here import cost_model, opt_floor, planned
+from mpipar.plan.opt_region import _optimizer, opt_state_bytes, opt_warm
 
 UNITS = ("\n[units]\nopt_value_us = 0.004\nopt_tensor_us = 20.0\n"
          "opt_value_warm_us = 0.001\nopt_tensor_warm_us = 5.0\n"

@@ -55,7 +55,7 @@ import math
 from .cluster import Cluster
 from .errors import PlanError
 from .memory_terms import planned_memory
-from .opt_region import _optimizer, opt_floor, opt_warm
+from .opt_region import _optimizer, opt_fixed, opt_warm
 from .placement import axis_links
 from .sharing import core_share, cosched_wait
 
@@ -315,6 +315,20 @@ def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,  # noqa: C90
         for op, extra in (("F", f_spin), ("B", b_spin), ("BW", b_spin)):
             model.per_unit[(p, chunk, op)] += extra
     return model.check()
+
+
+def opt_floor(c: Cluster) -> float:
+    """The OPT region's fixed cost (``opt_region.opt_fixed``) from the probe run's ranks
+    (``measure.PROBE``: their parameter values and tensors)."""
+    from mpipar.analysis.memory_model import chunk_bounds
+
+    from .measure import PROBE
+
+    grid = {"dp": 1, "pp": 2, "tp": 1}
+    units, (_, s) = unit_costs(PROBE, grid, c), _peak(c, PROBE)
+    return opt_fixed(c, s, [(sum(u["params"] for u in units[lo:hi]),
+                             sum(u["tensors"] for u in units[lo:hi]))
+                            for lo, hi in chunk_bounds(PROBE, grid, 1).values()])
 
 
 def _boundary(config, grid, boundary_values) -> float:

@@ -43,23 +43,13 @@ def _optimizer(c: Cluster, s: int, values: float, tensors: int, warm: bool = Fal
     return traffic + units.get("opt_tensor" + tag, 0.0) * tensors
 
 
-def opt_floor(c: Cluster) -> float:
-    """Seconds a step's OPT region takes beyond its tensors and values (module doc): the
-    probe run's measured OPT (``[executor] probe_opt_us``) less what ``_optimizer`` gives its
-    ranks; 0 without the probe's number."""
-    from mpipar.analysis.memory_model import chunk_bounds
-
-    from .here import _peak, unit_costs
-    from .measure import PROBE
-
+def opt_fixed(c: Cluster, s: int, ranks: list[tuple[float, int]]) -> float:
+    """Seconds a step's OPT region takes beyond its tensors and values: the probe run's
+    measured OPT (``[executor] probe_opt_us``) less what ``_optimizer`` gives the fastest of
+    its ranks, each (values, tensors), warm where ``opt_warm`` says so; 0 without the
+    probe's number (``here.opt_floor`` counts the probe's ranks)."""
     measured = dict(c.executor).get("probe_opt")
     if measured is None:
         return 0.0
-    grid = {"dp": 1, "pp": 2, "tp": 1}
-    units, (_, s) = unit_costs(PROBE, grid, c), _peak(c, PROBE)
-    got = []
-    for lo, hi in chunk_bounds(PROBE, grid, 1).values():
-        n = sum(u["params"] for u in units[lo:hi])  # the probe's ranks: warm where known
-        got.append(_optimizer(c, s, n, sum(u["tensors"] for u in units[lo:hi]),
-                              opt_warm(c, s, n)))
+    got = [_optimizer(c, s, n, tensors, opt_warm(c, s, n)) for n, tensors in ranks]
     return max(measured - min(got), 0.0)
