@@ -246,8 +246,10 @@ TERMS = ("planned = plan.here: unit floor + GEMM + k x element-wise per phase ([
          "executor's in-event floor per compute action (no_floor_ms: without it), executor "
          "costs ([executor]), core sharing when a node runs more ranks than it has cores "
          "(no_share_ms: without it; no_wait_ms: time sharing without the co-scheduling wait "
-         "of collectives), p2p/collective links; memory: the memory model + the "
-         "runtime's ([executor] probe_runtime_mib) + the trace's; one spec for every row")
+         "of collectives), the OPT region warm where a rank's optimizer state fits its "
+         "core's cache (cache_mb; cold_opt_ms: cold everywhere), p2p/collective links; "
+         "memory: the memory model + the runtime's (runtime_mb) + the trace's; one spec for "
+         "every row")
 
 
 def main() -> int:
