@@ -20,7 +20,8 @@ between two quiet single runs), and puts side by side:
   ``runtime_mib`` (memory the MPI runtime, BLAS and allocator touch during the steps,
   measured once on the probe run), ``trace_mib`` (the timing dump's events held in memory)
   and ``cold_opt_ms`` (every rank's OPT region at its cold costs: without the warm costs a
-  rank gets when its optimizer state fits its core's cache, ``plan.opt_region.opt_warm``).
+  rank gets when its optimizer state fits its core's cache, ``plan.opt_region.opt_warm``)
+  and ``no_replica_ms`` (without the dp replicas' wait for the slowest, ``plan.replicas``).
 
 Table 1, one node (>= 12 rows): a tiny GPT (experiments/configs/tiny.toml), a larger one
 (exp_bubble.toml: 8 blocks of 128) and the MLP (mlp.toml); pp 1/2, tp 1/2, dp 1/2; gpipe, 1f1b,
@@ -57,8 +58,8 @@ import common  # noqa: E402
 NAME = "plan_here"
 COLUMNS = ["table", "model", "grid", "schedule", "v", "m", "recompute", "step_ms",
            "spread_pct", "mean_ms", "planned_ms", "step_err_pct", "no_floor_ms", "no_wait_ms",
-           "no_share_ms", "cold_opt_ms", "mem_mib", "planned_mib", "mem_err_pct", "runtime_mib",
-           "trace_mib", "ok"]
+           "no_share_ms", "cold_opt_ms", "no_replica_ms", "mem_mib", "planned_mib",
+           "mem_err_pct", "runtime_mib", "trace_mib", "ok"]
 STEP_PCT, MEM_PCT, PICK_PCT, SPEARMAN = 10.0, 10.0, 5.0, 0.8
 MODELS = {"tiny": "tiny.toml", "gpt8": "exp_bubble.toml", "mlp": "mlp.toml"}
 STEPS, QUICK_STEPS = 16, 3
@@ -182,6 +183,7 @@ def measure_row(args, out: Path, row, cluster, table: str, ranks_per_node=None) 
     alone = planned(run.config, run.grid, cluster, ranks_per_node, with_share=False)
     spin = planned(run.config, run.grid, cluster, ranks_per_node, with_cosched=False)
     cold = planned(run.config, run.grid, cluster, ranks_per_node, with_warm=False)
+    lone = planned(run.config, run.grid, cluster, ranks_per_node, with_replicas=False)
     busiest = int(np.argmax(pl["memory"])) if pl.get("memory") else None
     parts = pl["memory_parts"][busiest] if busiest is not None else {}
     model, dp, pp, tp, sched, v, m, rec = row
@@ -191,7 +193,7 @@ def measure_row(args, out: Path, row, cluster, table: str, ranks_per_node=None) 
          "mean_ms": 1e3 * float(np.median(means)),
          "planned_ms": 1e3 * pl["step"], "no_floor_ms": 1e3 * bare["step"],
          "no_wait_ms": 1e3 * spin["step"], "no_share_ms": 1e3 * alone["step"],
-         "cold_opt_ms": 1e3 * cold["step"],
+         "cold_opt_ms": 1e3 * cold["step"], "no_replica_ms": 1e3 * lone["step"],
          "mem_mib": _mib(float(np.median(mems))) if mems else None,
          "planned_mib": _mib(parts.get("total")), "runtime_mib": _mib(parts.get("runtime")),
          "trace_mib": _mib(parts.get("trace"))}
@@ -247,7 +249,8 @@ TERMS = ("planned = plan.here: unit floor + GEMM + k x element-wise per phase ([
          "costs ([executor]), core sharing when a node runs more ranks than it has cores "
          "(no_share_ms: without it; no_wait_ms: time sharing without the co-scheduling wait "
          "of collectives), the OPT region warm where a rank's optimizer state fits its "
-         "core's cache (cache_mb; cold_opt_ms: cold everywhere), p2p/collective links; "
+         "core's cache (cache_mb; cold_opt_ms: cold everywhere), the dp replicas' wait for "
+         "the slowest (step_cv; no_replica_ms: without it), p2p/collective links; "
          "memory: the memory model + the runtime's (runtime_mb) + the trace's; one spec for "
          "every row")
 

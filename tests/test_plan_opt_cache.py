@@ -4,6 +4,7 @@ and ``experiments/plan_here.py --replan``'s dump lookup."""
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -105,3 +106,33 @@ def test_replan_finds_repeats_or_one_run_and_says_when_neither(tmp_path):
         (tmp_path / f"{name}-r{rep}" / "trace.h5").write_text("")
     assert [p.parent.name for p in plan_here.dumps_of(tmp_path, row, 3)] == [
         f"{name}-r0", f"{name}-r1"]
+
+
+def test_dp_replicas_wait_for_the_slowest(tmp_path):
+    """plan.replicas: E[max of n standard normals] (0.5642 for 2, 1.0294 for 4); the step of a
+    dp = 2 run grows by e_2 x step_cv x the busiest rank's compute; one replica, or a spec
+    without step_cv: nothing."""
+    from mpipar.plan.replicas import expected_max, replica_wait
+
+    assert expected_max(1) == 0.0
+    assert expected_max(2) == pytest.approx(1 / math.sqrt(math.pi), abs=1e-4)
+    assert expected_max(4) == pytest.approx(1.0294, abs=1e-4)
+    path = tmp_path / "cv.toml"
+    path.write_text("step_cv = 0.1\n" + SPEC)
+    c, bare = load_cluster(str(path)), _spec(tmp_path, 0.0)
+    assert replica_wait(c, 1, 1.0) == 0.0 and replica_wait(bare, 4, 1.0) == 0.0
+    assert replica_wait(c, 4, 2.0) == pytest.approx(0.2 * expected_max(4))
+    grid = {"dp": 2, "pp": 1, "tp": 1}
+    got, lone = planned(_mlp(64), grid, c), planned(_mlp(64), grid, c, with_replicas=False)
+    assert got["replica_wait"] == pytest.approx(expected_max(2) * 0.1 * max(lone["compute"]))
+    assert got["step"] == pytest.approx(lone["step"] + got["replica_wait"])
+    one = {"dp": 1, "pp": 1, "tp": 1}
+    assert planned(_mlp(64), one, c)["step"] == planned(_mlp(64), one, c,
+                                                         with_replicas=False)["step"]
+
+
+def test_step_cv_from_the_reference_chain():
+    """unit_bench.step_cv: std / mean over the reference chain's repeats, >= 0."""
+    from mpipar.plan.unit_bench import step_cv
+
+    assert 0 <= step_cv(0.0, least=3) < 1

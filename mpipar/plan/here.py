@@ -33,6 +33,8 @@ tensor-parallel rank (1D Megatron cut, ``models.counts``):
   holds its core): every CPU cost (units, optimizer, executor) is divided by that share; links
   are not; and each collective call (tp's in the blocks, dp's per bucket, the gradient norm's)
   spins half a scheduler slice for each time a partner is off its core (``cosched_wait``);
+- dp replicas (``plan.replicas``): one replica is simulated; the step adds the wait for the
+  slowest of the ``dp`` replicas, from the spec's ``step_cv`` (``replica_wait``);
 - dp: each chunk's gradients all-reduced in ``bucket_mb`` buckets (latency per bucket, ring
   volume 2 (dp-1)/dp bytes / bus bandwidth); optimizer: AdamW's ~12 values of traffic per
   parameter (weights, gradient, two moments read and written, the update and clipping) / the
@@ -57,6 +59,7 @@ from .errors import PlanError
 from .memory_terms import planned_memory
 from .opt_region import _optimizer, opt_fixed, opt_warm
 from .placement import axis_links
+from .replicas import replica_wait
 from .sharing import core_share, cosched_wait
 
 DTYPE_KEYS = {"float32": ("fp32", 4), "float64": ("fp64", 8), "bfloat16": ("bf16", 2),
@@ -350,13 +353,14 @@ def _boundary(config, grid, boundary_values) -> float:
 
 def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | None = None,
             with_floor: bool = True, with_share: bool = True, with_cosched: bool = True,
-            with_warm: bool = True) -> dict:
+            with_warm: bool = True, with_replicas: bool = True) -> dict:
     """{step, bubble, bubble_step, compute[p], comm[p], overhead[p], memory[p] | None,
     memory_parts} of the run ``config`` on ``grid`` (dp, pp, tp), from the spec alone
     (``ranks_per_node``: default all ranks on one node; ``with_floor`` False: without the
     executor's in-event floor, ``action_floor``; ``with_share`` False: without the terms of
     ranks sharing cores, ``plan.sharing``; ``with_cosched`` False: its time sharing only;
-    ``with_warm`` False: the OPT region cold on every rank, ``opt_warm``)."""
+    ``with_warm`` False: the OPT region cold on every rank, ``opt_warm``; ``with_replicas``
+    False: without the dp replicas' wait for the slowest, ``plan.replicas``)."""
     from mpipar.analysis.memory_model import chunk_bounds
     from mpipar.analysis.predict import expected_outcomes
     from mpipar.parallel.pipeline.generators import build_schedule
@@ -374,6 +378,10 @@ def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | No
                        None if with_floor else (0.0, 0.0), with_share, with_cosched,
                        with_warm)
     out = expected_outcomes(sched, [[model]], [0])[0]
+    # one replica simulated: the step's wait for the slowest of the dp replicas on top
+    out["replica_wait"] = (replica_wait(cluster, int(grid.get("dp", 1)), max(out["compute"]))
+                           if with_replicas else 0.0)
+    out["step"] += out["replica_wait"]
     mem = planned_memory(config, grid, cluster, sched, chunk_bounds(config, grid, v),
                          unit_costs(config, grid, cluster))
     out["memory"] = [r["total"] for r in mem] if mem else None

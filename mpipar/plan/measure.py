@@ -23,6 +23,8 @@ every number measured here, none taken from a datasheet:
 - ``[units]``: mpipar's own GPT block, head, embedding and MLP unit timed at a tiny and a
   reference shape (``plan.unit_bench``, run as a chain of distinct units): the per-call floor
   and the element-wise factors; the MLP's loss; the OPT region per tensor and per value.
+- ``step_cv``: how much one rank's compute per step varies (``unit_bench.step_cv``: std /
+  mean over repeats of the reference GPT chain), for the wait of dp replicas for the slowest.
 - ``cache_mb``: the largest cache of one core alone (``core_cache_bytes``, read from
   ``/sys/devices/system/cpu/cpu0/cache``); the OPT region is timed warm on state that fits it
   and cold on state that does not, and the planner picks per rank by its state's size.
@@ -264,6 +266,7 @@ def measure(ranks: int = 2, inter_node: bool = False, quick: bool = False,
     say(f"matrix products, n = {', '.join(map(str, sizes))}, one BLAS thread ...")
     rates = _local_rates_one_thread(quick, timeout)
     r32, r64, mem, units = rates["fp32"], rates["fp64"], rates["mem"], rates["units"]
+    cv = units.pop("step_cv")
     peak32, half = fit_gemm(r32)
     peak64, _ = fit_gemm(r64)
     say("  fp32 " + ", ".join(f"n={n} {r / 1e9:.2f}" for n, r in r32) + " GFLOP/s; fitted "
@@ -272,6 +275,7 @@ def measure(ranks: int = 2, inter_node: bool = False, quick: bool = False,
     say("model units (us; floor / reference shape, plan/unit_bench.py): " + ", ".join(
         f"{k} {v * 1e6:.0f}" for k, v in units.items() if k.startswith("ref_")))
     say(f"element-wise c = a + b: {mem / 1e9:.2f} GB/s")
+    say(f"a step's compute varies by {100 * cv:.1f} % (std / mean, the reference GPT chain)")
     say(f"OPT region per tensor / per 1000 values (us): cold {units['opt_tensor'] * 1e6:.1f} / "
         f"{units['opt_value'] * 1e9:.2f}" + (
             f"; warm (state within half the core's {rates['cache'] / 2**20:.3g} MiB cache) "
@@ -298,6 +302,7 @@ def measure(ranks: int = 2, inter_node: bool = False, quick: bool = False,
         "workspace_gb": rss / 1e9,
         "runtime_mb": runtime / 2**20,
         "cache_mb": rates["cache"] / 2**20,
+        "step_cv": cv,
         "peak_tflops": {"fp32": peak32 / 1e12, "fp64": peak64 / 1e12},
         "hbm": {"capacity_gb": _physical_memory() / 1e9, "bandwidth_gbs": mem / 1e9,
                 "efficiency": 1.0},
@@ -340,6 +345,7 @@ def to_toml(spec: dict) -> str:
         f"workspace_gb = {spec['workspace_gb']:.4g}   # resident size of Python + NumPy",
         f"runtime_mb = {spec['runtime_mb']:.4g}   # MPI, BLAS, allocator: touched during steps",
         f"cache_mb = {spec['cache_mb']:.4g}   # a core's own cache: OPT warm when state fits",
+        f"step_cv = {spec['step_cv']:.4g}   # a step's compute: std / mean (replicas' wait)",
     ]
     for sec in ("peak_tflops", "hbm", "intra_node", "inter_node", "collective", "gemm",
                 "executor", "units"):

@@ -58,18 +58,21 @@ def _evict() -> None:
     _junk[0] += 1.0
 
 
-def _chain(units, feed, budget: float) -> list[tuple[float, float, float]]:
+def _chain(units, feed, budget: float, totals: list | None = None,
+           least: int = 4) -> list[tuple[float, float, float]]:
     """Per unit of ``units`` (a model's, in order), the median over repeats of its mean
     forward, backward-input and weight-pass time per micro-batch, run as a step runs them:
     ``CHAIN`` micro-batches forward through every unit (each keeping its stash), then each
     backward through every unit in reverse. A unit timed alone over and over keeps its weights
     and stash in cache; a run's units evict each other's, which costs ~25 % on this path.
     ``feed``: (micro-batch input, unit -> (output, seconds) for the last unit's forward,
-    last unit's (gradient, seconds))."""
+    last unit's (gradient, seconds)). ``totals``: gets each repeat's whole time (all units,
+    phases and micro-batches; the first, which allocates, left out); ``least``: repeats at
+    least."""
     x0, last_f, last_b = feed
     n = len(units)
     reps, end = [], time.perf_counter() + budget
-    while len(reps) < 4 or time.perf_counter() < end:
+    while len(reps) < least or time.perf_counter() < end:
         t = np.zeros((n, 3))
         for mb in range(CHAIN):
             x = x0
@@ -93,11 +96,14 @@ def _chain(units, feed, budget: float) -> list[tuple[float, float, float]]:
                 t[i, 2] += time.perf_counter() - t1
         reps.append(t / CHAIN)
     # the first repeat allocates the stashes and the gradients: not a step's cost
+    if totals is not None:
+        totals.extend(float(t.sum()) * CHAIN for t in reps[1:])
     med = np.median(np.array(reps[1:]), axis=0)
     return [tuple(float(v) for v in row) for row in med]
 
 
-def gpt_units(d: int, heads: int, seq: int, b: int, budget: float) -> dict:
+def gpt_units(d: int, heads: int, seq: int, b: int, budget: float,
+              totals: list | None = None, least: int = 4) -> dict:
     """{"embed_f": s, ..., "block_w": s, "head_w": s} of a ``CHAIN``-block GPT at this shape
     run as a chain (``_chain``; a block's time the mean over its blocks; the head with its
     cross-entropy loss: F + LOSS, then the loss's gradient and B)."""
@@ -117,7 +123,7 @@ def gpt_units(d: int, heads: int, seq: int, b: int, budget: float) -> dict:
     def last_b(mb):
         return grads[mb], grads[(mb, "t")]
 
-    got = _chain(units, (tok, last_f, last_b), budget)
+    got = _chain(units, (tok, last_f, last_b), budget, totals, least)
     out = {}
     for name, rows in (("embed", got[:1]), ("block", got[1:-1]), ("head", got[-1:])):
         mean = np.mean(np.array(rows), axis=0)
@@ -229,11 +235,26 @@ def _mlp_model_of(sizes):
     return build_model(cfg.model, Backend("cpu", "float32"))
 
 
+STEP_REPEATS = 12  # repeats of the reference chain ``step_cv`` takes at least
+
+
+def step_cv(budget: float, least: int = STEP_REPEATS) -> float:
+    """The coefficient of variation of a whole step's compute on one rank: the reference GPT
+    chain (``_chain``, ~50 ms of forward and backward, a step's worth) run ``least`` times or
+    more, std / mean of the repeats' totals. A rank's work per step varies as a whole (the
+    machine, not one action); replicas that meet once a step wait for the slowest
+    (``plan.here``'s replica term)."""
+    totals: list = []
+    gpt_units(*REF["gpt"], budget, totals, least)
+    return float(np.std(totals) / np.mean(totals)) if len(totals) > 1 else 0.0
+
+
 def measure_units(quick: bool, cache_bytes: float = 0.0) -> dict:
     """{"floor_<unit>_<phase>": s, "ref_<unit>_<phase>": s, "opt_tensor": s, "opt_value": s}
     (seconds), and the warm OPT costs with ``cache_bytes`` (``optimizer_costs``)."""
     budget = 0.05 if quick else 0.4
     out = optimizer_costs(budget, cache_bytes)
+    out["step_cv"] = step_cv(budget, 4 if quick else STEP_REPEATS)
     for tag, shapes in (("floor", FLOOR), ("ref", REF)):
         got = gpt_units(*shapes["gpt"], budget) | mlp_units(*shapes["mlp"], budget)
         out.update({f"{tag}_{k}": v for k, v in got.items()})
