@@ -18,7 +18,10 @@ between two quiet single runs), and puts side by side:
   executor's in-event floor), ``no_share_ms`` (without core sharing: ranks beyond the node's
   cores), ``no_wait_ms`` (time sharing, without the collectives' co-scheduling wait),
   ``runtime_mib`` (memory the MPI runtime, BLAS and allocator touch during the steps,
-  measured once on the probe run) and ``trace_mib`` (the timing dump's events held in memory).
+  measured once on the probe run), ``trace_mib`` (the timing dump's events held in memory)
+  and ``cold_opt_ms`` (every rank's OPT region at its cold costs: without the warm costs a
+  rank gets when its optimizer state fits its core's cache, ``plan.opt_region.opt_warm``)
+  and ``no_replica_ms`` (without the dp replicas' wait for the slowest, ``plan.replicas``).
 
 Table 1, one node (>= 12 rows): a tiny GPT (experiments/configs/tiny.toml), a larger one
 (exp_bubble.toml: 8 blocks of 128) and the MLP (mlp.toml); pp 1/2, tp 1/2, dp 1/2; gpipe, 1f1b,
@@ -33,6 +36,8 @@ writes as ``[inter_node]``) and put into the machine's spec with the machine's c
 over the nodes (``experiments/multinode_plan.emulated``); >= 6 rows per rate, each axis that
 crosses the link priced there (``plan.placement``). One node's table is skipped then.
 Run: ``python experiments/plan_here.py --spec here.toml [--quick] [--out DIR]``;
+``--replan DIR``: tables 1 and 2 planned again from the dumps of an earlier ``--out DIR``
+(nothing run: a changed planner or spec against the same measurements);
 ``python experiments/plan_here.py --spec here.toml --emulated [--rates 1gbit,200mbit]``.
 """
 
@@ -53,7 +58,8 @@ import common  # noqa: E402
 NAME = "plan_here"
 COLUMNS = ["table", "model", "grid", "schedule", "v", "m", "recompute", "step_ms",
            "spread_pct", "mean_ms", "planned_ms", "step_err_pct", "no_floor_ms", "no_wait_ms",
-           "no_share_ms", "mem_mib", "planned_mib", "mem_err_pct", "runtime_mib", "trace_mib", "ok"]
+           "no_share_ms", "cold_opt_ms", "no_replica_ms", "mem_mib", "planned_mib",
+           "mem_err_pct", "runtime_mib", "trace_mib", "ok"]
 STEP_PCT, MEM_PCT, PICK_PCT, SPEARMAN = 10.0, 10.0, 5.0, 0.8
 MODELS = {"tiny": "tiny.toml", "gpt8": "exp_bubble.toml", "mlp": "mlp.toml"}
 STEPS, QUICK_STEPS = 16, 3
@@ -145,6 +151,18 @@ def median_step(run) -> float:
     return float(np.median([hi[s] - lo[s] for s in lo])) if lo else float("nan")
 
 
+def dumps_of(out: Path, row, repeats: int) -> list[Path]:
+    """The row's dumps: ``<row>-r<rep>/trace.h5`` for each repeat, else (an older layout, one
+    run per row) ``<row>/trace.h5``; a missing dump is one clear error."""
+    got = [out / f"{row_name(row)}-r{rep}" / "trace.h5" for rep in range(repeats)]
+    got = [p for p in got if p.is_file()] or [q for q in [out / row_name(row) / "trace.h5"]
+                                              if q.is_file()]
+    if not got:
+        raise common.ExperimentError(f"no dump of {row_name(row)} under {out} (run the row, "
+                                     "or give --replan the directory that holds it)")
+    return got
+
+
 def measure_row(args, out: Path, row, cluster, table: str, ranks_per_node=None) -> dict:
     """One table row from the row's ``--repeats`` dumps (medians) and its plan."""
     from mpipar.analysis import breakdown, load
@@ -152,8 +170,8 @@ def measure_row(args, out: Path, row, cluster, table: str, ranks_per_node=None) 
     from mpipar.plan.here import planned
 
     steps, means, mems, run = [], [], [], None
-    for rep in range(args.repeats):
-        run = load(str(out / f"{row_name(row)}-r{rep}" / "trace.h5"))
+    for path in dumps_of(out, row, args.repeats):
+        run = load(str(path))
         steps.append(median_step(run))
         means.append(breakdown(run)["summary"]["step_time"])
         mem = measured_memory(run)
@@ -164,6 +182,8 @@ def measure_row(args, out: Path, row, cluster, table: str, ranks_per_node=None) 
     bare = planned(run.config, run.grid, cluster, ranks_per_node, with_floor=False)
     alone = planned(run.config, run.grid, cluster, ranks_per_node, with_share=False)
     spin = planned(run.config, run.grid, cluster, ranks_per_node, with_cosched=False)
+    cold = planned(run.config, run.grid, cluster, ranks_per_node, with_warm=False)
+    lone = planned(run.config, run.grid, cluster, ranks_per_node, with_replicas=False)
     busiest = int(np.argmax(pl["memory"])) if pl.get("memory") else None
     parts = pl["memory_parts"][busiest] if busiest is not None else {}
     model, dp, pp, tp, sched, v, m, rec = row
@@ -173,6 +193,7 @@ def measure_row(args, out: Path, row, cluster, table: str, ranks_per_node=None) 
          "mean_ms": 1e3 * float(np.median(means)),
          "planned_ms": 1e3 * pl["step"], "no_floor_ms": 1e3 * bare["step"],
          "no_wait_ms": 1e3 * spin["step"], "no_share_ms": 1e3 * alone["step"],
+         "cold_opt_ms": 1e3 * cold["step"], "no_replica_ms": 1e3 * lone["step"],
          "mem_mib": _mib(float(np.median(mems))) if mems else None,
          "planned_mib": _mib(parts.get("total")), "runtime_mib": _mib(parts.get("runtime")),
          "trace_mib": _mib(parts.get("trace"))}
@@ -202,9 +223,14 @@ def rank_summary(rows: list[dict]) -> dict:
 
 
 def one_node_tables(args, out: Path, cluster) -> tuple[list[dict], dict]:
+    """Tables 1 and 2: run the rows (none with ``--replan DIR``: that directory's dumps) and
+    plan them."""
     rows, ranked = list(one_node(args.quick)), ranking(args.quick)
-    train_all(args, out, rows + ranked,
-              lambda row: ["mpiexec", "-n", str(row[1] * row[2] * row[3])])
+    if args.replan:
+        out = Path(args.replan)
+    else:
+        train_all(args, out, rows + ranked,
+                  lambda row: ["mpiexec", "-n", str(row[1] * row[2] * row[3])])
     got = [measure_row(args, out, row, cluster, "one-node") for row in rows]
     got_ranked = [measure_row(args, out, row, cluster, "ranking") for row in ranked]
     summary = rank_summary(got_ranked)
@@ -222,8 +248,11 @@ TERMS = ("planned = plan.here: unit floor + GEMM + k x element-wise per phase ([
          "executor's in-event floor per compute action (no_floor_ms: without it), executor "
          "costs ([executor]), core sharing when a node runs more ranks than it has cores "
          "(no_share_ms: without it; no_wait_ms: time sharing without the co-scheduling wait "
-         "of collectives), p2p/collective links; memory: the memory model + the "
-         "runtime's ([executor] probe_runtime_mib) + the trace's; one spec for every row")
+         "of collectives), the OPT region warm where a rank's optimizer state fits its "
+         "core's cache (cache_mb; cold_opt_ms: cold everywhere), the dp replicas' wait for "
+         "the slowest (step_cv; no_replica_ms: without it), p2p/collective links; "
+         "memory: the memory model + the runtime's (runtime_mb) + the trace's; one spec for "
+         "every row")
 
 
 def main() -> int:
@@ -237,6 +266,9 @@ def main() -> int:
                    help="table 3 only: the rows on the emulated 2-node cluster (root)")
     p.add_argument("--rates", default=None,
                    help="--emulated: link rates, comma-separated (default 1gbit,200mbit)")
+    p.add_argument("--replan", default=None, metavar="DIR",
+                   help="tables 1 and 2 from the dumps already in DIR (a previous --out), "
+                        "planned again with --spec; nothing is run")
     args = p.parse_args()
     if args.repeats < 1:
         print(f"plan_here: --repeats {args.repeats}: give 1 or more", file=sys.stderr)
@@ -264,7 +296,11 @@ def main() -> int:
             return 2
         out = out / "emulated"
     else:
-        rows, meta = one_node_tables(args, out, cluster)
+        try:
+            rows, meta = one_node_tables(args, out, cluster)
+        except common.ExperimentError as exc:
+            print(f"plan_here: {exc}", file=sys.stderr)
+            return 2
     meta.update({"spec": args.spec, "cluster": cluster.name, "repeats": args.repeats,
                  "seconds": time.perf_counter() - t0, "machine": common.machine_note(),
                  "terms": TERMS})

@@ -49,6 +49,10 @@ def test_measure_writes_a_spec_that_cluster_reads(tmp_path):
     # the probe's runtime memory (plan.memory_terms) and the scheduler slice (plan.sharing)
     assert 0 <= c.runtime < 64 * 2**20 and "runtime memory" in done.stdout
     assert 1e-5 < dict(c.executor)["sched_slice"] < 0.1
+    # the core's cache and the warm OPT costs (plan.opt_region), a step's variation
+    # (plan.replicas)
+    assert c.cache >= 0 and 0 <= c.step_cv < 1 and "OPT region" in done.stdout
+    assert (c.cache > 0) == ("opt_value_warm" in dict(c.units))
 
 
 def test_measure_refuses_a_missing_out(tmp_path):
@@ -67,5 +71,5 @@ def test_unit_bench_times_every_phase_of_a_chain():
     assert set(got) == {f"{u}_{p}" for u in ("embed", "block", "head", "linear")
                         for p in ub.PHASES} | {"loss_f", "loss_b"}
     assert all(t > 0 for k, t in got.items() if k != "embed_b")  # a gather has no dx
-    per_tensor, per_value = ub.optimizer_costs(0.0)
-    assert per_tensor > 0 and per_value > 0
+    opt = ub.optimizer_costs(0.0)
+    assert opt["opt_tensor"] > 0 and opt["opt_value"] > 0

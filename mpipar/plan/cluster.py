@@ -51,6 +51,8 @@ class Cluster:
     cores_per_node: int = 0  # CPU specs: ranks beyond it share cores (0: no such term)
     units: tuple = ()  # measured model-unit times, seconds (``plan.unit_bench``)
     runtime: float = 0.0  # bytes a rank's runtime touches during the steps (plan.memory_terms)
+    cache: float = 0.0  # bytes of a core's own cache (CPU specs; plan.here's optimizer costs)
+    step_cv: float = 0.0  # a rank's compute per step: std / mean (plan.replicas)
 
     def gemm_efficiency(self, smallest_dim: float) -> float:
         """Achievable fraction of peak for a GEMM whose smallest dimension per GPU is given:
@@ -133,6 +135,8 @@ def load_cluster(spec: str) -> Cluster:
         cores_per_rank=float(data.get("cores_per_rank", 0.0)),
         cores_per_node=int(data.get("cores_per_node", 0)),
         runtime=float(data.get("runtime_mb", 0.0)) * 2**20,
+        cache=float(data.get("cache_mb", 0.0)) * 2**20,
+        step_cv=float(data.get("step_cv", 0.0)),
         units=tuple(sorted((k.removesuffix("_us"), _get(data, f"units.{k}", where) * 1e-6)
                            for k in data.get("units", {}))),
     )

@@ -33,6 +33,8 @@ tensor-parallel rank (1D Megatron cut, ``models.counts``):
   holds its core): every CPU cost (units, optimizer, executor) is divided by that share; links
   are not; and each collective call (tp's in the blocks, dp's per bucket, the gradient norm's)
   spins half a scheduler slice for each time a partner is off its core (``cosched_wait``);
+- dp replicas (``plan.replicas``): one replica is simulated; the step adds the wait for the
+  slowest of the ``dp`` replicas, from the spec's ``step_cv`` (``replica_wait``);
 - dp: each chunk's gradients all-reduced in ``bucket_mb`` buckets (latency per bucket, ring
   volume 2 (dp-1)/dp bytes / bus bandwidth); optimizer: AdamW's ~12 values of traffic per
   parameter (weights, gradient, two moments read and written, the update and clipping) / the
@@ -41,7 +43,11 @@ tensor-parallel rank (1D Megatron cut, ``models.counts``):
   by dp under ZeRO-1, plus its measured cost per parameter tensor (``opt_tensor_us``) times
   the rank's tensors, plus the region's fixed cost (``opt_floor``: the probe run's measured
   OPT, ``[executor] probe_opt_us``, less what the two terms give it: the norm and loss
-  all-reduce's call, the learning rate, the step's bookkeeping).
+  all-reduce's call, the learning rate, the step's bookkeeping). Both costs are measured cold
+  and warm (``unit_bench.optimizer_costs``); a rank whose optimizer state (``opt_state_bytes``:
+  weights, gradients and its share of the two moments) fits its core's cache (the spec's
+  ``cache_mb``) gets the warm ones: nothing between two optimizer steps touches enough to
+  evict it (the MLP's 0.6 MB against 1 MiB), where a larger model's state is gone by then.
 """
 
 from __future__ import annotations
@@ -51,12 +57,13 @@ import math
 from .cluster import Cluster
 from .errors import PlanError
 from .memory_terms import planned_memory
+from .opt_region import _optimizer, opt_fixed, opt_warm
 from .placement import axis_links
+from .replicas import replica_wait
 from .sharing import core_share, cosched_wait
 
 DTYPE_KEYS = {"float32": ("fp32", 4), "float64": ("fp64", 8), "bfloat16": ("bf16", 2),
               "float16": ("fp16", 2)}
-ADAM_TRAFFIC = 12  # values per parameter the optimizer step reads and writes (module doc)
 
 
 def _get(config, key, default=None):
@@ -237,12 +244,13 @@ def action_floor(c: Cluster) -> tuple[float, float]:
 
 def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,  # noqa: C901
                ranks_per_node: int | None = None, floor: tuple | None = None,
-               share: bool = True, cosched: bool = True):
+               share: bool = True, cosched: bool = True, warm: bool = True):
     """The ``CostModel`` of the run's lowered schedule ``sched``, from the spec (module doc).
     ``ranks_per_node``: default every rank of the run on one node (else the axes whose groups
     span nodes cost on ``[inter_node]``, ``placement.axis_links``); ``floor``: the executor's
     (F, backward) in-event floor, default ``action_floor``; ``share`` False: without the
-    terms of ranks sharing cores (``plan.sharing``), ``cosched`` False: time sharing only."""
+    terms of ranks sharing cores (``plan.sharing``), ``cosched`` False: time sharing only;
+    ``warm`` False: every rank's OPT region at its cold costs (``opt_warm``)."""
     from mpipar.analysis.memory_model import chunk_bounds
     from mpipar.models.counts import boundary_values
     from mpipar.parallel.pipeline.simulate import CostModel
@@ -289,7 +297,8 @@ def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,  # noqa: C90
             model.dp_reduce[(p, chunk)] = (math.ceil(nbytes / bucket) * (coll.latency + wait(dp))
                                            + _allreduce(coll, nbytes, dp) - coll.latency)
     fixed = opt_floor(c)
-    model.optimizer = {p: _optimizer(c, s, n / zero, tensors[p]) + fixed
+    model.optimizer = {p: _optimizer(c, s, n / zero, tensors[p],
+                                     warm and opt_warm(c, s, n, zero)) + fixed
                        for p, n in params.items()}
     pp_link = links["pp"]
     model.latency, model.bandwidth = pp_link.latency, pp_link.bandwidth * pp_link.efficiency
@@ -311,35 +320,18 @@ def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,  # noqa: C90
     return model.check()
 
 
-def _optimizer(c: Cluster, s: int, values: float, tensors: int) -> float:
-    """The OPT region of a rank holding ``values`` parameter values (its ZeRO-1 share) in
-    ``tensors`` tensors: measured per value (``[units] opt_value_us``, fp32, scaled by the
-    value size ``s``) when the spec has it, else ADAM_TRAFFIC values per parameter at the
-    element-wise rate; plus the measured cost per tensor."""
-    units = dict(c.units)
-    per_value = units.get("opt_value")
-    traffic = (per_value * s / 4 * values if per_value is not None
-               else c.hbm_time(ADAM_TRAFFIC * s * values))
-    return traffic + units.get("opt_tensor", 0.0) * tensors
-
-
 def opt_floor(c: Cluster) -> float:
-    """Seconds a step's OPT region takes beyond its tensors and values (module doc): the
-    probe run's measured OPT (``[executor] probe_opt_us``) less what ``_optimizer`` gives its
-    ranks; 0 without the probe's number."""
+    """The OPT region's fixed cost (``opt_region.opt_fixed``) from the probe run's ranks
+    (``measure.PROBE``: their parameter values and tensors)."""
     from mpipar.analysis.memory_model import chunk_bounds
 
     from .measure import PROBE
 
-    measured = dict(c.executor).get("probe_opt")
-    if measured is None:
-        return 0.0
     grid = {"dp": 1, "pp": 2, "tp": 1}
     units, (_, s) = unit_costs(PROBE, grid, c), _peak(c, PROBE)
-    got = [_optimizer(c, s, sum(u["params"] for u in units[lo:hi]),
-                      sum(u["tensors"] for u in units[lo:hi]))
-           for lo, hi in chunk_bounds(PROBE, grid, 1).values()]
-    return max(measured - min(got), 0.0)
+    return opt_fixed(c, s, [(sum(u["params"] for u in units[lo:hi]),
+                             sum(u["tensors"] for u in units[lo:hi]))
+                            for lo, hi in chunk_bounds(PROBE, grid, 1).values()])
 
 
 def _boundary(config, grid, boundary_values) -> float:
@@ -360,12 +352,15 @@ def _boundary(config, grid, boundary_values) -> float:
 
 
 def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | None = None,
-            with_floor: bool = True, with_share: bool = True, with_cosched: bool = True) -> dict:
+            with_floor: bool = True, with_share: bool = True, with_cosched: bool = True,
+            with_warm: bool = True, with_replicas: bool = True) -> dict:
     """{step, bubble, bubble_step, compute[p], comm[p], overhead[p], memory[p] | None,
     memory_parts} of the run ``config`` on ``grid`` (dp, pp, tp), from the spec alone
     (``ranks_per_node``: default all ranks on one node; ``with_floor`` False: without the
     executor's in-event floor, ``action_floor``; ``with_share`` False: without the terms of
-    ranks sharing cores, ``plan.sharing``; ``with_cosched`` False: its time sharing only)."""
+    ranks sharing cores, ``plan.sharing``; ``with_cosched`` False: its time sharing only;
+    ``with_warm`` False: the OPT region cold on every rank, ``opt_warm``; ``with_replicas``
+    False: without the dp replicas' wait for the slowest, ``plan.replicas``)."""
     from mpipar.analysis.memory_model import chunk_bounds
     from mpipar.analysis.predict import expected_outcomes
     from mpipar.parallel.pipeline.generators import build_schedule
@@ -380,8 +375,13 @@ def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | No
                         "column covers it")
     sched = lower(build_schedule(kind, pp, m, virtual_stages=v))
     model = cost_model(config, grid, cluster, sched, v, ranks_per_node,
-                       None if with_floor else (0.0, 0.0), with_share, with_cosched)
+                       None if with_floor else (0.0, 0.0), with_share, with_cosched,
+                       with_warm)
     out = expected_outcomes(sched, [[model]], [0])[0]
+    # one replica simulated: the step's wait for the slowest of the dp replicas on top
+    out["replica_wait"] = (replica_wait(cluster, int(grid.get("dp", 1)), max(out["compute"]))
+                           if with_replicas else 0.0)
+    out["step"] += out["replica_wait"]
     mem = planned_memory(config, grid, cluster, sched, chunk_bounds(config, grid, v),
                          unit_costs(config, grid, cluster))
     out["memory"] = [r["total"] for r in mem] if mem else None

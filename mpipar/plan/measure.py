@@ -23,6 +23,11 @@ every number measured here, none taken from a datasheet:
 - ``[units]``: mpipar's own GPT block, head, embedding and MLP unit timed at a tiny and a
   reference shape (``plan.unit_bench``, run as a chain of distinct units): the per-call floor
   and the element-wise factors; the MLP's loss; the OPT region per tensor and per value.
+- ``step_cv``: how much one rank's compute per step varies (``unit_bench.step_cv``: std /
+  mean over repeats of the reference GPT chain), for the wait of dp replicas for the slowest.
+- ``cache_mb``: the largest cache of one core alone (``core_cache_bytes``, read from
+  ``/sys/devices/system/cpu/cpu0/cache``); the OPT region is timed warm on state that fits it
+  and cold on state that does not, and the planner picks per rank by its state's size.
 - ``cores_per_node`` (the cores this process may run on), ``cores_per_rank``,
   ``workspace_gb`` (the resident size of a Python process with NumPy).
 """
@@ -201,16 +206,44 @@ def _runtime_bytes(run, steps) -> float:
     return max(float(np.mean([g - rows[p]["total"] for g, p in zip(got, pp)])), 0.0)
 
 
+CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
+_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def core_cache_bytes(root: Path = CACHE_DIR) -> float:
+    """Bytes of the largest data or unified cache that cpu0 has to itself (its
+    ``shared_cpu_list`` names one cpu: a rank's own, whatever its neighbours do); 0 where
+    the kernel does not say."""
+    best = 0.0
+    for index in sorted(root.glob("index*")):
+        try:
+            kind = (index / "type").read_text().strip()
+            shared = (index / "shared_cpu_list").read_text().strip()
+            size = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        if kind == "Instruction" or "," in shared or "-" in shared:
+            continue
+        try:
+            got = float(size[:-1]) * _UNITS[size[-1]] if size[-1] in _UNITS else float(size)
+        except ValueError:
+            continue
+        best = max(best, got)
+    return best
+
+
 def local_rates(quick: bool) -> dict:
-    """{"fp32": [(n, FLOP/s)], "fp64": [...], "mem": bytes/s} in this process."""
+    """{"fp32": [(n, FLOP/s)], "fp64": [...], "mem": bytes/s, "units": {...}, "cache":
+    bytes} in this process."""
     budget = 0.05 if quick else 0.5
     sizes = QUICK_SIZES if quick else SIZES
     from .unit_bench import measure_units
 
+    cache = core_cache_bytes()
     return {"fp32": gemm_rates(sizes, np.float32, budget),
             "fp64": gemm_rates(sizes, np.float64, budget),
             "mem": memory_rate(1 << (20 if quick else 24), budget),
-            "units": measure_units(quick)}
+            "units": measure_units(quick, cache), "cache": cache}
 
 
 def _local_rates_one_thread(quick: bool, timeout: float) -> dict:
@@ -233,6 +266,7 @@ def measure(ranks: int = 2, inter_node: bool = False, quick: bool = False,
     say(f"matrix products, n = {', '.join(map(str, sizes))}, one BLAS thread ...")
     rates = _local_rates_one_thread(quick, timeout)
     r32, r64, mem, units = rates["fp32"], rates["fp64"], rates["mem"], rates["units"]
+    cv = units.pop("step_cv")
     peak32, half = fit_gemm(r32)
     peak64, _ = fit_gemm(r64)
     say("  fp32 " + ", ".join(f"n={n} {r / 1e9:.2f}" for n, r in r32) + " GFLOP/s; fitted "
@@ -241,6 +275,12 @@ def measure(ranks: int = 2, inter_node: bool = False, quick: bool = False,
     say("model units (us; floor / reference shape, plan/unit_bench.py): " + ", ".join(
         f"{k} {v * 1e6:.0f}" for k, v in units.items() if k.startswith("ref_")))
     say(f"element-wise c = a + b: {mem / 1e9:.2f} GB/s")
+    say(f"a step's compute varies by {100 * cv:.1f} % (std / mean, the reference GPT chain)")
+    say(f"OPT region per tensor / per 1000 values (us): cold {units['opt_tensor'] * 1e6:.1f} / "
+        f"{units['opt_value'] * 1e9:.2f}" + (
+            f"; warm (state within half the core's {rates['cache'] / 2**20:.3g} MiB cache) "
+            f"{units['opt_tensor_warm'] * 1e6:.1f} / {units['opt_value_warm'] * 1e9:.2f}"
+            if "opt_tensor_warm" in units else "; no core cache size read: cold only"))
     say(f"p2p and all-reduce over {ranks} ranks (commbench) ...")
     intra = links(ranks, False, quick, timeout)
     inter = links(ranks, True, quick, timeout) if inter_node else None
@@ -261,6 +301,8 @@ def measure(ranks: int = 2, inter_node: bool = False, quick: bool = False,
         "cores_per_node": cores,
         "workspace_gb": rss / 1e9,
         "runtime_mb": runtime / 2**20,
+        "cache_mb": rates["cache"] / 2**20,
+        "step_cv": cv,
         "peak_tflops": {"fp32": peak32 / 1e12, "fp64": peak64 / 1e12},
         "hbm": {"capacity_gb": _physical_memory() / 1e9, "bandwidth_gbs": mem / 1e9,
                 "efficiency": 1.0},
@@ -302,6 +344,8 @@ def to_toml(spec: dict) -> str:
         f"cores_per_node = {spec['cores_per_node']}         # more ranks than this share cores",
         f"workspace_gb = {spec['workspace_gb']:.4g}   # resident size of Python + NumPy",
         f"runtime_mb = {spec['runtime_mb']:.4g}   # MPI, BLAS, allocator: touched during steps",
+        f"cache_mb = {spec['cache_mb']:.4g}   # a core's own cache: OPT warm when state fits",
+        f"step_cv = {spec['step_cv']:.4g}   # a step's compute: std / mean (replicas' wait)",
     ]
     for sec in ("peak_tflops", "hbm", "intra_node", "inter_node", "collective", "gemm",
                 "executor", "units"):

@@ -12,7 +12,10 @@ unit over and over with its data in cache. ``mpipar.plan.here`` reads them as: a
 unit's phase costs its floor, plus its GEMM time, plus ``k`` times its element-wise time, with
 ``k`` the one factor per (unit kind, phase) that makes the reference shape come out as measured.
 Also measured: the MLP's loss (a per-call cost) and the OPT region (gradient norm, clipping,
-AdamW) per parameter tensor and per value, with cold caches (``_evict``), as in a step.
+AdamW) per parameter tensor and per value twice: with cold caches (``_evict``), as in a step
+whose parameters, gradients and moments do not fit the core's cache, and warm, on models whose
+whole state fits half of it (``warm_bytes``, the cache size ``mpipar plan measure`` reads), as
+in a step whose state stays there between one optimizer step and the next (the MLP's 0.6 MB).
 The shapes are fixed here, never a validation run's.
 """
 
@@ -55,18 +58,21 @@ def _evict() -> None:
     _junk[0] += 1.0
 
 
-def _chain(units, feed, budget: float) -> list[tuple[float, float, float]]:
+def _chain(units, feed, budget: float, totals: list | None = None,
+           least: int = 4) -> list[tuple[float, float, float]]:
     """Per unit of ``units`` (a model's, in order), the median over repeats of its mean
     forward, backward-input and weight-pass time per micro-batch, run as a step runs them:
     ``CHAIN`` micro-batches forward through every unit (each keeping its stash), then each
     backward through every unit in reverse. A unit timed alone over and over keeps its weights
     and stash in cache; a run's units evict each other's, which costs ~25 % on this path.
     ``feed``: (micro-batch input, unit -> (output, seconds) for the last unit's forward,
-    last unit's (gradient, seconds))."""
+    last unit's (gradient, seconds)). ``totals``: gets each repeat's whole time (all units,
+    phases and micro-batches; the first, which allocates, left out); ``least``: repeats at
+    least."""
     x0, last_f, last_b = feed
     n = len(units)
     reps, end = [], time.perf_counter() + budget
-    while len(reps) < 4 or time.perf_counter() < end:
+    while len(reps) < least or time.perf_counter() < end:
         t = np.zeros((n, 3))
         for mb in range(CHAIN):
             x = x0
@@ -90,11 +96,14 @@ def _chain(units, feed, budget: float) -> list[tuple[float, float, float]]:
                 t[i, 2] += time.perf_counter() - t1
         reps.append(t / CHAIN)
     # the first repeat allocates the stashes and the gradients: not a step's cost
+    if totals is not None:
+        totals.extend(float(t.sum()) * CHAIN for t in reps[1:])
     med = np.median(np.array(reps[1:]), axis=0)
     return [tuple(float(v) for v in row) for row in med]
 
 
-def gpt_units(d: int, heads: int, seq: int, b: int, budget: float) -> dict:
+def gpt_units(d: int, heads: int, seq: int, b: int, budget: float,
+              totals: list | None = None, least: int = 4) -> dict:
     """{"embed_f": s, ..., "block_w": s, "head_w": s} of a ``CHAIN``-block GPT at this shape
     run as a chain (``_chain``; a block's time the mean over its blocks; the head with its
     cross-entropy loss: F + LOSS, then the loss's gradient and B)."""
@@ -114,7 +123,7 @@ def gpt_units(d: int, heads: int, seq: int, b: int, budget: float) -> dict:
     def last_b(mb):
         return grads[mb], grads[(mb, "t")]
 
-    got = _chain(units, (tok, last_f, last_b), budget)
+    got = _chain(units, (tok, last_f, last_b), budget, totals, least)
     out = {}
     for name, rows in (("embed", got[:1]), ("block", got[1:-1]), ("head", got[-1:])):
         mean = np.mean(np.array(rows), axis=0)
@@ -155,9 +164,10 @@ def _loss_times(loss, logits, budget: float) -> dict:
     return {"loss_f": float(f), "loss_b": float(b)}
 
 
-def _opt_step_time(model, budget: float) -> tuple[float, int, int]:
+def _opt_step_time(model, budget: float, cold: bool = True) -> tuple[float, int, int]:
     """(median seconds, parameter tensors, values) of what a step's OPT region does on the
-    parameters of ``model``: the local gradient norm, clipping, mpipar's AdamW."""
+    parameters of ``model``: the local gradient norm, clipping, mpipar's AdamW; ``cold``: the
+    caches emptied before each call (``_evict``), else warm from the call before."""
     from mpipar.nn.optim import AdamW, clip_grads_, grad_norm_sq_local
 
     params = model.params()
@@ -167,7 +177,8 @@ def _opt_step_time(model, budget: float) -> tuple[float, int, int]:
     got = []
     end = time.perf_counter() + budget
     while len(got) < 5 or time.perf_counter() < end:
-        _evict()
+        if cold:
+            _evict()
         t0 = time.perf_counter()
         clip_grads_(params, 1.0, float(np.sqrt(grad_norm_sq_local(params))))
         opt.step()
@@ -175,23 +186,42 @@ def _opt_step_time(model, budget: float) -> tuple[float, int, int]:
     return float(np.median(got)), len(params), sum(int(p.data.size) for p in params)
 
 
-def optimizer_costs(budget: float) -> tuple[float, float]:
-    """(seconds per parameter tensor, seconds per parameter value) of the OPT region. Per
-    value: ~0.5 M values in two tensors (NumPy's passes over the weights, gradient, moments
-    and scratch, measured rather than counted), less their share of the per-tensor cost; per
-    tensor: the ``CHAIN``-block GPT at the reference shape (a real model's mix of norms,
-    biases and matrices: each tensor's own norm, clipping and update calls, ~2-3x what 8-wide
-    tensors alone cost) less its values' cost. Two equations, solved by a few substitutions."""
-    d, heads, seq, _ = REF["gpt"]
-    t_big, n_big, v_big = _opt_step_time(_mlp_model_of(OPT_VALUES), budget)
-    t_gpt, n_gpt, v_gpt = _opt_step_time(_gpt_model(d, heads, seq, CHAIN), budget)
+def _solve(big: tuple, many: tuple) -> tuple[float, float]:
+    """(per tensor, per value) from two (seconds, tensors, values) timings: one of few large
+    tensors (``big``: sets the per-value cost), one of many small ones (``many``: the per-tensor
+    cost). Two equations, solved by a few substitutions (they converge at once: the large
+    model's two tensors weigh little)."""
+    (t_big, n_big, v_big), (t_many, n_many, v_many) = big, many
     per_tensor = 0.0
-    for _ in range(4):  # converges at once: the big linear's 2 tensors weigh little
+    for _ in range(4):
         per_value = max(t_big - per_tensor * n_big, 0.0) / v_big
-        per_tensor = max(t_gpt - per_value * v_gpt, 0.0) / n_gpt
+        per_tensor = max(t_many - per_value * v_many, 0.0) / n_many
     return per_tensor, per_value
 
 
+def optimizer_costs(budget: float, warm_bytes: float = 0.0) -> dict:
+    """{"opt_tensor", "opt_value"}: seconds per parameter tensor and per value of the OPT
+    region with cold caches; per value: ~0.5 M values in two tensors (NumPy's passes over the
+    weights, gradient, moments and scratch, measured rather than counted); per tensor: the
+    ``CHAIN``-block GPT at the reference shape (a real model's mix of norms, biases and
+    matrices: each tensor's own norm, clipping and update calls, ~2-3x what 8-wide tensors
+    alone cost). With ``warm_bytes`` (the core's cache, bytes) also {"opt_tensor_warm",
+    "opt_value_warm"}: the same, warm, on a linear whose state (``STATE_VALUES`` per
+    parameter) fills half of it and the ``CHAIN``-block GPT at the tiny shape."""
+    d, heads, seq, _ = REF["gpt"]
+    cold = _solve(_opt_step_time(_mlp_model_of(OPT_VALUES), budget),
+                  _opt_step_time(_gpt_model(d, heads, seq, CHAIN), budget))
+    out = {"opt_tensor": cold[0], "opt_value": cold[1]}
+    if warm_bytes > 0:
+        width = max(int((warm_bytes / 2 / (4 * STATE_VALUES)) ** 0.5), 8)
+        d, heads, seq, _ = FLOOR["gpt"]
+        warm = _solve(_opt_step_time(_mlp_model_of([width, width]), budget, cold=False),
+                      _opt_step_time(_gpt_model(d, heads, seq, CHAIN), budget, cold=False))
+        out |= {"opt_tensor_warm": warm[0], "opt_value_warm": warm[1]}
+    return out
+
+
+STATE_VALUES = 4  # values the OPT region keeps per parameter: weight, gradient, two moments
 OPT_VALUES = [1024, 512]  # one linear: 0.5 M weights, the order of the runs' parameter counts
 
 
@@ -205,12 +235,26 @@ def _mlp_model_of(sizes):
     return build_model(cfg.model, Backend("cpu", "float32"))
 
 
-def measure_units(quick: bool) -> dict:
+STEP_REPEATS = 12  # repeats of the reference chain ``step_cv`` takes at least
+
+
+def step_cv(budget: float, least: int = STEP_REPEATS) -> float:
+    """The coefficient of variation of a whole step's compute on one rank: the reference GPT
+    chain (``_chain``, ~50 ms of forward and backward, a step's worth) run ``least`` times or
+    more, std / mean of the repeats' totals. A rank's work per step varies as a whole (the
+    machine, not one action); replicas that meet once a step wait for the slowest
+    (``plan.here``'s replica term)."""
+    totals: list = []
+    gpt_units(*REF["gpt"], budget, totals, least)
+    return float(np.std(totals) / np.mean(totals)) if len(totals) > 1 else 0.0
+
+
+def measure_units(quick: bool, cache_bytes: float = 0.0) -> dict:
     """{"floor_<unit>_<phase>": s, "ref_<unit>_<phase>": s, "opt_tensor": s, "opt_value": s}
-    (seconds)."""
+    (seconds), and the warm OPT costs with ``cache_bytes`` (``optimizer_costs``)."""
     budget = 0.05 if quick else 0.4
-    per_tensor, per_value = optimizer_costs(budget)
-    out = {"opt_tensor": per_tensor, "opt_value": per_value}
+    out = optimizer_costs(budget, cache_bytes)
+    out["step_cv"] = step_cv(budget, 4 if quick else STEP_REPEATS)
     for tag, shapes in (("floor", FLOOR), ("ref", REF)):
         got = gpt_units(*shapes["gpt"], budget) | mlp_units(*shapes["mlp"], budget)
         out.update({f"{tag}_{k}": v for k, v in got.items()})
