@@ -81,6 +81,25 @@ def _rank_spans(run, r, steps):
     return out
 
 
+def rank_totals(run, r, steps) -> list:
+    """``_rank_spans`` of rank r summed per kind: [(kind, op, bytes, seconds, overlapped,
+    count)] (``bandwidth`` sums them over ranks; once per run and steps: a 1,000-step rank has
+    thousands of spans)."""
+    from .fit_parts import cached
+
+    def make(_):
+        acc = {}
+        for kind, op, nbytes, seconds, overlapped, count in _rank_spans(run, r, steps):
+            a = acc.setdefault(kind, [kind, op, 0, 0.0, False, 0])
+            a[2] += nbytes
+            a[3] += seconds
+            a[4] |= overlapped
+            a[5] += count
+        return [tuple(a) for a in acc.values()]
+
+    return cached(run, r, ("bandwidth", tuple(int(s) for s in steps)), make)
+
+
 def _paired_spans(ev, kinds) -> list:
     """Posts paired in order with the waits that complete them (per axis and size)."""
     queued = defaultdict(deque)  # (axis, bytes) -> posts not yet paired with a wait
@@ -105,7 +124,7 @@ def bandwidth(run: Run | str, steps=None) -> list[dict]:
     steps = run.steps() if steps is None else list(steps)
     rows = {}
     for r in range(len(run.events)):
-        for kind, op, nbytes, seconds, overlapped, count in _rank_spans(run, r, steps):
+        for kind, op, nbytes, seconds, overlapped, count in rank_totals(run, r, steps):
             n = _group_size(run, kind.partition(".")[0])
             size = nbytes * n if op == "allgather" else nbytes
             r = rows.setdefault(kind, {"kind": kind, "op": op, "group": n, "count": 0,

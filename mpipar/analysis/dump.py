@@ -76,6 +76,8 @@ class Run:
 
     def steps(self) -> list[int]:
         """Training steps (>= 0) that have events on any rank, sorted."""
+        if "steps" in self.cache:  # a streamed run (``analysis.stream``): its events are gone
+            return list(self.cache["steps"])
         found = set()
         for ev in self.events:
             found.update(int(s) for s in np.unique(ev["step"]) if s >= 0)
@@ -114,12 +116,16 @@ def _run_name(path: str) -> str:
     return os.path.splitext(base)[0]
 
 
-def load(path, name: str | None = None, steps=None) -> Run:
+def load(path, name: str | None = None, steps=None, stream: bool = False, step=None) -> Run:
     """Read and validate the dump at ``path``; ``DumpError`` (with the fix) when it is unusable.
 
     ``steps``: a ``steps.StepChoice`` (or None: every row). With one, only the rows of the
     chosen steps are read (and the set-up rows, step < 0, and the ``mem.static``/``mem.base``
-    markers the memory measurement needs), and ``Run.selection`` says which and why."""
+    markers the memory measurement needs), and ``Run.selection`` says which and why.
+
+    ``stream``: read the ranks one at a time, work out at once what ``breakdown(run, step)``
+    needs of each and keep only that (``analysis.stream``): memory bounded by one rank's
+    events plus per-step summaries of all ranks. A continuous run is read whole."""
     import h5py
 
     path = os.fspath(path)
@@ -138,7 +144,7 @@ def load(path, name: str | None = None, steps=None) -> Run:
         raise DumpError(f"{path}: not a readable HDF5 file ({exc}); {_RERUN}") from None
     try:
         with f:
-            return _load_open(path, f, name, steps)
+            return _load_open(path, f, name, steps, stream, step)
     except (DumpError, StepError):
         raise
     except (UnicodeDecodeError, OSError, KeyError, RuntimeError, ValueError, TypeError) as exc:
@@ -147,7 +153,7 @@ def load(path, name: str | None = None, steps=None) -> Run:
                         f"{exc}); {_RERUN}") from None
 
 
-def _load_open(path, f, name, choice=None) -> Run:
+def _load_open(path, f, name, choice=None, stream=False, step=None) -> Run:
     attrs = {k: _decode(v) for k, v in f.attrs.items()}
     _check_version(path, attrs)
     for key in REQUIRED_ATTRS:
@@ -183,10 +189,13 @@ def _load_open(path, f, name, choice=None) -> Run:
         sources, coords, rank_attrs = _rank_sources(path, f, world, committed)
         if "metrics" in f:
             metrics = _rows(path, f["metrics"], committed, "metrics")
-    events, selection = _read_events(path, sources, choice)
+    from .flops import setting
+
+    stream = stream and not setting(config, "continuous", False)
+    events, selection = ([], None) if stream else _read_events(path, sources, choice)
     if metrics is not None and not len(metrics):
         metrics = None
-    return Run(
+    run = Run(
         path=path,
         name=name or _run_name(path),
         schema_version=int(attrs["schema_version"]),
@@ -202,6 +211,11 @@ def _load_open(path, f, name, choice=None) -> Run:
         selection=selection,
         notes=notes,
     )
+    if stream:
+        from .stream import summarise
+
+        summarise(run, sources, choice, step)
+    return run
 
 
 def _read_events(path, sources, choice):

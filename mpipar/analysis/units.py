@@ -13,7 +13,7 @@ from collections import defaultdict
 import numpy as np
 
 from .dump import Run
-from .fit_parts import UNIT_KINDS, cached, step_units  # noqa: F401 (UNIT_KINDS re-exported)
+from .fit_parts import OPS, UNIT_KINDS, cached, step_units  # noqa: F401 (UNIT_KINDS re-exported)
 from .index import ranks_with_events
 
 
@@ -34,18 +34,32 @@ def _backward_ops(schedule) -> dict:
     return out
 
 
-def _unit_durations(run: Run, steps, schedule=None) -> dict:
-    """{(world rank, step, chunk, op): [(mb, seconds)]} of the compute units, op F (+ its LOSS),
-    B or BW (+ its R, the recomputation run right before it) and W. Each rank's steps are
-    worked out at once, once per run (``fit_parts.step_units``, cached): the fit of every
-    replica and step, and the jitter, ask for the same ones."""
+def rank_units(run: Run, r: int, schedule=None) -> dict:
+    """``fit_parts.step_units`` of world rank r (cached once per run)."""
     split = _backward_ops(schedule)
     key = tuple(sorted(split.items()))
+    p = int(run.coords[r, 1])
+    return cached(run, r, ("units", p, key), lambda ev: step_units(ev, p, split))
+
+
+def selected_units(run: Run, r: int, steps, schedule=None) -> dict:
+    """The units of rank r in ``steps``, ordered by step (recording order within a step), as
+    ``step_units``' columns."""
+    u = rank_units(run, r, schedule)
+    want = np.unique(np.atleast_1d(np.asarray(steps, dtype=np.int64)))
+    sel = np.flatnonzero(np.isin(u["step"], want))
+    sel = sel[np.argsort(u["step"][sel], kind="stable")]
+    return {k: v[sel] for k, v in u.items()}
+
+
+def _unit_durations(run: Run, steps, schedule=None) -> dict:
+    """{(world rank, step, chunk, op): [(mb, seconds)]} of the compute units, op F (+ its LOSS),
+    B or BW (+ its R, the recomputation run right before it) and W. Each rank's units are
+    worked out at once, once per run (``fit_parts.step_units``, cached)."""
     out = {}
     for r in ranks_with_events(run):
-        p = int(run.coords[r, 1])
-        got = cached(run, r, ("units", p, key), lambda ev, p=p: step_units(ev, p, split))
-        for s in sorted({int(x) for x in np.atleast_1d(steps)}):
-            for (c, op), units in got.get(s, {}).items():
-                out[(r, s, c, op)] = list(units)
+        u = selected_units(run, r, steps, schedule)
+        for s, c, op, mb, d in zip(u["step"].tolist(), u["chunk"].tolist(), u["op"].tolist(),
+                                   u["mb"].tolist(), u["dur"].tolist(), strict=True):
+            out.setdefault((r, s, c, OPS[op]), []).append((mb, d))
     return out

@@ -144,7 +144,9 @@ def run(args) -> int:
         inputs = expand(args.paths)
         runs, seen = [], {}
         for path, name in inputs:
-            r = load(path, name=name, steps=step_choice(args))
+            # streamed (one rank's events at a time) unless plots or traces need the events
+            r = load(path, name=name, steps=step_choice(args), step=args.step,
+                     stream=not (args.plots or args.chrome_trace or args.chrome_trace_predicted))
             # two runs of the same name (foo/trace.h5, bar/foo/trace.h5) get a numeric suffix
             n = seen.get(r.name, 0)
             seen[r.name] = n + 1
