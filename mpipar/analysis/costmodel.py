@@ -127,14 +127,16 @@ def _uncovered(starts, ends) -> float:
 
 
 def _groups(u: dict, by: tuple):
-    """(group of each unit, number of groups) by the columns ``by`` (first seen first)."""
+    """(group of each unit, number of groups, each group's first unit) by the columns ``by``,
+    groups numbered in the order they are first seen."""
     key = np.zeros(u["dur"].size, dtype=np.int64)
     for name in by:
         key = key << 21 | (u[name].astype(np.int64) + 1)
     uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    seen = np.argsort(first, kind="stable")
     rank = np.empty(uniq.size, dtype=np.int64)
-    rank[np.argsort(first, kind="stable")] = np.arange(uniq.size)
-    return rank[inv.reshape(-1)], uniq.size
+    rank[seen] = np.arange(uniq.size)
+    return rank[inv.reshape(-1)], uniq.size, first[seen]
 
 
 def _group_means(dur, g, n) -> np.ndarray:
@@ -156,12 +158,11 @@ def unit_costs(run: Run, steps, schedule=None) -> dict:
         u = selected_units(run, r, steps, schedule)
         if not u["dur"].size:
             continue
-        g, n = _groups(u, ("chunk", "op"))
+        g, n, first = _groups(u, ("chunk", "op"))
         p = int(run.coords[r, 1])
         for i in range(n):
-            first = int(np.flatnonzero(g == i)[0])
             durs = u["dur"][g == i]
-            per_rank[(p, int(u["chunk"][first]), OPS[int(u["op"][first])])].append(
+            per_rank[(p, int(u["chunk"][first[i]]), OPS[int(u["op"][first[i]])])].append(
                 _mean(durs.tolist()) if durs.size < 8 else float(np.mean(durs)))
     out = {k: _mean(v) for k, v in per_rank.items()}
     for (p, c, op), val in list(out.items()):
@@ -189,7 +190,7 @@ def jitter(run: Run, steps, schedule=None) -> tuple:
         u = selected_units(run, r, steps, schedule)
         if not u["dur"].size:
             continue
-        g, n = _groups(u, ("step", "chunk", "op"))
+        g, n, _ = _groups(u, ("step", "chunk", "op"))
         mean, count = _group_means(u["dur"], g, n)
         keep = (count[g] > 1) & (mean[g] > 0)
         ratios.append(u["dur"][keep] / mean[g][keep])

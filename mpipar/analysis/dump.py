@@ -139,7 +139,7 @@ def load(path, name: str | None = None, steps=None, stream: bool = False, step=N
             f"{path}: is a directory; pass RUN_DIR/trace.h5 (`mpipar analyze` globs directories)"
         )
     try:
-        f = h5py.File(path, "r")
+        f = h5py.File(path, "r", rdcc_nbytes=0)  # no chunk cache: rows are read once
     except OSError as exc:
         raise DumpError(f"{path}: not a readable HDF5 file ({exc}); {_RERUN}") from None
     try:

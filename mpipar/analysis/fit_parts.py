@@ -124,7 +124,8 @@ OPS = ("F", "B", "BW", "W")  # a unit's op, by its code in ``step_units``
 
 def step_units(ev: np.ndarray, p: int, split: dict) -> dict:
     """{"step", "chunk", "op" (code into ``OPS``), "mb", "dur"}: one row per compute unit of
-    one rank (pipeline coordinate ``p``) in recording order: op F (+ its LOSS), B or BW (+ its
+    one rank (pipeline coordinate ``p``) by step, in recording order within a step: op F (+
+    its LOSS), B or BW (+ its
     R; ``split`` says which, ``units._backward_ops``) and W. A LOSS or R adds to the unit of
     its (step, mb, chunk) and kind, summed in recording order when there are several."""
     kinds = ev["kind"]
@@ -147,8 +148,9 @@ def step_units(ev: np.ndarray, p: int, split: dict) -> dict:
         for i in np.flatnonzero(target == 1).tolist():
             if split.get((p, int(u["mb"][i]), int(u["chunk"][i])), "B") == "BW":
                 op[i] = 2
-    return {"step": u["step"].astype(np.int64), "chunk": u["chunk"].astype(np.int64),
-            "op": op, "mb": u["mb"].astype(np.int64), "dur": dur}
+    order = np.argsort(u["step"], kind="stable")
+    return {"step": u["step"][order], "chunk": u["chunk"][order],
+            "op": op[order], "mb": u["mb"][order], "dur": dur[order]}
 
 
 def _unit_key(e, target) -> np.ndarray:
@@ -171,9 +173,9 @@ def step_p2p(ev: np.ndarray) -> dict:
         e = ev[kinds == kind]
         order = np.argsort(e["step"], kind="stable")
         e = e[order]
-        out[name] = (e["step"].astype(np.int64), e["end"] - e["start"])
-        if name == "send":
-            out["bytes"] = (out[name][0], e["bytes"])
+        out[name] = (e["step"].astype(np.int32), e["end"] - e["start"])
+        if name == "send":  # a copy: a view would keep every field of the rows
+            out["bytes"] = (out[name][0], e["bytes"].copy())
     return out
 
 

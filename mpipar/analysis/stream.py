@@ -45,13 +45,18 @@ def _loaded_steps(path, sources, choice) -> tuple:
     """(the steps >= 0 of the rows ``load`` would read, the step selection or None)."""
     from .dump import _KEEP_KINDS, _step_column
 
+    if choice is None:  # each rank's distinct steps only: a rank's column at a time
+        found = set()
+        for opener, n, _ in sources:
+            with opener() as ds:
+                if ds is not None:
+                    found.update(np.unique(_step_column(ds, n)).tolist())
+        return sorted(s for s in found if s >= 0), None
     cols = []
     for opener, n, _ in sources:
         with opener() as ds:
             cols.append(None if ds is None else _step_column(ds, n))
     found = np.unique(np.concatenate([c for c in cols if c is not None] or [np.empty(0, int)]))
-    if choice is None:
-        return [int(s) for s in found if s >= 0], None
     selection = choice.choose([int(s) for s in found if s >= 0], path)
     keep, loaded = np.asarray(selection[0]), set()
     for (opener, _, _), col in zip(sources, cols, strict=True):

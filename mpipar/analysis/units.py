@@ -13,11 +13,23 @@ from collections import defaultdict
 import numpy as np
 
 from .dump import Run
-from .fit_parts import OPS, UNIT_KINDS, cached, step_units  # noqa: F401 (UNIT_KINDS re-exported)
+from .fit_parts import OPS, UNIT_KINDS, cached, rows_of, step_units  # noqa: F401 (UNIT_KINDS re-exported)
 from .index import ranks_with_events
+
+_SPLITS: dict = {}  # id(schedule) -> (schedule, _backward_ops of it): one walk per schedule
 
 
 def _backward_ops(schedule) -> dict:
+    """``backward_ops`` of ``schedule``, worked out once per schedule object."""
+    got = _SPLITS.get(id(schedule))
+    if got is None or got[0] is not schedule:
+        if len(_SPLITS) > 64:
+            _SPLITS.clear()
+        got = _SPLITS[id(schedule)] = (schedule, backward_ops(schedule))
+    return got[1]
+
+
+def backward_ops(schedule) -> dict:
     """{(p, mb, chunk): "B" | "BW"} where one rank runs both kinds of backward on one chunk
     (DualPipeV: the last micro-batches' backwards are whole, the others split off their W). A
     dump records either as one ``B`` event; a mean over both is right for neither."""
@@ -47,8 +59,10 @@ def selected_units(run: Run, r: int, steps, schedule=None) -> dict:
     ``step_units``' columns."""
     u = rank_units(run, r, schedule)
     want = np.unique(np.atleast_1d(np.asarray(steps, dtype=np.int64)))
-    sel = np.flatnonzero(np.isin(u["step"], want))
-    sel = sel[np.argsort(u["step"][sel], kind="stable")]
+    if want.size and u["step"].size and want[0] <= u["step"][0] and want[-1] >= u["step"][-1] \
+            and np.isin(u["step"], want).all():  # every step of the rank (the whole-run fit)
+        return u
+    sel = rows_of(u["step"], want)
     return {k: v[sel] for k, v in u.items()}
 
 
