@@ -1,4 +1,4 @@
-"""A dump analysed rank by rank (``load(stream=True)``, what ``mpipar analyze`` does) gives the
+"""A dump analysed rank by rank (``stream.load``, what ``mpipar analyze`` does) gives the
 numbers of the dump loaded whole, and keeps only a residue of each rank's events."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import pytest
 from mpipar.analysis import breakdown, load
 from mpipar.analysis.fit_parts import StreamedError
 from mpipar.analysis.steps import StepChoice
+from mpipar.analysis.stream import load as load_streamed
 
 README_V1 = Path(__file__).parent / "data" / "readme_v1_steps0-5.h5"
 
@@ -46,7 +47,7 @@ def _synthetic(tmp_path, **kw) -> Path:
 def test_streamed_readme_dump_gives_the_whole_dumps_numbers(choice):
     step = choice.step if choice is not None else None
     whole = breakdown(load(README_V1, steps=choice), step=step)
-    streamed_run = load(README_V1, steps=choice, stream=True, step=step)
+    streamed_run = load_streamed(README_V1, steps=choice, step=step)
     _same(whole, breakdown(streamed_run, step=step))
 
 
@@ -58,7 +59,7 @@ def test_streamed_synthetic_dump_keeps_a_residue_only(tmp_path, monkeypatch):
     path = _synthetic(tmp_path, dp=4, pp=4, tp=1, steps=40, schedule="1f1b", microbatches=4)
     run = load(path)
     whole = breakdown(run)
-    streamed = load(path, stream=True)
+    streamed = load_streamed(path)
     _same(whole, breakdown(streamed))
     held = sum(len(ev) for ev in streamed.events)
     assert 0 < held < sum(len(ev) for ev in run.events) / 4
@@ -70,6 +71,6 @@ def test_streamed_synthetic_dump_keeps_a_residue_only(tmp_path, monkeypatch):
 def test_a_piece_the_pass_did_not_make_is_an_error(tmp_path):
     from mpipar.analysis.predict import measured_costs
 
-    run = load(_synthetic(tmp_path, dp=1, pp=2, tp=1, steps=6), stream=True)
+    run = load_streamed(_synthetic(tmp_path, dp=1, pp=2, tp=1, steps=6))
     with pytest.raises(StreamedError, match="not worked out in the streamed pass"):
         measured_costs(run, [2, 3])

@@ -80,7 +80,7 @@ def select_steps(run: Run, step: int | None = None) -> tuple[list[int], list[str
             from .dump import DumpError
 
             raise DumpError(f"{run.path}: streamed for step {measured[2]}, asked for step "
-                            f"{step}; load it with load(path, step={step}, stream=True)")
+                            f"{step}; load it with analysis.stream.load(path, step={step})")
         return list(measured[0]), list(measured[1])
     if step is None and run.selection is not None:
         steps, notes = run.selection

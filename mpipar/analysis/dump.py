@@ -116,16 +116,15 @@ def _run_name(path: str) -> str:
     return os.path.splitext(base)[0]
 
 
-def load(path, name: str | None = None, steps=None, stream: bool = False, step=None) -> Run:
+def load(path, name: str | None = None, steps=None, summarise=None) -> Run:
     """Read and validate the dump at ``path``; ``DumpError`` (with the fix) when it is unusable.
 
     ``steps``: a ``steps.StepChoice`` (or None: every row). With one, only the rows of the
     chosen steps are read (and the set-up rows, step < 0, and the ``mem.static``/``mem.base``
     markers the memory measurement needs), and ``Run.selection`` says which and why.
 
-    ``stream``: read the ranks one at a time, work out at once what ``breakdown(run, step)``
-    needs of each and keep only that (``analysis.stream``): memory bounded by one rank's
-    events plus per-step summaries of all ranks. A continuous run is read whole."""
+    ``summarise``: ``summarise(run, sources, choice)`` reads the ranks itself, one at a time
+    (``analysis.stream.load``; a continuous run is read whole)."""
     import h5py
 
     path = os.fspath(path)
@@ -144,7 +143,7 @@ def load(path, name: str | None = None, steps=None, stream: bool = False, step=N
         raise DumpError(f"{path}: not a readable HDF5 file ({exc}); {_RERUN}") from None
     try:
         with f:
-            return _load_open(path, f, name, steps, stream, step)
+            return _load_open(path, f, name, steps, summarise)
     except (DumpError, StepError):
         raise
     except (UnicodeDecodeError, OSError, KeyError, RuntimeError, ValueError, TypeError) as exc:
@@ -153,7 +152,7 @@ def load(path, name: str | None = None, steps=None, stream: bool = False, step=N
                         f"{exc}); {_RERUN}") from None
 
 
-def _load_open(path, f, name, choice=None, stream=False, step=None) -> Run:
+def _load_open(path, f, name, choice=None, summarise=None) -> Run:
     attrs = {k: _decode(v) for k, v in f.attrs.items()}
     _check_version(path, attrs)
     for key in REQUIRED_ATTRS:
@@ -191,7 +190,7 @@ def _load_open(path, f, name, choice=None, stream=False, step=None) -> Run:
             metrics = _rows(path, f["metrics"], committed, "metrics")
     from .flops import setting
 
-    stream = stream and not setting(config, "continuous", False)
+    stream = summarise is not None and not setting(config, "continuous", False)
     events, selection = ([], None) if stream else _read_events(path, sources, choice)
     if metrics is not None and not len(metrics):
         metrics = None
@@ -212,9 +211,7 @@ def _load_open(path, f, name, choice=None, stream=False, step=None) -> Run:
         notes=notes,
     )
     if stream:
-        from .stream import summarise
-
-        summarise(run, sources, choice, step)
+        summarise(run, sources, choice)
     return run
 
 

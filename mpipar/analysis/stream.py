@@ -1,5 +1,5 @@
 """A dump read one rank at a time: each rank's events reduced at once to what ``breakdown``
-reads of them, then dropped (``load(path, stream=True)``, what ``mpipar analyze`` does).
+reads of them, then dropped (``load``, what ``mpipar analyze`` does).
 
 Holding every rank's events (and the per-rank pieces worked out from them) cost about 250
 bytes an event at the peak: 9.7 GB for a 1,024-rank, 1,000-step dump. Here the peak is one
@@ -79,6 +79,15 @@ def _read_rank(path, source, keep):
         if keep is None:
             return _to_analysis(ds[()] if n is None else ds[:n])
         return _to_analysis(_select_rows(ds, n, _step_column(ds, n), keep))
+
+
+def load(path, name: str | None = None, steps=None, step=None):
+    """``dump.load(path, name, steps)`` streamed: a ``Run`` for ``breakdown(run, step)``
+    holding each rank's residue and pieces (module doc); a continuous run is read whole."""
+    from . import dump
+
+    return dump.load(path, name, steps,
+                     summarise=lambda run, sources, choice: summarise(run, sources, choice, step))
 
 
 def summarise(run, sources, choice, step) -> None:

@@ -138,6 +138,7 @@ def step_choice(args):
 
 def run(args) -> int:
     from mpipar.analysis import DumpError, breakdown, compare, load, report
+    from mpipar.analysis.stream import load as load_streamed
 
     try:
         check_arguments(args)
@@ -145,8 +146,9 @@ def run(args) -> int:
         runs, seen = [], {}
         for path, name in inputs:
             # streamed (one rank's events at a time) unless plots or traces need the events
-            r = load(path, name=name, steps=step_choice(args), step=args.step,
-                     stream=not (args.plots or args.chrome_trace or args.chrome_trace_predicted))
+            whole = args.plots or args.chrome_trace or args.chrome_trace_predicted
+            r = (load(path, name=name, steps=step_choice(args)) if whole else
+                 load_streamed(path, name=name, steps=step_choice(args), step=args.step))
             # two runs of the same name (foo/trace.h5, bar/foo/trace.h5) get a numeric suffix
             n = seen.get(r.name, 0)
             seen[r.name] = n + 1
