@@ -50,8 +50,12 @@ def _split_kinds(kinds) -> tuple[np.ndarray, np.ndarray]:
 def _collective_rows(ev) -> np.ndarray:
     """The rows ``_rank_spans`` looks at (collectives and waits), picked by numpy so that its
     loop runs over them only."""
-    _, op = _split_kinds(ev["kind"])
-    return ev[np.isin(op, OPS) | ((op == "wait") & (ev["peer"] < 0))]
+    uniq, inv = np.unique(ev["kind"], return_inverse=True)  # each distinct kind looked at once
+    ops = [str(k).partition(".")[2] for k in uniq.tolist()]
+    inv = inv.reshape(-1)
+    is_op = np.array([o in OPS for o in ops], dtype=bool)[inv]
+    is_wait = np.array([o == "wait" for o in ops], dtype=bool)[inv]
+    return ev[is_op | (is_wait & (ev["peer"] < 0))]
 
 
 def _rank_spans(run, r, steps):
