@@ -76,7 +76,7 @@ class Run:
 
     def steps(self) -> list[int]:
         """Training steps (>= 0) that have events on any rank, sorted."""
-        if "steps" in self.cache:  # a streamed run (``analysis.stream``): its events are gone
+        if "steps" in self.cache:  # a streamed run: its events are gone (``analysis.stream``)
             return list(self.cache["steps"])
         found = set()
         for ev in self.events:
@@ -122,9 +122,7 @@ def load(path, name: str | None = None, steps=None, summarise=None) -> Run:
     ``steps``: a ``steps.StepChoice`` (or None: every row). With one, only the rows of the
     chosen steps are read (and the set-up rows, step < 0, and the ``mem.static``/``mem.base``
     markers the memory measurement needs), and ``Run.selection`` says which and why.
-
-    ``summarise``: ``summarise(run, sources, choice)`` reads the ranks itself, one at a time
-    (``analysis.stream.load``; a continuous run is read whole)."""
+    ``summarise(run, sources, choice)``: reads the ranks itself (``stream.load``)."""
     import h5py
 
     path = os.fspath(path)
@@ -188,8 +186,7 @@ def _load_open(path, f, name, choice=None, summarise=None) -> Run:
         sources, coords, rank_attrs = _rank_sources(path, f, world, committed)
         if "metrics" in f:
             metrics = _rows(path, f["metrics"], committed, "metrics")
-    from .flops import setting
-
+    from .flops import setting  # a continuous run is read whole (predict_continuous)
     stream = summarise is not None and not setting(config, "continuous", False)
     events, selection = ([], None) if stream else _read_events(path, sources, choice)
     if metrics is not None and not len(metrics):
@@ -210,7 +207,7 @@ def _load_open(path, f, name, choice=None, summarise=None) -> Run:
         selection=selection,
         notes=notes,
     )
-    if stream:
+    if stream:  # each rank read, summarised and dropped
         summarise(run, sources, choice)
     return run
 
@@ -288,8 +285,7 @@ def _check_grid(path, grid, world) -> dict:
 
 
 def _committed(path, attrs, world) -> dict | None:
-    """The row counts the writer committed (``committed`` attribute, JSON); None in dumps
-    written before it existed, whose datasets hold only committed rows."""
+    """The row counts the writer committed (``committed``, JSON); None in older dumps."""
     if "committed" not in attrs:
         return None
     try:
