@@ -74,3 +74,13 @@ def test_a_piece_the_pass_did_not_make_is_an_error(tmp_path):
     run = load_streamed(_synthetic(tmp_path, dp=1, pp=2, tp=1, steps=6))
     with pytest.raises(StreamedError, match="not worked out in the streamed pass"):
         measured_costs(run, [2, 3])
+
+
+def test_streamed_parts_layout_with_a_missing_part(tmp_path):
+    from test_analysis_scale import _write_parts
+
+    path = tmp_path / "trace.h5"
+    _write_parts(path, 3, [0, 1, 2, 3], skip=(1,))
+    whole, streamed = load(path), load_streamed(path)
+    assert streamed.notes == whole.notes and streamed.notes  # rank 1's part is named
+    _same(breakdown(whole), breakdown(streamed))
