@@ -18,7 +18,9 @@ against compression, and what a dump flush costs a running job.
 Run alone on the machine (load < 1.5), e.g. the flush table alone, before and after (about 3
 min): ``git archive 4dc8308 | tar -x -C /tmp/before`` then
 ``python experiments/analysis_scale.py --skip-analyze --code /tmp/before --code .``; the
-analysis table: ``python experiments/analysis_scale.py --full-max-ranks 64``. ``--quick``
+analysis table, every step of every size analysed (a x1/x4/x16 table printed and written to
+scale_table.md): ``python experiments/analysis_scale.py --ranks 64 256 1024 --dump-steps 1000
+--full-max-ranks 1024 --skip-compression``. ``--quick``
 checks it in about a minute. Writes results.csv/json/md and results.h5 under ``--out``.
 """
 
@@ -38,10 +40,10 @@ from common import ROOT, env, out_dir, parser, write_results  # noqa: E402
 
 # the analysing process reports its own peak RSS (KiB on Linux) after the analysis
 ANALYZE = ("import resource, sys, time; from mpipar.cli import main; t = time.perf_counter(); "
+           "u = resource.getrusage(resource.RUSAGE_SELF).ru_utime; "
            "rc = main(['analyze'] + sys.argv[1:] + ['--format', 'json']); "
-           "w = time.perf_counter() - t; "
-           "print('@@', w, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, rc, "
-           "file=sys.stderr)")
+           "w = time.perf_counter() - t; ru = resource.getrusage(resource.RUSAGE_SELF); "
+           "print('@@', w, ru.ru_maxrss, rc, ru.ru_utime - u, file=sys.stderr)")
 
 
 def pythonpath_env(code: Path) -> dict:
@@ -56,9 +58,9 @@ def analyse(path: Path, extra: list[str], timeout: float) -> dict:
     line = [s for s in out.stderr.splitlines() if s.startswith("@@")]
     if not line:
         raise RuntimeError(f"analyze {path} {extra} failed:\n{out.stderr[-2000:]}")
-    _, wall, rss, rc = line[-1].split()
+    _, wall, rss, rc, user = line[-1].split()
     res = json.loads(out.stdout)["runs"][0]["summary"] if rc == "0" else {}
-    return {"wall_s": float(wall), "peak_rss_mib": int(rss) / 1024,
+    return {"wall_s": float(wall), "user_s": float(user), "peak_rss_mib": int(rss) / 1024,
             "step_time_pred": res.get("step_time_pred"), "bubble_pred": res.get("bubble_pred")}
 
 
@@ -81,6 +83,23 @@ def analysis_rows(args, out: Path) -> list[dict]:
         if not args.keep:
             path.unlink()
     return rows
+
+
+def scale_table(rows: list[dict]) -> str:
+    """The analysis rows as a table, per mode: events x1, x4, x16 against the smallest, wall
+    and CPU user seconds (user: what load on a shared machine inflates least), peak RSS, and
+    microseconds and bytes of peak RSS per event (flat: linear in the events)."""
+    lines = ["| ranks | events | x events | mode | wall s | user s | peak RSS MiB | user us/event "
+             "| RSS B/event |", "|---|---|---|---|---|---|---|---|---|"]
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        got = [r for r in rows if r["mode"] == mode]
+        base = got[0]["events"]
+        for r in got:
+            lines.append(f"| {r['ranks']} | {r['events']:,} | {r['events'] / base:.0f} | {mode} | "
+                         f"{r['wall_s']:.1f} | {r['user_s']:.1f} | {r['peak_rss_mib']:.0f} | "
+                         f"{1e6 * r['user_s'] / r['events']:.2f} | "
+                         f"{r['peak_rss_mib'] * 2**20 / r['events']:.0f} |")
+    return "\n".join(lines)
 
 
 def compression_rows(args, out: Path) -> list[dict]:
@@ -189,8 +208,8 @@ def main() -> int:
     p.add_argument("--dump-steps", type=int, default=1000)
     p.add_argument("--sample", type=int, default=20)
     p.add_argument("--full-max-ranks", type=int, default=0,
-                   help="analyse all steps too (no --sample) up to this many ranks (the dump is "
-                   "held whole: about 255 bytes an event at the peak)")
+                   help="analyse all steps too (no --sample) up to this many ranks (read a "
+                   "rank at a time: one rank's events plus per-step summaries of all)")
     p.add_argument("--code", action="append", default=[],
                    help="an mpipar checkout whose flush to measure (repeat: before, after)")
     p.add_argument("--flush-ranks", type=int, nargs="+", default=[8, 32])
@@ -198,6 +217,8 @@ def main() -> int:
     p.add_argument("--skip-analyze", action="store_true",
                    help="only the flush table (with --code)")
     p.add_argument("--keep", action="store_true", help="keep the synthetic dumps")
+    p.add_argument("--skip-compression", action="store_true",
+                   help="only the analysis table (no compression rows)")
     args = p.parse_args()
     if args.quick:
         args.ranks, args.dump_steps, args.sample = [8, 16], 40, 5
@@ -205,8 +226,13 @@ def main() -> int:
         args.full_max_ranks = 16
     out = out_dir(args, "analysis_scale")
     os.environ.update({"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
-    tables = {} if args.skip_analyze else {"analyze": analysis_rows(args, out),
-                                           "compression": compression_rows(args, out)}
+    tables = {}
+    if not args.skip_analyze:
+        tables["analyze"] = analysis_rows(args, out)
+        print(scale_table(tables["analyze"]), flush=True)
+        (out / "scale_table.md").write_text(scale_table(tables["analyze"]) + "\n")
+        if not args.skip_compression:
+            tables["compression"] = compression_rows(args, out)
     if args.code:
         tables["flush"] = flush_rows(args, out)
     for name, rows in tables.items():

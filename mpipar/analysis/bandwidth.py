@@ -50,8 +50,12 @@ def _split_kinds(kinds) -> tuple[np.ndarray, np.ndarray]:
 def _collective_rows(ev) -> np.ndarray:
     """The rows ``_rank_spans`` looks at (collectives and waits), picked by numpy so that its
     loop runs over them only."""
-    _, op = _split_kinds(ev["kind"])
-    return ev[np.isin(op, OPS) | ((op == "wait") & (ev["peer"] < 0))]
+    uniq, inv = np.unique(ev["kind"], return_inverse=True)  # each distinct kind looked at once
+    ops = [str(k).partition(".")[2] for k in uniq.tolist()]
+    inv = inv.reshape(-1)
+    is_op = np.array([o in OPS for o in ops], dtype=bool)[inv]
+    is_wait = np.array([o == "wait" for o in ops], dtype=bool)[inv]
+    return ev[is_op | (is_wait & (ev["peer"] < 0))]
 
 
 def _rank_spans(run, r, steps):
@@ -81,6 +85,25 @@ def _rank_spans(run, r, steps):
     return out
 
 
+def rank_totals(run, r, steps) -> list:
+    """``_rank_spans`` of rank r summed per kind: [(kind, op, bytes, seconds, overlapped,
+    count)] (``bandwidth`` sums them over ranks; once per run and steps: a 1,000-step rank has
+    thousands of spans)."""
+    from .fit_parts import cached
+
+    def make(_):
+        acc = {}
+        for kind, op, nbytes, seconds, overlapped, count in _rank_spans(run, r, steps):
+            a = acc.setdefault(kind, [kind, op, 0, 0.0, False, 0])
+            a[2] += nbytes
+            a[3] += seconds
+            a[4] |= overlapped
+            a[5] += count
+        return [tuple(a) for a in acc.values()]
+
+    return cached(run, r, ("bandwidth", tuple(int(s) for s in steps)), make)
+
+
 def _paired_spans(ev, kinds) -> list:
     """Posts paired in order with the waits that complete them (per axis and size)."""
     queued = defaultdict(deque)  # (axis, bytes) -> posts not yet paired with a wait
@@ -105,7 +128,7 @@ def bandwidth(run: Run | str, steps=None) -> list[dict]:
     steps = run.steps() if steps is None else list(steps)
     rows = {}
     for r in range(len(run.events)):
-        for kind, op, nbytes, seconds, overlapped, count in _rank_spans(run, r, steps):
+        for kind, op, nbytes, seconds, overlapped, count in rank_totals(run, r, steps):
             n = _group_size(run, kind.partition(".")[0])
             size = nbytes * n if op == "allgather" else nbytes
             r = rows.setdefault(kind, {"kind": kind, "op": op, "group": n, "count": 0,

@@ -74,11 +74,42 @@ def select_steps(run: Run, step: int | None = None) -> tuple[list[int], list[str
     """The steps to measure and notes on the choice (warm-up step 0 skipped when there are more;
     ``mpipar.analysis.steps``). A run loaded with a step choice (``load(steps=...)``) holds only
     those steps: its choice, unless ``step`` asks for one of them."""
+    measured = run.cache.get("measured")  # a streamed run: the steps its pass summarised
+    if measured is not None:
+        if measured[2] != step:
+            from .dump import DumpError
+
+            raise DumpError(f"{run.path}: streamed for step {measured[2]}, asked for step "
+                            f"{step}; load it with analysis.stream.load(path, step={step})")
+        return list(measured[0]), list(measured[1])
     if step is None and run.selection is not None:
         steps, notes = run.selection
         return list(steps), list(notes)
     return StepChoice(step=step).choose(run.steps(), run.path)
 
+
+
+# what the run-level numbers read of a rank's steps (``_matrix``); the other columns are only
+# ever averaged over the steps, so a rank keeps their means
+STEP_COLUMNS = ("has", "marked", "lo", "hi", "pipe_lo", "pipe_hi", "pipe_compute")
+
+
+def rank_summary(ev: np.ndarray, steps) -> dict:
+    """``rank_steps``' per-step arrays the run-level numbers need, and each value column's
+    mean over the steps the rank has events in ("means")."""
+    d = rank_steps(ev, steps)
+    out = {c: d[c] for c in STEP_COLUMNS}
+    out["means"] = {c: float(np.mean(d[c][d["has"]])) if d["has"].any() else math.nan
+                    for c in RANK_COLUMNS if c not in ("rank", "dp", "pp", "tp")}
+    return out
+
+
+def rank_row(run: Run, r: int, steps) -> dict:
+    """``rank_summary`` of world rank r (once per run and steps: ``fit_parts.cached``)."""
+    from .fit_parts import cached
+
+    key = tuple(int(s) for s in steps)
+    return cached(run, r, ("breakdown", key), lambda ev: rank_summary(ev, steps))
 
 
 def breakdown(run: Run | str, step: int | None = None, peak: float | None = None) -> dict:
@@ -92,7 +123,7 @@ def breakdown(run: Run | str, step: int | None = None, peak: float | None = None
     steps, notes = select_steps(run, step)
     notes += run.notes
     world = run.world_size
-    per = [rank_steps(run.events[r], steps) for r in range(world)]
+    per = [rank_row(run, r, steps) for r in range(world)]
     for r, d in enumerate(per):
         for i in np.flatnonzero(d["has"] & ~d["marked"]):
             notes.append(f"rank {r} step {steps[i]}: no STEP event, step window = span of its "
@@ -106,8 +137,7 @@ def breakdown(run: Run | str, step: int | None = None, peak: float | None = None
     }
     value_cols = [c for c in RANK_COLUMNS if c not in table]
     for c in value_cols:
-        table[c] = np.array([np.mean(d[c][d["has"]]) if d["has"].any() else math.nan
-                             for d in per])
+        table[c] = np.array([d["means"][c] for d in per])
     missing = [r for r in range(world) if not per[r]["has"].any()]
     if missing:
         notes.append(f"ranks {missing} have no events in the measured steps")

@@ -30,10 +30,23 @@ from collections import defaultdict
 import numpy as np
 
 from .dump import Run
-from .fit_parts import PIPE_KINDS, cached, step_p2p, step_parts  # noqa: F401 (re-exported)
+from .fit_parts import (  # noqa: F401 (PIPE_KINDS re-exported)
+    PART_NAMES,
+    PIPE_KINDS,
+    cached,
+    chunks_of,
+    rows_of,
+    step_p2p,
+    step_parts,
+)
 from .index import events_in, ranks_with_events
 from .rank_steps import step_groups
-from .units import _unit_durations
+from .units import (  # noqa: F401 (JITTER_POINTS, _mean re-exported)
+    JITTER_POINTS,
+    _mean,
+    jitter,
+    unit_costs,
+)
 
 
 def post_costs(ev) -> tuple[float, float]:
@@ -65,17 +78,26 @@ def _med(values, default=0.0) -> float:
 
 
 def _step_parts(run: Run, steps, n_actions: dict) -> dict:
-    """name -> [(world rank, step, value)] of the step parts (module doc) over the ranks with events
-    and ``steps``, each rank's steps worked out at once, once per run
-    (``fit_parts.step_parts``): every replica's fit of every step asks."""
-    parts = defaultdict(list)
+    """name -> (world ranks, steps, values) of the step parts (module doc) over the ranks with
+    events and ``steps`` (rank after rank, each in the order of ``steps``), each rank's steps
+    worked out at once, once per run (``fit_parts.step_parts``): every replica's fit of every
+    step asks. "dp_chunks" values: bit masks of the chunks (``fit_parts.chunks_of``)."""
+    want = np.atleast_1d(np.asarray(steps, dtype=np.int64))
+    cols = {k: ([], [], []) for k in PART_NAMES + ("dp_chunks",)}
     for r in ranks_with_events(run):
         n = n_actions.get(int(run.coords[r, 1]), 1)
         got = cached(run, r, ("step_parts", n), lambda ev, n=n: step_parts(ev, n))
-        for s in steps:
-            for name, val in got.get(int(s), {}).items():
-                parts[name].append((r, s, val))
-    return parts
+        have = got["steps"]
+        at = np.minimum(np.searchsorted(have, want), max(have.size - 1, 0))
+        found = (have[at] == want) if have.size else np.zeros(want.size, bool)
+        at, s = at[found], want[found]
+        for name, (rs, ss, vs) in cols.items():
+            v = got[name][at]
+            keep = ~np.isnan(v) if v.dtype.kind == "f" else np.ones(v.size, bool)
+            rs.append(np.full(int(keep.sum()), r))
+            ss.append(s[keep])
+            vs.append(v[keep])
+    return {k: tuple(np.concatenate(c) if c else np.empty(0) for c in cols[k]) for k in cols}
 
 
 def _p2p_columns(run: Run, steps) -> dict:
@@ -84,15 +106,9 @@ def _p2p_columns(run: Run, steps) -> dict:
     cols = defaultdict(list)
     for r in ranks_with_events(run):
         got = cached(run, r, "p2p", step_p2p)
-        for s in np.atleast_1d(steps):
-            for name, val in got.get(int(s), {}).items():
-                cols[name].append(val)
+        for name, (at, vals) in got.items():
+            cols[name].append(vals[rows_of(at, steps)])
     return {k: np.concatenate(v) for k, v in cols.items()}
-
-
-def _mean(values) -> float:
-    """``np.mean``'s value of a list: numpy sums fewer than 8 numbers in order, as ``sum``."""
-    return sum(values) / len(values) if len(values) < 8 else float(np.mean(values))
 
 
 def _uncovered(starts, ends) -> float:
@@ -107,51 +123,6 @@ def _uncovered(starts, ends) -> float:
             gap += s - reach
         reach = max(reach, e)
     return gap
-
-
-def unit_costs(run: Run, steps, schedule=None) -> dict:
-    """{(p, chunk, op): mean seconds} for ops F, B, BW, W (see the module doc): the mean over a
-    rank's events, then over the ranks that share p. Without both kinds of backward on a chunk
-    (``_backward_ops``), B and BW are the one measured B (+ R)."""
-    acc = defaultdict(list)
-    for (r, _, c, op), got in _unit_durations(run, steps, schedule).items():
-        acc[(int(run.coords[r, 1]), c, op, r)] += [d for _, d in got]
-    per_rank = defaultdict(list)
-    for (p, c, op, _), durs in acc.items():
-        per_rank[(p, c, op)].append(_mean(durs))
-    out = {k: _mean(v) for k, v in per_rank.items()}
-    for (p, c, op), val in list(out.items()):
-        if op == "B":
-            out.setdefault((p, c, "BW"), val)
-        elif op == "BW":
-            out.setdefault((p, c, "B"), val)
-    return out
-
-
-JITTER_POINTS = 128  # quantiles kept of the pooled duration ratios
-
-
-def jitter(run: Run, steps, schedule=None) -> tuple:
-    """The spread of one unit's duration around its kind's mean, as ``JITTER_POINTS`` quantiles
-    of d / mean(d) pooled over every (rank, step, chunk, op) with two or more units (mean 1).
-
-    Why: a pipeline's step is a max-plus function of its units' durations (a receive waits for
-    the later of its own rank and its sender), so the mean makespan is more than the makespan of
-    mean durations, by more the more micro-batches meet; a model on mean costs under-counts the
-    waits that a slow unit causes (ZB-V m = 8: 2 points). The ratios are within one step, as
-    each step is predicted from its own means. () when no kind repeats (m = 1)."""
-    ratios = []
-    for got in _unit_durations(run, steps, schedule).values():
-        if len(got) > 1:
-            d = [x for _, x in got]
-            mean = _mean(d)
-            if mean > 0:
-                ratios.extend(x / mean for x in d)
-    if not ratios:
-        return ()
-    q = np.quantile(np.asarray(ratios), (np.arange(JITTER_POINTS) + 0.5) / JITTER_POINTS,
-                    method="inverted_cdf")  # measured ratios, none made up between them
-    return tuple(float(x) for x in q / q.mean())
 
 
 # the p2p latency is a minimum over matched messages (``transfer_times``), a Python walk of each
@@ -176,7 +147,7 @@ def fit(run: Run, steps, schedule, skip=()) -> tuple:
     parts = _step_parts(run, steps, n_actions)  # name -> [(world rank, step, value)]
     model = CostModel(per_unit=unit_costs(run, steps, schedule), unit={},
                       jitter=() if "jitter" in skip else jitter(run, steps, schedule))
-    model.overhead = _med([v for _, _, v in parts["overhead"]])
+    model.overhead = _med(parts["overhead"][2])
     cols = _p2p_columns(run, steps)
     model.send_post, model.recv_post = _post_costs(cols)
     timed = latency_steps(run, steps)
@@ -188,7 +159,7 @@ def fit(run: Run, steps, schedule, skip=()) -> tuple:
     model.optimizer = _per_pp(run, parts["optimizer"])
     model.sync = _min_over_ranks(parts["sync"])
     model.step_post = _min_over_ranks(parts["step_post"])
-    model.step_pre = _med([v for _, _, v in parts["step_pre"]])
+    model.step_pre = _med(parts["step_pre"][2])
     notes = [] if lat or schedule.pp == 1 or "latency" in skip else [
         "no messages both ways between two ranks to time: p2p latency 0"]
     if len(timed) < len(steps) and "latency" not in skip:
@@ -364,24 +335,33 @@ def transfer_times(run: Run, steps, schedule) -> list[float]:
 
 
 def _per_pp(run, rows) -> dict:
-    acc = defaultdict(list)
-    for r, _, v in rows:
-        acc[int(run.coords[r, 1])].append(v)
-    return {p: float(np.mean(v)) for p, v in acc.items()}
+    """{p: mean of the values of the ranks at pipeline coordinate p} (rows in their order)."""
+    ranks, _, vals = rows
+    of_p = run.coords[ranks.astype(np.intp), 1] if ranks.size else np.empty(0, int)
+    return {int(p): float(np.mean(vals[of_p == p])) for p in _first_seen(of_p)}
+
+
+def _first_seen(values) -> list:
+    """The distinct values in the order they first appear."""
+    if not len(values):
+        return []
+    uniq, first = np.unique(values, return_index=True)
+    return uniq[np.argsort(first)].tolist()
 
 
 def _per_pp_chunk(run, rows, chunk_rows, schedule) -> dict:
     """dp time of each pipeline coordinate, split evenly over the chunks that reduce."""
     totals = _per_pp(run, rows)
-    chunks = defaultdict(set)
-    for r, _, cs in chunk_rows:
-        chunks[int(run.coords[r, 1])].update(cs)
+    ranks, _, masks = chunk_rows
+    of_p = run.coords[ranks.astype(np.intp), 1] if ranks.size else np.empty(0, int)
     out = {}
     for p, total in totals.items():
         if total <= 0:
             continue
         # dp events carry no chunk: every chunk this rank holds reduces its share
-        held = sorted(chunks[p]) or sorted({a.chunk for a in schedule.ranks[p]})
+        held = chunks_of(np.bitwise_or.reduce(masks[of_p == p].astype(np.int64))
+                         if (of_p == p).any() else 0)
+        held = held or sorted({a.chunk for a in schedule.ranks[p]})
         for c in held:
             out[(p, c)] = total / len(held)
     return out
@@ -389,7 +369,10 @@ def _per_pp_chunk(run, rows, chunk_rows, schedule) -> dict:
 
 def _min_over_ranks(rows) -> float:
     """Median over steps of the minimum over ranks (the last rank to arrive waits least)."""
-    per_step = defaultdict(list)
-    for _, s, v in rows:
-        per_step[s].append(v)
-    return _med([min(v) for v in per_step.values()])
+    _, steps, vals = rows
+    if not len(vals):
+        return _med([])
+    uniq, inv = np.unique(steps, return_inverse=True)
+    low = np.full(uniq.size, np.inf)
+    np.minimum.at(low, inv.reshape(-1), vals)
+    return _med(low)

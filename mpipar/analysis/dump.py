@@ -76,6 +76,8 @@ class Run:
 
     def steps(self) -> list[int]:
         """Training steps (>= 0) that have events on any rank, sorted."""
+        if "steps" in self.cache:  # a streamed run: its events are gone (``analysis.stream``)
+            return list(self.cache["steps"])
         found = set()
         for ev in self.events:
             found.update(int(s) for s in np.unique(ev["step"]) if s >= 0)
@@ -114,12 +116,13 @@ def _run_name(path: str) -> str:
     return os.path.splitext(base)[0]
 
 
-def load(path, name: str | None = None, steps=None) -> Run:
+def load(path, name: str | None = None, steps=None, summarise=None) -> Run:
     """Read and validate the dump at ``path``; ``DumpError`` (with the fix) when it is unusable.
 
     ``steps``: a ``steps.StepChoice`` (or None: every row). With one, only the rows of the
     chosen steps are read (and the set-up rows, step < 0, and the ``mem.static``/``mem.base``
-    markers the memory measurement needs), and ``Run.selection`` says which and why."""
+    markers the memory measurement needs), and ``Run.selection`` says which and why.
+    ``summarise(run, sources, choice)``: reads the ranks itself (``stream.load``)."""
     import h5py
 
     path = os.fspath(path)
@@ -133,12 +136,12 @@ def load(path, name: str | None = None, steps=None) -> Run:
             f"{path}: is a directory; pass RUN_DIR/trace.h5 (`mpipar analyze` globs directories)"
         )
     try:
-        f = h5py.File(path, "r")
+        f = h5py.File(path, "r", rdcc_nbytes=0)  # no chunk cache: rows are read once
     except OSError as exc:
         raise DumpError(f"{path}: not a readable HDF5 file ({exc}); {_RERUN}") from None
     try:
         with f:
-            return _load_open(path, f, name, steps)
+            return _load_open(path, f, name, steps, summarise)
     except (DumpError, StepError):
         raise
     except (UnicodeDecodeError, OSError, KeyError, RuntimeError, ValueError, TypeError) as exc:
@@ -147,7 +150,7 @@ def load(path, name: str | None = None, steps=None) -> Run:
                         f"{exc}); {_RERUN}") from None
 
 
-def _load_open(path, f, name, choice=None) -> Run:
+def _load_open(path, f, name, choice=None, summarise=None) -> Run:
     attrs = {k: _decode(v) for k, v in f.attrs.items()}
     _check_version(path, attrs)
     for key in REQUIRED_ATTRS:
@@ -183,10 +186,12 @@ def _load_open(path, f, name, choice=None) -> Run:
         sources, coords, rank_attrs = _rank_sources(path, f, world, committed)
         if "metrics" in f:
             metrics = _rows(path, f["metrics"], committed, "metrics")
-    events, selection = _read_events(path, sources, choice)
+    from .flops import setting  # a continuous run is read whole (predict_continuous)
+    stream = summarise is not None and not setting(config, "continuous", False)
+    events, selection = ([], None) if stream else _read_events(path, sources, choice)
     if metrics is not None and not len(metrics):
         metrics = None
-    return Run(
+    run = Run(
         path=path,
         name=name or _run_name(path),
         schema_version=int(attrs["schema_version"]),
@@ -202,6 +207,9 @@ def _load_open(path, f, name, choice=None) -> Run:
         selection=selection,
         notes=notes,
     )
+    if stream:  # each rank read, summarised and dropped
+        summarise(run, sources, choice)
+    return run
 
 
 def _read_events(path, sources, choice):
@@ -277,8 +285,7 @@ def _check_grid(path, grid, world) -> dict:
 
 
 def _committed(path, attrs, world) -> dict | None:
-    """The row counts the writer committed (``committed`` attribute, JSON); None in dumps
-    written before it existed, whose datasets hold only committed rows."""
+    """The row counts the writer committed (``committed``, JSON); None in older dumps."""
     if "committed" not in attrs:
         return None
     try:

@@ -7,14 +7,16 @@ steps with grouped array operations, and kept in ``Run.cache`` (with the array i
 its id stays its own); a fit then only looks its steps up (``costmodel.fit``):
 
 - ``step_parts``: overhead, dp, optimizer, sync and fixed parts (``costmodel``'s module doc);
-- ``step_units``: the compute units, {(chunk, op): [(mb, seconds)]} (``units``);
+- ``step_units``: the compute units, (step, chunk, op, mb, seconds) (``units``);
 - ``step_p2p``: the durations of ``pp.send`` / ``pp.recv`` / ``pp.wait`` and the send bytes.
+
+Each is a few arrays over the rank's steps or rows, not Python objects per step: a 1,024-rank,
+1,000-step dump holds every rank's pieces at once (``analysis.stream``).
 """
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 
 import numpy as np
 
@@ -24,8 +26,20 @@ PIPE_KINDS = ("F", "B", "W", "R", "LOSS", "pp.send", "pp.recv", "pp.wait")
 UNIT_KINDS = ("F", "B", "W", "R", "LOSS")
 
 
+class StreamedError(RuntimeError):
+    """A piece of a streamed run (``analysis.stream``) that its pass did not work out."""
+
+
 def cached(run, r: int, name, make):
-    """``make(events of rank r)``, once per run and rank (``name`` tells pieces apart)."""
+    """``make(events of rank r)``, once per run and rank (``name`` tells pieces apart). A run
+    loaded streamed (``analysis.stream``) holds only a residue of each rank's events: its pieces
+    were worked out in the pass over the rank's events (keyed by rank), any other is an error."""
+    got = run.cache.get(("rank", r, name))
+    if got is not None:
+        return got
+    if run.cache.get("streamed"):
+        raise StreamedError(f"{name!r} of rank {r} was not worked out in the streamed pass; "
+                            "load the dump whole (mpipar.analysis.load)")
     ev = run.events[r]
     key = (name, id(ev))
     got = run.cache.get(key)
@@ -50,10 +64,14 @@ def _sum(g, x, n):
     return np.bincount(g, weights=x, minlength=n)
 
 
+PART_NAMES = ("overhead", "dp", "optimizer", "sync", "step_post", "step_pre")
+
+
 def step_parts(ev: np.ndarray, n_actions: int) -> dict:
-    """{step: parts} of every step of one rank: "overhead", "dp", "dp_chunks", "optimizer",
-    "sync", "step_post", "step_pre" (``costmodel``'s module doc), each where the step has
-    what it needs (pipeline events, an OPT, a STEP marker)."""
+    """{"steps": the rank's steps sorted, name: value per step (NaN: the step lacks what it
+    needs: pipeline events, an OPT, a STEP marker), "dp_chunks": bit mask of the chunks with
+    dp events per step} for names "overhead", "dp", "optimizer", "sync", "step_post",
+    "step_pre" (``costmodel``'s module doc)."""
     steps, g, n = step_groups(ev)
     kinds = ev["kind"]
     mark, body = kinds == "STEP", kinds != "STEP"
@@ -72,10 +90,10 @@ def step_parts(ev: np.ndarray, n_actions: int) -> dict:
     overhead = ((p_hi - p_lo) - covered) / max(n_actions, 1)
     is_dp = np.char.startswith(kinds, "dp.") & body
     dp = _sum(g[is_dp], dur[is_dp], n)
-    chunks = defaultdict(set)
-    for s, c in zip(g[is_dp].tolist(), ev["chunk"][is_dp].tolist(), strict=True):
-        if c >= 0:
-            chunks[s].add(int(c))
+    chunk = ev["chunk"][is_dp].astype(np.int64)
+    mask = np.zeros(n, dtype=np.int64)
+    ok = (chunk >= 0) & (chunk < 63)
+    np.bitwise_or.at(mask, g[is_dp][ok], np.left_shift(1, chunk[ok]))
     with np.errstate(invalid="ignore"):
         nested = body & (start >= o0[g]) & (end <= o1[g]) & (np.char.find(kinds, ".") >= 0)
         gap_dp = is_dp & (start >= p_hi[g]) & (end <= o0[g])
@@ -84,58 +102,91 @@ def step_parts(ev: np.ndarray, n_actions: int) -> dict:
     m_lo = _min(g[mark], start[mark], n, math.nan)
     m_hi = _max(g[mark], end[mark], n, math.nan)
     b_lo = _min(g[body], start[body], n, math.nan)
-    out = {}
-    for i, s in enumerate(steps.tolist()):
-        d = {}
-        if not math.isnan(p_lo[i]):
-            d["overhead"] = float(overhead[i])
-        d["dp"] = float(dp[i])
-        d["dp_chunks"] = sorted(chunks.get(i, ()))
-        if not math.isnan(o1[i]):
-            d["optimizer"] = float((o1[i] - o0[i]) - coll[i])
-            d["sync"] = float(coll[i] + (max(gap[i], 0.0) if not math.isnan(gap[i]) else 0.0))
-            if not math.isnan(m_hi[i]):
-                d["step_post"] = float(m_hi[i] - o1[i])
-        if not math.isnan(m_lo[i]) and not math.isnan(b_lo[i]):
-            d["step_pre"] = float(b_lo[i] - m_lo[i])
-        out[s] = d
-    return out
+    has_opt = ~np.isnan(o1)
+    with np.errstate(invalid="ignore"):
+        sync = coll + np.where(np.isnan(gap), 0.0, np.maximum(gap, 0.0))
+    return {"steps": steps.astype(np.int64),
+            "overhead": np.where(np.isnan(p_lo), math.nan, overhead),
+            "dp": dp, "dp_chunks": mask,
+            "optimizer": np.where(has_opt, (o1 - o0) - coll, math.nan),
+            "sync": np.where(has_opt, sync, math.nan),
+            "step_post": np.where(has_opt & ~np.isnan(m_hi), m_hi - o1, math.nan),
+            "step_pre": np.where(np.isnan(m_lo) | np.isnan(b_lo), math.nan, b_lo - m_lo)}
+
+
+def chunks_of(mask: int) -> list[int]:
+    """The chunks a ``dp_chunks`` bit mask holds."""
+    return [c for c in range(63) if (int(mask) >> c) & 1]
+
+
+OPS = ("F", "B", "BW", "W")  # a unit's op, by its code in ``step_units``
 
 
 def step_units(ev: np.ndarray, p: int, split: dict) -> dict:
-    """{step: {(chunk, op): [(mb, seconds)]}} of one rank (pipeline coordinate ``p``): op F
-    (+ its LOSS), B or BW (+ its R; ``split`` says which, ``units._backward_ops``) and W, in
-    recording order."""
-    e = ev[np.isin(ev["kind"], UNIT_KINDS)]
-    rows = zip(e["step"].tolist(), e["kind"].tolist(), e["mb"].tolist(), e["chunk"].tolist(),
-               (e["end"] - e["start"]).tolist(), strict=True)
-    extra, units = defaultdict(float), []  # (step, mb, chunk, F | B) -> LOSS or R seconds
-    for s, kind, mb, c, d in rows:
-        if kind in ("LOSS", "R"):
-            extra[(s, mb, c, "F" if kind == "LOSS" else "B")] += d
-        else:
-            units.append((s, kind, mb, c, d))
-    out = defaultdict(lambda: defaultdict(list))
-    for s, kind, mb, c, d in units:
-        op = split.get((p, mb, c), kind) if kind == "B" else kind
-        out[s][(c, op)].append((mb, d + extra.get((s, mb, c, kind), 0.0)))
-    return {s: dict(v) for s, v in out.items()}
+    """{"step", "chunk", "op" (code into ``OPS``), "mb", "dur"}: one row per compute unit of
+    one rank (pipeline coordinate ``p``) by step, in recording order within a step: op F (+
+    its LOSS), B or BW (+ its
+    R; ``split`` says which, ``units._backward_ops``) and W. A LOSS or R adds to the unit of
+    its (step, mb, chunk) and kind, summed in recording order when there are several."""
+    kinds = ev["kind"]
+    is_unit = (kinds == "F") | (kinds == "B") | (kinds == "W")
+    is_extra = (kinds == "LOSS") | (kinds == "R")
+    u, x = ev[is_unit], ev[is_extra]
+    dur = u["end"] - u["start"]
+    target = np.where(u["kind"] == "F", 0, np.where(u["kind"] == "B", 1, 2))
+    if x.size:
+        key_u = _unit_key(u, target)
+        key_x = _unit_key(x, np.where(x["kind"] == "LOSS", 0, 1))
+        uniq, inv = np.unique(key_x, return_inverse=True)
+        extra = np.bincount(inv.reshape(-1), weights=x["end"] - x["start"],
+                            minlength=uniq.size)
+        at = np.minimum(np.searchsorted(uniq, key_u), uniq.size - 1)
+        hit = (uniq[at] == key_u) & (target < 2)
+        dur = np.where(hit, dur + extra[at], dur)
+    op = np.where(target == 0, 0, np.where(target == 1, 1, 3)).astype(np.int8)
+    if split:
+        for i in np.flatnonzero(target == 1).tolist():
+            if split.get((p, int(u["mb"][i]), int(u["chunk"][i])), "B") == "BW":
+                op[i] = 2
+    order = np.argsort(u["step"], kind="stable")
+    return {"step": u["step"][order], "chunk": u["chunk"][order],
+            "op": op[order], "mb": u["mb"][order], "dur": dur[order]}
+
+
+def _unit_key(e, target) -> np.ndarray:
+    """One integer per (step, mb, chunk, F | B) of rows ``e`` (steps from -1, mb and chunk
+    from -1, each below 2^20)."""
+    s = e["step"].astype(np.int64) + 1
+    mb = e["mb"].astype(np.int64) + 1
+    c = e["chunk"].astype(np.int64) + 1
+    return ((s << 20 | mb) << 20 | c) << 1 | target.astype(np.int64)
+
+
+P2P_KINDS = ("pp.send", "pp.recv", "pp.wait")
 
 
 def step_p2p(ev: np.ndarray) -> dict:
-    """{step: {"send", "recv", "wait": durations, "bytes": send payloads}} of one rank."""
-    steps, g, n = step_groups(ev)
-    kinds, dur = ev["kind"], ev["end"] - ev["start"]
-    cols = {}
-    for name, kind in (("send", "pp.send"), ("recv", "pp.recv"), ("wait", "pp.wait")):
-        m = kinds == kind
-        cols[name] = _split(g[m], dur[m], n)
-    m = kinds == "pp.send"
-    cols["bytes"] = _split(g[m], ev["bytes"][m], n)
-    return {s: {k: v[i] for k, v in cols.items()} for i, s in enumerate(steps.tolist())}
+    """{"send", "recv", "wait": (steps, durations), "bytes": (steps, send payloads)} of one
+    rank, each sorted by step (recording order within a step)."""
+    kinds, out = ev["kind"], {}
+    for name, kind in zip(("send", "recv", "wait"), P2P_KINDS, strict=True):
+        e = ev[kinds == kind]
+        order = np.argsort(e["step"], kind="stable")
+        e = e[order]
+        out[name] = (e["step"].astype(np.int32), e["end"] - e["start"])
+        if name == "send":  # a copy: a view would keep every field of the rows
+            out["bytes"] = (out[name][0], e["bytes"].copy())
+    return out
 
 
-def _split(g, x, n) -> list:
-    """x grouped by g (0..n-1), recording order kept within a group."""
-    order = np.argsort(g, kind="stable")
-    return np.split(x[order], np.searchsorted(g[order], np.arange(1, n)))
+def rows_of(steps_sorted: np.ndarray, want) -> np.ndarray:
+    """Indices into an array sorted by step of the rows of the steps ``want`` (in its order)."""
+    want = np.atleast_1d(np.asarray(want, dtype=np.int64))
+    lo = np.searchsorted(steps_sorted, want, "left")
+    hi = np.searchsorted(steps_sorted, want, "right")
+    if want.size == 1:
+        return np.arange(lo[0], hi[0])
+    n = hi - lo
+    if not n.sum():
+        return np.empty(0, dtype=np.intp)
+    return np.repeat(lo - np.cumsum(n) + n, n) + np.arange(int(n.sum()))

@@ -56,21 +56,43 @@ def link_bytes(run: Run | str, steps=None) -> dict:
     if hosts is None:
         return {}
     steps = run.steps() if steps is None else list(steps)
-    spans = _spans(run, hosts)
+    spans = []
     out = defaultdict(lambda: {"within": 0, "across": 0})
-    for r, ev in enumerate(run.events):
-        for e in ev[np.isin(ev["step"], steps)]:
-            axis, _, op = _text(e["kind"]).partition(".")
-            op = op.rpartition(".")[2]  # tp sub-communicators: "tp.row.allreduce"
-            nbytes, peer = int(e["bytes"]), int(e["peer"])
-            if op == "send" and 0 <= peer < run.world_size:
-                across = hosts[peer] != hosts[r]
-            elif op in COLLECTIVE_OPS:
-                across = spans.get((axis, r), spans[("world", r)])
-            else:
-                continue
-            out[axis]["across" if across else "within"] += nbytes
+    for r in range(len(run.events)):
+        for axis, got in rank_link_bytes(run, r, steps, hosts, spans).items():
+            for where, nbytes in got.items():
+                out[axis][where] += nbytes
     return dict(out)
+
+
+def rank_link_bytes(run: Run, r: int, steps, hosts: list, spans: list) -> dict:
+    """``_rank_links`` of rank r's events in ``steps`` (once per run and steps). ``spans``: a
+    list holding the run's ``_spans`` once worked out (empty: not yet)."""
+    from .fit_parts import cached
+
+    def make(ev):
+        if not spans:  # the groups' hosts: once per run, when a rank needs them
+            spans.append(_spans(run, hosts))
+        return _rank_links(run, r, ev[np.isin(ev["step"], steps)], hosts, spans[0])
+
+    return cached(run, r, ("links", tuple(int(s) for s in steps)), make)
+
+
+def _rank_links(run: Run, r: int, ev, hosts: list, spans: dict) -> dict:
+    """{axis: {"within": bytes, "across": bytes}} of rank r's events ``ev``."""
+    out = defaultdict(lambda: {"within": 0, "across": 0})
+    for e in ev:
+        axis, _, op = _text(e["kind"]).partition(".")
+        op = op.rpartition(".")[2]  # tp sub-communicators: "tp.row.allreduce"
+        nbytes, peer = int(e["bytes"]), int(e["peer"])
+        if op == "send" and 0 <= peer < run.world_size:
+            across = hosts[peer] != hosts[r]
+        elif op in COLLECTIVE_OPS:
+            across = spans.get((axis, r), spans[("world", r)])
+        else:
+            continue
+        out[axis]["across" if across else "within"] += nbytes
+    return {k: dict(v) for k, v in out.items()}
 
 
 def links_text(path, steps=None) -> str:

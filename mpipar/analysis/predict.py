@@ -34,16 +34,30 @@ from .flops import setting as get
 from .index import events_in, ranks_with_events
 
 
+def rank_costs(ev: np.ndarray) -> dict:
+    """{"F", "B", "W", "R", "p2p": durations} of one rank's events (``measured_costs``)."""
+    dur, kinds = ev["end"] - ev["start"], ev["kind"]
+    out = {k: dur[kinds == k] for k in ("F", "B", "W", "R")}
+    out["p2p"] = dur[(kinds == "pp.send") | (kinds == "pp.recv")]
+    return out
+
+
+def rank_cost_piece(run: Run, r: int, steps) -> dict:
+    """``rank_costs`` of rank r's events in ``steps`` (once per run and steps)."""
+    from .fit_parts import cached
+
+    return cached(run, r, ("costs", tuple(int(s) for s in steps)),
+                  lambda ev: rank_costs(events_in(run, r, steps)))
+
+
 def measured_costs(run: Run, steps) -> dict:
     """Mean per-chunk F, B, W (and BW) durations and the median p2p transfer time, in seconds.
     Only those durations are gathered, rank after rank (not every event of the run)."""
     cols = {k: [] for k in ("F", "B", "W", "R", "p2p")}
     for rank in ranks_with_events(run):
-        ev = events_in(run, rank, steps)
-        dur, kinds = ev["end"] - ev["start"], ev["kind"]
-        for k in ("F", "B", "W", "R"):
-            cols[k].append(dur[kinds == k])
-        cols["p2p"].append(dur[(kinds == "pp.send") | (kinds == "pp.recv")])
+        got = rank_cost_piece(run, rank, steps)
+        for k in cols:
+            cols[k].append(got[k])
     got = {k: np.concatenate(v) if v else np.empty(0) for k, v in cols.items()}
 
     def mean(k):
@@ -335,15 +349,28 @@ def calibrated(run: Run, steps, kind: str, pp: int, m: int, v: int) -> dict:
     }
 
 
+def rank_events_per_step(ev: np.ndarray, steps) -> float:
+    """The median over ``steps`` of the events one rank recorded in each."""
+    got = np.bincount(ev["step"][np.isin(ev["step"], steps)] - min(steps),
+                      minlength=max(steps) - min(steps) + 1)[np.asarray(steps) - min(steps)]
+    return float(np.median(got)) if got.size else 0.0
+
+
+def events_per_step_of(run: Run, r: int, steps) -> float:
+    """``rank_events_per_step`` of rank r (once per run and steps)."""
+    from .fit_parts import cached
+
+    return cached(run, r, ("per_step", tuple(int(s) for s in steps)),
+                  lambda ev: rank_events_per_step(ev, steps))
+
+
 def events_per_step(run: Run, steps) -> list[float]:
     """Per pipeline coordinate: the events a rank records in a measured step (median over
     the steps and the ranks of that coordinate): what its tracer holds between flushes."""
     per = {}
-    for r, ev in enumerate(run.events):
-        got = np.bincount(ev["step"][np.isin(ev["step"], steps)] - min(steps),
-                          minlength=max(steps) - min(steps) + 1)[np.asarray(steps) - min(steps)]
-        per.setdefault(int(run.coords[r, 1]), []).append(float(np.median(got)) if got.size
-                                                         else 0.0)
+    for r in range(len(run.events)):
+        got = events_per_step_of(run, r, steps)
+        per.setdefault(int(run.coords[r, 1]), []).append(got)
     return [float(np.median(per.get(p, [0.0]))) for p in range(int(run.grid["pp"]))]
 
 

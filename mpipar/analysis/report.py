@@ -246,7 +246,11 @@ def _memory_parts(parts) -> str:
         each.append(f"pp{p} state {state:.1f} + activations {r['activations'] / 2**20:.1f} + "
                     f"working set {r['work'] / 2**20:.1f} + buffers {r['buffers'] / 2**20:.1f}"
                     + (f" + timing dump {r['trace'] / 2**20:.1f}" if "trace" in r else ""))
-    return "\n  memory model (MiB): " + "; ".join(each)
+    return ("\n  memory model (MiB): " + "; ".join(each) + "\n  (modelled from the config: "
+            "state, activations, working set, buffers; the timing dump from two constants "
+            "measured per machine, experiments/memory_runtime.py; not modelled, inside the "
+            "measured peak: memory outside NumPy a step touches first, BLAS, MPI and "
+            "allocator buffers, see mpipar.training.memory)")
 
 
 def _us(seconds) -> str:

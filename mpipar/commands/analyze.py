@@ -138,13 +138,17 @@ def step_choice(args):
 
 def run(args) -> int:
     from mpipar.analysis import DumpError, breakdown, compare, load, report
+    from mpipar.analysis.stream import load as load_streamed
 
     try:
         check_arguments(args)
         inputs = expand(args.paths)
         runs, seen = [], {}
         for path, name in inputs:
-            r = load(path, name=name, steps=step_choice(args))
+            # streamed (one rank's events at a time) unless plots or traces need the events
+            whole = args.plots or args.chrome_trace or args.chrome_trace_predicted
+            r = (load(path, name=name, steps=step_choice(args)) if whole else
+                 load_streamed(path, name=name, steps=step_choice(args), step=args.step))
             # two runs of the same name (foo/trace.h5, bar/foo/trace.h5) get a numeric suffix
             n = seen.get(r.name, 0)
             seen[r.name] = n + 1

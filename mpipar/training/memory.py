@@ -29,7 +29,11 @@ in 8 runs one or both tensor-parallel ranks of one pp0 replica gained 2.1-2.2 Mi
 (``mallinfo2``), not Python's or NumPy's (``tracemalloc``: +12 KiB), made of allocations under
 1.5 MB each: C-level buffers of a library, most likely MPICH's for messages that arrived before
 their receive was posted (kept once grown). The overlapped gradient sync off, it still came; no
-2-rank grid (dp2, pp2, tp2) showed it. Not in it: the
+2-rank grid (dp2, pp2, tp2) showed it. Nor is it glibc's dynamic mmap threshold (a freed
+mmapped block raising the threshold, so that later blocks of its size come from the heap, which
+does not shrink): with the threshold fixed (``MALLOC_MMAP_THRESHOLD_=131072`` in every rank's
+environment) 2 of 6 runs still gained 2.1-2.4 MiB on one pp0 replica's pair (steps 25, 184-192),
+as 2 of 4 runs without it did. Not in it: the
 interpreter, imports, the data set (all in the base). On a GPU the host's resident memory says
 nothing about the device's: there ``mem.peak`` is the bytes CuPy's pool holds (its high-water
 mark: the pool keeps freed blocks) and the base what it held at the first step.
