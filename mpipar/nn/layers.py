@@ -83,6 +83,11 @@ class Layer:
         dropped (so a layer whose backward is a collective still takes part in it)."""
         self.backward_input(dy, mb)
 
+    def backward_first(self, dy, mb=0) -> None:
+        """``backward`` where nobody needs dx: ``backward_no_dx`` then ``backward_weight``."""
+        self.backward_no_dx(dy, mb)
+        self.backward_weight(mb)
+
     def __repr__(self):
         return f"{type(self).__name__}({self.name})"
 
@@ -115,6 +120,33 @@ class Sequential(Layer):
     def backward_weight(self, mb=0):
         for layer in reversed(self.layers):
             layer.backward_weight(mb)
+
+    # Both passes at once go layer by layer (each layer's input and weight gradients while its
+    # saved input and dy are still in cache), not all inputs then all weights: the same
+    # operations, the weight gradients accumulated in the same (reverse) order, so the same bits;
+    # a small model's two sweeps re-read every layer's data from a farther cache level.
+    def _plain(self) -> bool:
+        """The passes are this class's (a subclass that overrides one keeps its own order)."""
+        cls = type(self)
+        return (cls.backward_input is Sequential.backward_input
+                and cls.backward_weight is Sequential.backward_weight
+                and cls.backward_no_dx is Sequential.backward_no_dx)
+
+    def backward(self, dy, mb=0):
+        if not self._plain():
+            return super().backward(dy, mb)
+        for layer in reversed(self.layers):
+            dy = layer.backward(dy, mb)
+        return dy
+
+    def backward_first(self, dy, mb=0) -> None:
+        if not self._plain():
+            return super().backward_first(dy, mb)
+        layers = self.layers
+        for layer in layers[:0:-1]:
+            dy = layer.backward(dy, mb)
+        if layers:
+            layers[0].backward_first(dy, mb)
 
 
 class Residual(Layer):

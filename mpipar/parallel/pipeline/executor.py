@@ -248,14 +248,17 @@ class PipelineExecutor:
             return self._backward_pass(op, st, chunk, dy, mb)
 
     def _backward_pass(self, op, st, chunk, dy, mb):
-        if op == "BW" and self._last_weight_pass(st, chunk.index):
-            return self._backward_unit_by_unit(chunk, dy, mb)
+        if op == "BW":
+            if self._last_weight_pass(st, chunk.index):
+                return self._backward_unit_by_unit(chunk, dy, mb)
+            # layer by layer, both gradients while the layer's data is in cache (same bits)
+            if chunk.index == 0:  # the model's input is data: its gradient is never used
+                return chunk.backward_first(dy, mb)
+            return chunk.backward(dy, mb)
         if chunk.index == 0:  # the model's input is data: its gradient is never used
             dx = chunk.backward_no_dx(dy, mb)
         else:
             dx = chunk.backward_input(dy, mb)
-        if op == "BW":
-            chunk.backward_weight(mb)
         return dx
 
     def _weight(self, a, st):
