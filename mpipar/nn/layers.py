@@ -92,10 +92,21 @@ class Layer:
         return f"{type(self).__name__}({self.name})"
 
 
+# how ``Sequential.backward`` runs a layer: its own backward (a Sequential that interleaves its
+# children), backward_input alone (no weights: Layer's backward_weight does nothing), or both
+_NESTED, _INPUT, _BOTH = "nested", "input", "both"
+
+
 class Sequential(Layer):
     def __init__(self, layers, name=""):
         super().__init__(name)
         self.layers = list(layers)
+        # ``backward``'s plan, made once (the layers never change after construction): whether
+        # the passes are this class's, and per layer in backward order how to run both passes
+        self._interleave = self._plain()
+        self._steps = [(layer, _NESTED if isinstance(layer, Sequential) and layer._interleave
+                        else _INPUT if type(layer).backward_weight is Layer.backward_weight
+                        else _BOTH) for layer in reversed(self.layers)]
 
     def children(self):
         return self.layers
@@ -133,20 +144,30 @@ class Sequential(Layer):
                 and cls.backward_no_dx is Sequential.backward_no_dx)
 
     def backward(self, dy, mb=0):
-        if not self._plain():
+        if not self._interleave:
             return super().backward(dy, mb)
-        for layer in reversed(self.layers):
-            dy = layer.backward(dy, mb)
+        for layer, how in self._steps:
+            if how is _NESTED:
+                dy = layer.backward(dy, mb)
+            else:
+                dy = layer.backward_input(dy, mb)
+                if how is _BOTH:
+                    layer.backward_weight(mb)
         return dy
 
     def backward_first(self, dy, mb=0) -> None:
-        if not self._plain():
+        if not self._interleave:
             return super().backward_first(dy, mb)
-        layers = self.layers
-        for layer in layers[:0:-1]:
-            dy = layer.backward(dy, mb)
-        if layers:
-            layers[0].backward_first(dy, mb)
+        steps = self._steps
+        for layer, how in steps[:-1]:
+            if how is _NESTED:
+                dy = layer.backward(dy, mb)
+            else:
+                dy = layer.backward_input(dy, mb)
+                if how is _BOTH:
+                    layer.backward_weight(mb)
+        if steps:
+            steps[-1][0].backward_first(dy, mb)
 
 
 class Residual(Layer):
