@@ -101,12 +101,10 @@ class Sequential(Layer):
     def __init__(self, layers, name=""):
         super().__init__(name)
         self.layers = list(layers)
-        # ``backward``'s plan, made once (the layers never change after construction): whether
-        # the passes are this class's, and per layer in backward order how to run both passes
+        # ``backward``'s plan: whether the passes are this class's (a subclass that overrides
+        # one keeps the two sweeps), and per layer how to run both (``_plan``, at first use)
         self._interleave = self._plain()
-        self._steps = [(layer, _NESTED if isinstance(layer, Sequential) and layer._interleave
-                        else _INPUT if type(layer).backward_weight is Layer.backward_weight
-                        else _BOTH) for layer in reversed(self.layers)]
+        self._steps = None
 
     def children(self):
         return self.layers
@@ -143,10 +141,19 @@ class Sequential(Layer):
                 and cls.backward_weight is Sequential.backward_weight
                 and cls.backward_no_dx is Sequential.backward_no_dx)
 
+    def _plan(self) -> list:
+        """[(layer, how)] in backward order, made once (the layers never change after
+        construction): a plain Sequential runs its own interleaved ``backward``; a layer
+        without a weight pass (Layer's, which does nothing) only its input pass."""
+        self._steps = [(layer, _NESTED if isinstance(layer, Sequential) and layer._interleave
+                        else _INPUT if type(layer).backward_weight is Layer.backward_weight
+                        else _BOTH) for layer in reversed(self.layers)]
+        return self._steps
+
     def backward(self, dy, mb=0):
         if not self._interleave:
             return super().backward(dy, mb)
-        for layer, how in self._steps:
+        for layer, how in self._steps if self._steps is not None else self._plan():
             if how is _NESTED:
                 dy = layer.backward(dy, mb)
             else:
@@ -158,7 +165,7 @@ class Sequential(Layer):
     def backward_first(self, dy, mb=0) -> None:
         if not self._interleave:
             return super().backward_first(dy, mb)
-        steps = self._steps
+        steps = self._steps if self._steps is not None else self._plan()
         for layer, how in steps[:-1]:
             if how is _NESTED:
                 dy = layer.backward(dy, mb)
