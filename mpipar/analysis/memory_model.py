@@ -15,10 +15,12 @@ Per rank ``p``, in values of the dtype (``s`` bytes) unless said, with ``P`` its
   gradient (``2 V / tp`` per token) from its forward to its backward. Full recomputation keeps
   only each pair's chunk input (token ids on the first: 8 bytes each) plus one pair's whole
   context, rebuilt before its backward; selective drops the attention probabilities (``H S``).
-- **backward**: a chunk's backward-input keeps every layer's output gradient until its weight
-  pass (``block_retained``: 4 ``(T, d)`` gradients and the fused ``dqkv``); the buffers of a
+- **backward**: where B and W are separate actions, a chunk's backward-input keeps every
+  layer's output gradient until its weight pass (``block_retained``: 4 ``(T, d)`` gradients and
+  the fused ``dqkv``); a BW action runs each unit's two passes together, so only its first
+  (the chunk's last unit) keeps them on top of the stored contexts; the buffers of a
   block that the backward lets go (GELU's, attention's) go back to ``nn.cpu``'s pool and are
-  reused by the next block, so the gradients of one chunk pile up and the rest does not.
+  reused by the next block, so the retained gradients pile up and the rest does not.
 - **working set**: ``nn.cpu``'s pool keeps, per array shape, as many buffers as were ever alive
   together, so a rank holds at its peak one set of the transient buffers of its largest unit on
   top: ``block_work`` (the MLP backward's two ``(T, 4d/tp)`` gradients, a few ``(T, d)`` sums
@@ -159,12 +161,18 @@ def _recompute(config: dict) -> str:
     return {"true": "full", "false": "none"}.get(r, r)
 
 
-def _activations(recompute, live, chunks, bounds, units, boundary):
+def _activations(recompute, live, chunks, bounds, units, boundary, split=True):
     """Values held by live pairs plus the backward's retained gradients of the largest chunk
-    (selective recomputation drops each unit's attention probabilities)."""
+    (selective recomputation drops each unit's attention probabilities). ``split``: the rank
+    runs B and W as separate actions. A BW action runs each unit's two passes together
+    (``Sequential.backward``): on top of every stored context sit only the gradients of the
+    chunk's last unit, the first it runs; each later unit frees its own context as it goes."""
     span = {c: range(*bounds[c]) for c in chunks}
     stored = [sum(units[i][1] for i in span[c]) for c in chunks]
-    retained = max((sum(units[i][2] for i in span[c]) for c in chunks), default=0)
+    if split:
+        retained = max((sum(units[i][2] for i in span[c]) for c in chunks), default=0)
+    else:
+        retained = max((units[span[c][-1]][2] for c in chunks if span[c]), default=0)
     if not stored:
         return 0
     if recompute == "full":
@@ -197,7 +205,8 @@ def rank_memory(config: dict, grid: dict, schedule, peak_activations, bounds,
         held = [units[i] for c in chunks for i in range(*bounds[c])]
         n = sum(u[0] for u in held)
         live = peak_activations[p] if p < len(peak_activations) else 0
-        act = _activations(recompute, live, chunks, bounds, units, boundary)
+        split = any(a.op in ("B", "W") for a in actions)
+        act = _activations(recompute, live, chunks, bounds, units, boundary, split)
         scratch = sum({u[4] for u in held}) + min(max((u[0] for u in held), default=0),
                                                   BLOCK_ELEMENTS)
         work = max((u[3] for u in held), default=0) + scratch

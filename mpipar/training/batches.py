@@ -38,13 +38,19 @@ class Batches:
             self.split = {"train": (self.X[:cut], self.Y[:cut]),
                           "val": (self.X[cut:], self.Y[cut:])}
 
-    def get(self, split, step, batch_size):
+    def get(self, split, step, batch_size, parts=1, part=0):
+        """The global batch of (split, step); with ``parts`` > 1 only its row block ``part``
+        (``split_rows``), the same rows: a data-parallel replica gathers its share alone."""
         t = self.cfg.train
         if self.cfg.model.kind == "gpt":
-            return self.ds.get_batch(split, step, batch_size, t.seq_len, t.seed)
+            x, y = self.ds.get_batch(split, step, batch_size, t.seq_len, t.seed)
+            return (x, y) if parts == 1 else (split_rows(x, parts, part),
+                                              split_rows(y, parts, part))
         X, Y = self.split[split]
         rng = np.random.default_rng([t.seed, step, 0 if split == "train" else 1])
         rows = rng.integers(0, len(X), size=batch_size)
+        if parts > 1:
+            rows = split_rows(rows, parts, part)
         return X[rows], Y[rows]
 
 
@@ -70,12 +76,14 @@ def split_rows(a, parts, index=None):
     return [a[i * k:(i + 1) * k] for i in range(parts)]
 
 
-def local_microbatches(run, backend, dp_rank: int, x, y):
+def local_microbatches(run, backend, dp_rank: int, x, y, replica_rows=False):
     """This data-parallel replica's rows of a global batch, on the device, as the resolved
-    run's (``resolved.ResolvedRun``) micro-batches."""
+    run's (``resolved.ResolvedRun``) micro-batches. ``replica_rows``: x and y are this
+    replica's rows already (``Batches.get(..., parts=dp, part=dp_rank)``)."""
     cfg = run.cfg
     dp = cfg.parallel.dp
-    x, y = split_rows(x, dp, dp_rank), split_rows(y, dp, dp_rank)
+    if not replica_rows:
+        x, y = split_rows(x, dp, dp_rank), split_rows(y, dp, dp_rank)
     xp, dtype = backend.xp, backend.dtype
     if cfg.model.kind == "mlp":
         x = xp.asarray(x, dtype=dtype)

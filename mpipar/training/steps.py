@@ -80,9 +80,7 @@ class Step:
         return [rec]
 
     def _local_batch(self, step):
-        t = self.t
-        x, y = t.batches.get("train", step, t.cfg.train.batch_size)
-        return t.local_microbatches(x, y)
+        return self.t.local_batch("train", step)
 
     def _start(self):
         """This step's micro-batches, gradients zeroed, the dp buckets opened."""

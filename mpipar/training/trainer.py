@@ -68,8 +68,15 @@ class Trainer:
         self._mem_base = False  # mem.static / mem.base: at the first step (training/memory.py)
 
     # -- pieces of a step
-    def local_microbatches(self, x, y):
-        return local_microbatches(self.run, self.backend, self.grid.dp_rank, x, y)
+    def local_microbatches(self, x, y, replica_rows=False):
+        return local_microbatches(self.run, self.backend, self.grid.dp_rank, x, y, replica_rows)
+
+    def local_batch(self, split, step):
+        """This replica's micro-batches of (split, step): only its own rows are gathered."""
+        g = self.grid
+        x, y = self.batches.get(split, step, self.cfg.train.batch_size, self.cfg.parallel.dp,
+                                g.dp_rank)
+        return self.local_microbatches(x, y, replica_rows=True)
 
     def _replica_sum(self, value: float) -> float:
         """Sum a number over the tp and pp ranks of one data-parallel replica."""
@@ -188,8 +195,7 @@ class Trainer:
                 comm=self.grid.pp_comm, tracer=None, backend=self.backend)
         total = 0.0
         for i in range(cfg.train.eval_batches):
-            x, y = self.batches.get("val", i, cfg.train.batch_size)
-            xs, ys = self.local_microbatches(x, y)
+            xs, ys = self.local_batch("val", i)
             losses = self.eval_executor.run(xs, ys, forward_only=True)
             total += self.global_loss(losses)
         return total / cfg.train.eval_batches

@@ -106,6 +106,7 @@ class PipelineExecutor:
             "SEND_F": self._send_forward, "SEND_B": self._send_backward,
             "RECV_F": self._receive, "RECV_B": self._receive, "UPDATE": self._update,
         }
+        self._bound = [(a, self._handlers[a.op]) for a in self.actions]
         timed = tracer is not None and tracer.enabled
         # one reused region for all compute actions (they never nest); None untimed: the
         # handlers then call the compute straight, with no context to enter and leave
@@ -125,12 +126,20 @@ class PipelineExecutor:
         st = StepState(inputs, targets, forward_only, loss_scale, self._receives(inputs[0]))
         if self.asynchronous and not forward_only:
             st.stash = VersionStash(self.schedule, self.chunks)
-        for a in self.actions:
-            self.dispatch(a, st)
+        # ``dispatch`` inlined, each action's handler bound once: a small model's action is a
+        # few hundred microseconds, and the Python between two actions runs with cold caches
+        # after a large one (BENCHMARKS.md, the fitted per-action overhead)
+        sends = st.sends
+        for a, handler in self._bound:
+            beat(a)  # the watchdog names the action a stalled rank is blocked in
+            handler(a, st)
+            if in_flight() or len(sends.requests) > SEND_BACKLOG:  # else a no-op
+                sends.release_finished()
         self.finish(st)
         return st.losses
 
     def dispatch(self, a, st):
+        """One action (``run``'s loop body; continuous runs call it action by action)."""
         beat(a)  # the watchdog names the action a stalled rank is blocked in
         self._handlers[a.op](a, st)
         sends = st.sends
@@ -248,14 +257,17 @@ class PipelineExecutor:
             return self._backward_pass(op, st, chunk, dy, mb)
 
     def _backward_pass(self, op, st, chunk, dy, mb):
-        if op == "BW" and self._last_weight_pass(st, chunk.index):
-            return self._backward_unit_by_unit(chunk, dy, mb)
+        if op == "BW":
+            if self._last_weight_pass(st, chunk.index):
+                return self._backward_unit_by_unit(chunk, dy, mb)
+            # layer by layer, both gradients while the layer's data is in cache (same bits)
+            if chunk.index == 0:  # the model's input is data: its gradient is never used
+                return chunk.backward_first(dy, mb)
+            return chunk.backward(dy, mb)
         if chunk.index == 0:  # the model's input is data: its gradient is never used
             dx = chunk.backward_no_dx(dy, mb)
         else:
             dx = chunk.backward_input(dy, mb)
-        if op == "BW":
-            chunk.backward_weight(mb)
         return dx
 
     def _weight(self, a, st):
