@@ -14,7 +14,13 @@ from __future__ import annotations
 from ..backend import array_module
 from . import cpu
 from . import functional as F
+from .base import Layer
 from .params import REPLICATED, Parameter, ShardSpec
+from .sequential import Sequential
+
+__all__ = ["ParamFactory", "Layer", "Sequential", "Residual", "Linear", "TiedHead", "Bias",
+           "LayerNorm", "GELU", "ReLU", "Embedding", "PositionEmbedding",
+           "CausalSelfAttention", "set_selective_recompute"]
 
 
 class ParamFactory:
@@ -29,152 +35,6 @@ class ParamFactory:
         return Parameter(name, full_shape, self.backend, role=role, spec=spec,
                          tp_rank=self.tp_rank, tp_size=self.tp_size, init=init,
                          std=self.std if std is None else std, seed=self.seed)
-
-
-class Layer:
-    """Base class. Subclasses set ``self.own_params`` and override the three passes."""
-
-    def __init__(self, name=""):
-        self.name = name
-        self.own_params: list[Parameter] = []
-        self._ctx: dict = {}
-
-    # -- structure
-    def children(self) -> list["Layer"]:
-        return []
-
-    def params(self) -> list[Parameter]:
-        out = list(self.own_params)
-        for c in self.children():
-            out.extend(c.params())
-        return out
-
-    def in_flight(self) -> set:
-        """Micro-batches whose context is still held, over this layer and its children."""
-        keys = set(self._ctx)
-        for c in self.children():
-            keys |= c.in_flight()
-        return keys
-
-    def drop(self, mb) -> None:
-        """Forget a micro-batch's saved context (recomputation and aborted steps)."""
-        self._ctx.pop(mb, None)
-        for c in self.children():
-            c.drop(mb)
-
-    # -- passes
-    def forward(self, x, mb=0):
-        raise NotImplementedError
-
-    def backward_input(self, dy, mb=0):
-        raise NotImplementedError
-
-    def backward_weight(self, mb=0) -> None:
-        """Default: no weights, nothing to do."""
-
-    def backward(self, dy, mb=0):
-        dx = self.backward_input(dy, mb)
-        self.backward_weight(mb)
-        return dx
-
-    def backward_no_dx(self, dy, mb=0) -> None:
-        """``backward_input`` where nobody needs dx (the model's first layers, whose input is
-        data): keeps what ``backward_weight`` needs. Default: ``backward_input``, its result
-        dropped (so a layer whose backward is a collective still takes part in it)."""
-        self.backward_input(dy, mb)
-
-    def backward_first(self, dy, mb=0) -> None:
-        """``backward`` where nobody needs dx: ``backward_no_dx`` then ``backward_weight``."""
-        self.backward_no_dx(dy, mb)
-        self.backward_weight(mb)
-
-    def __repr__(self):
-        return f"{type(self).__name__}({self.name})"
-
-
-# how ``Sequential.backward`` runs a layer: its own backward (a Sequential that interleaves its
-# children), backward_input alone (no weights: Layer's backward_weight does nothing), or both
-_NESTED, _INPUT, _BOTH = "nested", "input", "both"
-
-
-class Sequential(Layer):
-    def __init__(self, layers, name=""):
-        super().__init__(name)
-        self.layers = list(layers)
-        # ``backward``'s plan: whether the passes are this class's (a subclass that overrides
-        # one keeps the two sweeps), and per layer how to run both (``_plan``, at first use)
-        self._interleave = self._plain()
-        self._steps = None
-
-    def children(self):
-        return self.layers
-
-    def forward(self, x, mb=0):
-        for layer in self.layers:
-            x = layer.forward(x, mb)
-        return x
-
-    def backward_input(self, dy, mb=0):
-        for layer in reversed(self.layers):
-            dy = layer.backward_input(dy, mb)
-        return dy
-
-    def backward_no_dx(self, dy, mb=0):
-        layers = self.layers
-        for layer in layers[:0:-1]:
-            dy = layer.backward_input(dy, mb)
-        if layers:
-            layers[0].backward_no_dx(dy, mb)
-
-    def backward_weight(self, mb=0):
-        for layer in reversed(self.layers):
-            layer.backward_weight(mb)
-
-    # Both passes at once go layer by layer (each layer's input and weight gradients while its
-    # saved input and dy are still in cache), not all inputs then all weights: the same
-    # operations, the weight gradients accumulated in the same (reverse) order, so the same bits;
-    # a small model's two sweeps re-read every layer's data from a farther cache level.
-    def _plain(self) -> bool:
-        """The passes are this class's (a subclass that overrides one keeps its own order)."""
-        cls = type(self)
-        return (cls.backward_input is Sequential.backward_input
-                and cls.backward_weight is Sequential.backward_weight
-                and cls.backward_no_dx is Sequential.backward_no_dx)
-
-    def _plan(self) -> list:
-        """[(layer, how)] in backward order, made once (the layers never change after
-        construction): a plain Sequential runs its own interleaved ``backward``; a layer
-        without a weight pass (Layer's, which does nothing) only its input pass."""
-        self._steps = [(layer, _NESTED if isinstance(layer, Sequential) and layer._interleave
-                        else _INPUT if type(layer).backward_weight is Layer.backward_weight
-                        else _BOTH) for layer in reversed(self.layers)]
-        return self._steps
-
-    def backward(self, dy, mb=0):
-        if not self._interleave:
-            return super().backward(dy, mb)
-        for layer, how in self._steps if self._steps is not None else self._plan():
-            if how is _NESTED:
-                dy = layer.backward(dy, mb)
-            else:
-                dy = layer.backward_input(dy, mb)
-                if how is _BOTH:
-                    layer.backward_weight(mb)
-        return dy
-
-    def backward_first(self, dy, mb=0) -> None:
-        if not self._interleave:
-            return super().backward_first(dy, mb)
-        steps = self._steps if self._steps is not None else self._plan()
-        for layer, how in steps[:-1]:
-            if how is _NESTED:
-                dy = layer.backward(dy, mb)
-            else:
-                dy = layer.backward_input(dy, mb)
-                if how is _BOTH:
-                    layer.backward_weight(mb)
-        if steps:
-            steps[-1][0].backward_first(dy, mb)
 
 
 class Residual(Layer):
