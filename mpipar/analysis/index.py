@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import kinds
+
 
 class StepIndex:
     """The events of one rank, ordered by step (recording order kept within a step)."""
@@ -49,8 +51,14 @@ class StepIndex:
         return np.sort(idx)  # recording order across steps, as a mask would give
 
     def select(self, steps) -> np.ndarray:
-        """The events of ``steps`` (a step number or a collection), in recording order."""
-        return self.events[self.positions(steps)]
+        """The events of ``steps`` (a step number or a collection), in recording order; their
+        kind codes taken from the whole array's when it has them (``kinds.codes_of``)."""
+        at = self.positions(steps)
+        got = self.events[at]
+        whole = kinds.known(self.events)
+        if whole is not None:
+            kinds.remember(got, whole[at])
+        return got
 
 
 def step_index(run, rank: int) -> StepIndex:

@@ -15,6 +15,8 @@ import math
 
 import numpy as np
 
+from . import kinds
+
 COMPUTE_KINDS = ("F", "B", "W", "R", "LOSS", "OPT")
 PIPE_COMPUTE = ("F", "B", "W", "R", "LOSS")  # model compute: the bubble's complement
 COMM_AXES = ("pp", "tp", "dp", "world")  # kind prefixes "pp.", "tp.", ...
@@ -44,18 +46,17 @@ def union_length(starts, ends, lo: float = -math.inf, hi: float = math.inf) -> f
     return float(np.sum(block_end - block_start))
 
 
-def _categories(kinds: np.ndarray) -> np.ndarray:
-    """Per event, its index in ``SELF_ORDER`` (``other``: the last), each distinct kind
-    classified once."""
-    uniq, inv = np.unique(kinds, return_inverse=True)
-    cat = np.full(uniq.size, len(SELF_ORDER) - 1)
-    for i, k in enumerate(uniq.tolist()):
-        axis = k.partition(".")[0] if "." in k else None
-        if axis in COMM_AXES:
-            cat[i] = SELF_ORDER.index(axis)
-        elif k in COMPUTE_KINDS:
-            cat[i] = SELF_ORDER.index(k)
-    return cat[inv.reshape(-1)]
+def category(kind: str) -> int:
+    """The index of ``kind`` in ``SELF_ORDER`` (``other``: the last)."""
+    axis = kind.partition(".")[0] if "." in kind else None
+    if axis in COMM_AXES:
+        return SELF_ORDER.index(axis)
+    return SELF_ORDER.index(kind) if kind in COMPUTE_KINDS else len(SELF_ORDER) - 1
+
+
+def _categories(codes: np.ndarray) -> np.ndarray:
+    """Per event (its kind code, ``kinds``), its index in ``SELF_ORDER``."""
+    return kinds.table(category)[codes]
 
 
 def step_groups(ev: np.ndarray) -> tuple:
@@ -102,9 +103,9 @@ def rank_steps(ev: np.ndarray, steps: list[int]) -> dict:
     at = np.searchsorted(steps_arr[order], ev["step"])
     at = np.minimum(at, max(n - 1, 0))
     inside = (steps_arr[order][at] == ev["step"]) if n else np.zeros(len(ev), bool)
+    code = kinds.codes_of(ev)[inside]
     ev, g = ev[inside], order[at[inside]]
-    kinds = ev["kind"]
-    is_marker = kinds == "STEP"
+    is_marker = code == kinds.STEP
     out = {"has": np.bincount(g, minlength=n) > 0,
            "marked": np.bincount(g[is_marker], minlength=n) > 0}
     mk = ev[is_marker]
@@ -115,9 +116,11 @@ def rank_steps(ev: np.ndarray, steps: list[int]) -> dict:
     hi = np.where(out["marked"], hi, _group_max(gb, body["end"], n))
     out.update(lo=lo, hi=hi, step_time=hi - lo)
     dur = body["end"] - body["start"]
-    cat = _categories(body["kind"])
-    sums = [np.bincount(gb[cat == i], weights=dur[cat == i], minlength=n)
-            for i in range(len(SELF_ORDER))]
+    cat = _categories(code[~is_marker])
+    # one grouped sum over (step, category): each bin adds its events in the same order as a
+    # sum per category would, so the same floats
+    c = len(SELF_ORDER)
+    sums = np.bincount(gb * c + cat, weights=dur, minlength=n * c).reshape(n, c).T
     for k in COMPUTE_KINDS:
         out[k] = sums[SELF_ORDER.index(k)]
     for a in COMM_AXES:

@@ -24,6 +24,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from . import kinds
 from .fit_parts import cached, step_p2p, step_parts
 from .flops import setting as get
 
@@ -121,6 +122,7 @@ def summarise(run, sources, choice, step) -> None:
     residue = []
     for r in range(world):
         ev = _read_rank(run.path, sources[r], keep)
+        kinds.codes_of(ev)  # once, on load: the pieces below read them (``kinds``)
         events = [ev[:0]] * world
         events[r] = ev
         one = replace(run, events=events, cache={})
@@ -139,7 +141,7 @@ def summarise(run, sources, choice, step) -> None:
         for key, got in one.cache.items():
             if isinstance(key, tuple) and key[1] == id(ev):
                 run.cache[("rank", r, key[0])] = got[1]
-        mask = np.isin(ev["step"], timed) | np.char.startswith(ev["kind"], "mem.")
+        mask = np.isin(ev["step"], timed) | kinds.table(kinds.is_mem)[kinds.codes_of(ev)]
         mask[:1] = True
         residue.append(ev[mask])
         del ev, events, one
