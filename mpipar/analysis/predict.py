@@ -36,9 +36,11 @@ from .index import events_in, ranks_with_events
 
 def rank_costs(ev: np.ndarray) -> dict:
     """{"F", "B", "W", "R", "p2p": durations} of one rank's events (``measured_costs``)."""
-    dur, kinds = ev["end"] - ev["start"], ev["kind"]
-    out = {k: dur[kinds == k] for k in ("F", "B", "W", "R")}
-    out["p2p"] = dur[(kinds == "pp.send") | (kinds == "pp.recv")]
+    from . import kinds
+
+    dur, code = ev["end"] - ev["start"], kinds.codes_of(ev)
+    out = {k: dur[code == kinds.code(k)] for k in ("F", "B", "W", "R")}
+    out["p2p"] = dur[(code == kinds.code("pp.send")) | (code == kinds.code("pp.recv"))]
     return out
 
 
