@@ -378,22 +378,27 @@ def _select_rows(ds, n, steps_col, keep) -> np.ndarray:
     return np.concatenate([ds[int(a):int(b)] for a, b in zip(starts, ends, strict=True)])
 
 
-def kind_width(col: np.ndarray) -> int:
-    """Characters of the longest kind in an on-disk ``kind`` column (at least 1)."""
-    return max(1, int(np.char.str_len(col).max())) if col.size else 1
-
-
 def _to_analysis(raw: np.ndarray) -> np.ndarray:
     """On-disk rows as analysis's event dtype: ``kind`` as str, only as wide as the longest kind
     these rows hold. A str column costs 4 bytes a character: ``U24`` was 96 of the 136 bytes an
     event took in memory, and kinds are rarely longer than 15 (``world.allreduce``); arrays of
-    other widths concatenate and compare alike (``EVENT_DTYPE`` is the widest)."""
+    other widths concatenate and compare alike (``EVENT_DTYPE`` is the widest). The kinds are
+    coded on the way (``kinds.codes``: the bytes as machine words) and the str column written
+    from the codes' names; the codes stay with the array (``kinds.codes_of``)."""
+    from . import kinds
+
     col = raw["kind"]
     narrow = col.dtype.kind == "S"
-    dtype = np.dtype([(n, f"U{kind_width(col)}" if n == "kind" and narrow else EVENT_DTYPE[n])
+    code = kinds.codes(col) if narrow else None
+    width = 1
+    if narrow and code.size:
+        names = kinds.names()
+        width = max(1, max(len(names[c]) for c in np.flatnonzero(np.bincount(code)).tolist()))
+    dtype = np.dtype([(n, f"U{width}" if n == "kind" and narrow else EVENT_DTYPE[n])
                       for n in EVENT_FIELDS])
     ev = np.empty(raw.shape[0], dtype=dtype)
     for name in EVENT_FIELDS:
-        # ASCII kinds: a cast decodes them (np.char.decode did the same, 5x slower)
-        ev[name] = raw[name].astype(dtype[name]) if name == "kind" and narrow else raw[name]
+        ev[name] = kinds.named(dtype[name])[code] if name == "kind" and narrow else raw[name]
+    if narrow:
+        kinds.remember(ev, code)
     return ev

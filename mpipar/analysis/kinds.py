@@ -45,7 +45,9 @@ def code(kind: str) -> int:
 
 def _hash(a: np.ndarray) -> np.ndarray:
     """One uint64 per string of ``a`` (contiguous, fixed width) from its machine words."""
-    words = a.view(np.uint32 if a.dtype.kind == "U" else np.uint8).reshape(len(a), -1)
+    size = a.dtype.itemsize
+    word = np.uint64 if size % 8 == 0 else np.uint32 if size % 4 == 0 else np.uint8
+    words = a.view(word).reshape(len(a), -1)
     h = np.zeros(len(a), np.uint64)
     with np.errstate(over="ignore"):
         for j in range(words.shape[1]):
@@ -85,13 +87,14 @@ def codes(kinds) -> np.ndarray:
         for k in np.unique(a[~found]).tolist():
             code(k.decode() if isinstance(k, bytes) else k)
     out = tc[at]
-    if not found.all() or not np.array_equal(_named(a.dtype)[out], a):
+    if not found.all() or not np.array_equal(named(a.dtype)[out], a):
         return _exact(a)  # a collision, or a kind wider than the table's: by sorting
     return out
 
 
-def _named(dtype) -> np.ndarray:
-    """The table's names as ``dtype`` (the codes of names too wide for it never occur)."""
+def named(dtype) -> np.ndarray:
+    """The table's names as ``dtype``, indexed by code (a name too wide for ``dtype`` is cut;
+    ``codes`` never gives its code for an array of that dtype)."""
     key = ("named", dtype.str, len(_names))
     got = _hashes.get(key)
     if got is None:
