@@ -54,6 +54,8 @@ class StepIndex:
         """The events of ``steps`` (a step number or a collection), in recording order; their
         kind codes taken from the whole array's when it has them (``kinds.codes_of``)."""
         at = self.positions(steps)
+        if at.size == len(self.events):  # every event (in recording order): the array itself
+            return self.events
         got = self.events[at]
         whole = kinds.known(self.events)
         if whole is not None:
