@@ -27,6 +27,7 @@ import numpy as np
 from . import kinds
 from .fit_parts import cached, step_p2p, step_parts
 from .flops import setting as get
+from .index import KEEP_LAST
 
 
 def _schedule(run):
@@ -125,7 +126,7 @@ def summarise(run, sources, choice, step) -> None:
         kinds.codes_of(ev)  # once, on load: the pieces below read them (``kinds``)
         events = [ev[:0]] * world
         events[r] = ev
-        one = replace(run, events=events, cache={})
+        one = replace(run, events=events, cache={KEEP_LAST: True})
         rank_row(one, r, steps)
         rank_totals(one, r, steps)
         rank_cost_piece(one, r, steps)
