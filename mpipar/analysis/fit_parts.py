@@ -180,13 +180,13 @@ def step_p2p(ev: np.ndarray) -> dict:
     """{"send", "recv", "wait": (steps, durations), "bytes": (steps, send payloads)} of one
     rank, each sorted by step (recording order within a step)."""
     code, out = kinds.codes_of(ev), {}
+    step, dur = ev["step"], ev["end"] - ev["start"]  # the columns read, not whole rows
     for name, kind in zip(("send", "recv", "wait"), P2P_KINDS, strict=True):
-        e = ev[code == kinds.code(kind)]
-        order = np.argsort(e["step"], kind="stable")
-        e = e[order]
-        out[name] = (e["step"].astype(np.int32), e["end"] - e["start"])
-        if name == "send":  # a copy: a view would keep every field of the rows
-            out["bytes"] = (out[name][0], e["bytes"].copy())
+        at = np.flatnonzero(code == kinds.code(kind))
+        at = at[np.argsort(step[at], kind="stable")]
+        out[name] = (step[at].astype(np.int32), dur[at])
+        if name == "send":
+            out["bytes"] = (out[name][0], ev["bytes"][at])
     return out
 
 
