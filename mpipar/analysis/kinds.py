@@ -142,7 +142,7 @@ def is_mem(kind: str) -> bool:
 # id is not reused while the entry lives): a rank's events are coded once when read
 # (``stream``), and the subsets ``index.events_in`` selects take their codes from it
 _RECENT: dict = {}
-_KEEP = 16
+_KEEP = 8  # a rank read, its selections and residue: a few arrays at a time
 
 
 def codes_of(ev: np.ndarray) -> np.ndarray:
