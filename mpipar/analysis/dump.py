@@ -373,27 +373,22 @@ def _select_rows(ds, n, steps_col, keep) -> np.ndarray:
     if not idx.size:
         return ds[:0]
     cut = np.flatnonzero(np.diff(idx) > 1) + 1
-    starts = np.concatenate([[idx[0]], idx[cut]])
-    ends = np.concatenate([idx[cut - 1], [idx[-1]]]) + 1
-    return np.concatenate([ds[int(a):int(b)] for a, b in zip(starts, ends, strict=True)])
+    ranges = zip(np.r_[idx[0], idx[cut]], np.r_[idx[cut - 1], idx[-1]] + 1, strict=True)
+    return np.concatenate([ds[int(a):int(b)] for a, b in ranges])
 
 
 def _to_analysis(raw: np.ndarray) -> np.ndarray:
-    """On-disk rows as analysis's event dtype: ``kind`` as str, only as wide as the longest kind
-    these rows hold. A str column costs 4 bytes a character: ``U24`` was 96 of the 136 bytes an
-    event took in memory, and kinds are rarely longer than 15 (``world.allreduce``); arrays of
-    other widths concatenate and compare alike (``EVENT_DTYPE`` is the widest). The kinds are
-    coded on the way (``kinds.codes``: the bytes as machine words) and the str column written
-    from the codes' names; the codes stay with the array (``kinds.codes_of``)."""
+    """On-disk rows as analysis's event dtype: ``kind`` as str, as wide as the longest kind
+    they hold (4 bytes a character: ``U24`` was 96 of an event's 136 bytes; arrays of other
+    widths concatenate and compare alike). The kinds are coded on the way (``kinds.codes``),
+    the str column written from the codes' names, the codes kept (``kinds.codes_of``)."""
     from . import kinds
 
     col = raw["kind"]
     narrow = col.dtype.kind == "S"
-    code = kinds.codes(col) if narrow else None
-    width = 1
-    if narrow and code.size:
-        names = kinds.names()
-        width = max(1, max(len(names[c]) for c in np.flatnonzero(np.bincount(code)).tolist()))
+    code = kinds.codes(col) if narrow else np.empty(0, np.int64)
+    used = np.flatnonzero(np.bincount(code)).tolist()  # the kinds these rows hold
+    width = max([1] + [len(kinds.names()[c]) for c in used])
     dtype = np.dtype([(n, f"U{width}" if n == "kind" and narrow else EVENT_DTYPE[n])
                       for n in EVENT_FIELDS])
     ev = np.empty(raw.shape[0], dtype=dtype)
