@@ -5,8 +5,9 @@ of 32 sequences of 32 tokens and 4 micro-batches (1F1B; balanced explicit stage 
 trained a few steps on each of the ten grids (8,1,1), (4,2,1), ..., (1,1,8). Reports throughput,
 the per-rank compute time and where the rest of the step went (self time in pp / tp / dp / world
 communication, idle), the pipeline bubble, and the peak memory predicted beside the measured
-(``mpipar analyze``'s memory model, its timing-dump part included): the largest measured rank,
-its stage's prediction, and the worst error over every rank.
+(``mpipar analyze``'s memory model, its timing-dump and runtime parts included): the largest
+measured rank, its stage's prediction, the worst error over every rank, every rank's error, and
+the runtime part (MPI, BLAS, allocator: one number per machine, ``memory_model.RUNTIME_BYTES``).
 
 On a 2-core machine the 8 ranks time-share the cores: the ranking of grids reflects how much
 each grid communicates and waits under that contention, not what 8 real devices would do.
@@ -27,7 +28,7 @@ from scaling import COMM, COMPUTE  # noqa: E402
 NAME = "grids"
 COLUMNS = ["grid", "dp", "pp", "tp", "tokens_per_s", "step_ms", "compute_ms", "pp_share",
            "tp_share", "dp_share", "world_share", "idle_share", "bubble", "mem_measured_MiB",
-           "mem_predicted_MiB", "mem_worst_error_pct"]
+           "mem_predicted_MiB", "mem_worst_error_pct", "mem_rank_errors_pct", "mem_runtime_MiB"]
 
 
 def grids(world: int) -> list[tuple[int, int, int]]:
@@ -89,13 +90,17 @@ def memory_columns(summary: dict, ranks: dict) -> dict:
     pred = summary.get("predicted") if isinstance(summary.get("predicted"), dict) else {}
     predicted = pred.get("memory")
     if not measured or not predicted:
-        return {"mem_measured_MiB": None, "mem_predicted_MiB": None, "mem_worst_error_pct": None}
+        return {"mem_measured_MiB": None, "mem_predicted_MiB": None, "mem_worst_error_pct": None,
+                "mem_rank_errors_pct": None, "mem_runtime_MiB": None}
     errors = [100 * (predicted[int(p)] - got) / got for got, p in zip(measured, ranks["pp"],
                                                                        strict=True)]
     top = max(range(len(measured)), key=lambda i: measured[i])
+    runtime = [r.get("runtime", 0) for r in pred.get("memory_parts") or []]
     return {"mem_measured_MiB": measured[top] / 2**20,
             "mem_predicted_MiB": predicted[int(ranks["pp"][top])] / 2**20,
-            "mem_worst_error_pct": max(errors, key=abs)}
+            "mem_worst_error_pct": max(errors, key=abs),
+            "mem_rank_errors_pct": " ".join(f"{e:+.1f}" for e in errors),
+            "mem_runtime_MiB": max(runtime, default=0) / 2**20}
 
 
 def plot(rows, path, world):

@@ -8,6 +8,12 @@ Prints, per (events per step, flush interval, steps), the growth, and the fit
 ``growth = DUMP_WRITER_BYTES + TRACE_EVENT_BYTES x events held`` (least squares) that
 ``mpipar.analysis.memory_model`` uses: copy the two numbers there when a machine differs.
 ``python experiments/memory_runtime.py`` (about 30 s; each setting in its own process).
+
+``--runtime``: the third per-machine constant, ``RUNTIME_BYTES`` (what MPI, BLAS and the
+allocator touch during the steps, per rank): the probe of ``mpipar plan measure`` (a tiny traced
+pp = 2 run under ``mpiexec -n 2``), its ranks' measured peak less the memory model's prediction
+(``mpipar.plan.measure.runtime_bytes``); copy the number it prints into
+``mpipar/analysis/memory_model.py``. About 30 s.
 """
 
 from __future__ import annotations
@@ -58,7 +64,24 @@ SETTINGS = [(33, 200, 50), (66, 200, 50), (132, 200, 50), (66, 200, 100), (66, 2
             (66, 400, 50)]
 
 
+def runtime() -> int:
+    """Print ``RUNTIME_BYTES`` as the probe of ``mpipar plan measure`` measures it."""
+    import os
+
+    sys.path.insert(0, str(ROOT))  # this checkout's mpipar, here and in the probe's ranks
+    os.environ["PYTHONPATH"] = str(ROOT)
+    from mpipar.analysis.memory_model import RUNTIME_BYTES
+    from mpipar.plan.measure import executor_costs
+
+    _, got = executor_costs(False, 600)
+    print(f"RUNTIME_BYTES = {got:.0f}  ({got / 2**20:.2f} MiB a rank; "
+          f"memory_model has {RUNTIME_BYTES / 2**20:.2f})")
+    return 0
+
+
 def main() -> int:
+    if "--runtime" in sys.argv[1:]:
+        return runtime()
     import numpy as np
 
     rows = []

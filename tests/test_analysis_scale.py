@@ -336,8 +336,8 @@ def test_grouped_unions_equal_one_union_per_group():
 
 def test_memory_model_counts_the_timing_dump():
     """The README job's prediction carries the dump's part (events held between flushes and
-    the writer), from the events each pipeline rank records per step; the planner's call
-    (no events) is unchanged."""
+    the writer), from the events each pipeline rank records per step, and the runtime term;
+    the planner's call (no events) is unchanged."""
     from mpipar.analysis.memory_model import (
         DUMP_WRITER_BYTES,
         TRACE_EVENT_BYTES,
@@ -350,7 +350,7 @@ def test_memory_model_counts_the_timing_dump():
     plain = predict_run(run.config, run.grid)
     for got, base in zip(parts, plain, strict=True):
         assert got["trace"] > 0
-        assert got["total"] == base["total"] + got["trace"]
+        assert got["total"] == base["total"] + got["trace"] + got["runtime"]
         assert "trace" not in base
     every = {"run": {"flush_interval": 50}, "train": {"steps": 200}}
     assert trace_bytes(every, 60) == 60 * 50 * TRACE_EVENT_BYTES + DUMP_WRITER_BYTES

@@ -19,6 +19,7 @@ from collections import defaultdict, deque
 
 import numpy as np
 
+from . import kinds
 from .dump import Run, load
 from .index import events_in
 
@@ -36,50 +37,46 @@ def _group_size(run: Run, axis: str) -> int:
     return int(run.world_size if axis == "world" else run.grid.get(axis, 1))
 
 
-def _split_kinds(kinds) -> tuple[np.ndarray, np.ndarray]:
-    """(axis, op) of every kind (``tp.allreduce`` -> ``tp``, ``allreduce``), each distinct kind
-    split once."""
-    uniq, inv = np.unique(np.asarray(kinds, dtype=str), return_inverse=True)
-    if not uniq.size:
-        return uniq, uniq
-    parts = [k.partition(".") for k in uniq.tolist()]
-    inv = inv.reshape(-1)
-    return (np.array([a for a, _, _ in parts])[inv], np.array([o for _, _, o in parts])[inv])
+def _looked_at(kind: str) -> int:
+    """1: a collective (``OPS``), 2: a wait, 0: neither (``_collective_rows``)."""
+    op = kind.partition(".")[2]
+    return 1 if op in OPS else 2 if op == "wait" else 0
 
 
-def _collective_rows(ev) -> np.ndarray:
-    """The rows ``_rank_spans`` looks at (collectives and waits), picked by numpy so that its
-    loop runs over them only."""
-    uniq, inv = np.unique(ev["kind"], return_inverse=True)  # each distinct kind looked at once
-    ops = [str(k).partition(".")[2] for k in uniq.tolist()]
-    inv = inv.reshape(-1)
-    is_op = np.array([o in OPS for o in ops], dtype=bool)[inv]
-    is_wait = np.array([o == "wait" for o in ops], dtype=bool)[inv]
-    return ev[is_op | (is_wait & (ev["peer"] < 0))]
+def _collective_rows(ev) -> tuple:
+    """(the rows ``_rank_spans`` looks at: collectives and waits, picked by numpy so that its
+    loop runs over them only; their kind codes)."""
+    code = kinds.codes_of(ev)
+    what = kinds.table(_looked_at)[code]
+    keep = (what == 1) | ((what == 2) & (ev["peer"] < 0))
+    return ev[keep], code[keep]
 
 
 def _rank_spans(run, r, steps):
     """[(kind, op, bytes, seconds, overlapped, count)] of one rank's collectives in ``steps``:
     the posts of a non-blocking kind that a wait of its (axis, bytes) may complete, one by one
     (paired in order); every other collective summed as one row per (kind, bytes)."""
-    ev = _collective_rows(events_in(run, r, steps))
-    kinds = ev["kind"].astype(str)
-    axis, op = _split_kinds(kinds)
+    ev, code = _collective_rows(events_in(run, r, steps))
+    names = kinds.names()
+    axis, op = kinds.table(kinds.axis)[code], kinds.table(kinds.op)[code]
     waits = op == "wait"
     paired = np.zeros(len(ev), dtype=bool)  # rows of an (axis, bytes) that has waits
     for ax, nb in {(str(x), int(b)) for x, b in zip(axis[waits], ev["bytes"][waits])}:
         paired |= (axis == ax) & (ev["bytes"] == nb)
-    out = _paired_spans(ev[paired], kinds[paired])
+    out = _paired_spans(ev[paired], [names[c] for c in code[paired].tolist()])
     rest = ~paired & ~waits
     if rest.any():
-        uniq, inv = np.unique(kinds[rest], return_inverse=True)
+        # one row per (kind, bytes), in the order of the kinds' names then bytes
+        uniq, inv = np.unique(code[rest], return_inverse=True)
+        by_name = np.argsort([names[c] for c in uniq.tolist()], kind="stable")
+        uniq, inv = uniq[by_name], np.argsort(by_name)[inv.reshape(-1)]
         nbytes = ev["bytes"][rest]
-        keys, at = np.unique(np.stack([inv.reshape(-1), nbytes]), axis=1, return_inverse=True)
+        keys, at = np.unique(np.stack([inv, nbytes]), axis=1, return_inverse=True)
         at = at.reshape(-1)
         count = np.bincount(at)
         secs = np.bincount(at, weights=ev["end"][rest] - ev["start"][rest])
         for j, (k, nb) in enumerate(keys.T.tolist()):
-            kind = str(uniq[k])
+            kind = names[int(uniq[k])]
             out.append((kind, kind.partition(".")[2], int(nb) * int(count[j]), float(secs[j]),
                         False, int(count[j])))
     return out
@@ -104,11 +101,11 @@ def rank_totals(run, r, steps) -> list:
     return cached(run, r, ("bandwidth", tuple(int(s) for s in steps)), make)
 
 
-def _paired_spans(ev, kinds) -> list:
+def _paired_spans(ev, names) -> list:
     """Posts paired in order with the waits that complete them (per axis and size)."""
     queued = defaultdict(deque)  # (axis, bytes) -> posts not yet paired with a wait
     spans = []  # [kind, op, bytes, start, end, overlapped]
-    for e, kind in zip(ev, kinds.tolist()):
+    for e, kind in zip(ev, names):
         axis, _, op = kind.partition(".")
         nbytes = int(e["bytes"])
         if op in OPS:

@@ -373,27 +373,27 @@ def _select_rows(ds, n, steps_col, keep) -> np.ndarray:
     if not idx.size:
         return ds[:0]
     cut = np.flatnonzero(np.diff(idx) > 1) + 1
-    starts = np.concatenate([[idx[0]], idx[cut]])
-    ends = np.concatenate([idx[cut - 1], [idx[-1]]]) + 1
-    return np.concatenate([ds[int(a):int(b)] for a, b in zip(starts, ends, strict=True)])
-
-
-def kind_width(col: np.ndarray) -> int:
-    """Characters of the longest kind in an on-disk ``kind`` column (at least 1)."""
-    return max(1, int(np.char.str_len(col).max())) if col.size else 1
+    ranges = zip(np.r_[idx[0], idx[cut]], np.r_[idx[cut - 1], idx[-1]] + 1, strict=True)
+    return np.concatenate([ds[int(a):int(b)] for a, b in ranges])
 
 
 def _to_analysis(raw: np.ndarray) -> np.ndarray:
-    """On-disk rows as analysis's event dtype: ``kind`` as str, only as wide as the longest kind
-    these rows hold. A str column costs 4 bytes a character: ``U24`` was 96 of the 136 bytes an
-    event took in memory, and kinds are rarely longer than 15 (``world.allreduce``); arrays of
-    other widths concatenate and compare alike (``EVENT_DTYPE`` is the widest)."""
+    """On-disk rows as analysis's event dtype: ``kind`` as str, as wide as the longest kind
+    they hold (4 bytes a character: ``U24`` was 96 of an event's 136 bytes; arrays of other
+    widths concatenate and compare alike). The kinds are coded on the way (``kinds.codes``),
+    the str column written from the codes' names, the codes kept (``kinds.codes_of``)."""
+    from . import kinds
+
     col = raw["kind"]
     narrow = col.dtype.kind == "S"
-    dtype = np.dtype([(n, f"U{kind_width(col)}" if n == "kind" and narrow else EVENT_DTYPE[n])
+    code = kinds.codes(col) if narrow else np.empty(0, np.int64)
+    used = np.flatnonzero(np.bincount(code)).tolist()  # the kinds these rows hold
+    width = max([1] + [len(kinds.names()[c]) for c in used])
+    dtype = np.dtype([(n, f"U{width}" if n == "kind" and narrow else EVENT_DTYPE[n])
                       for n in EVENT_FIELDS])
     ev = np.empty(raw.shape[0], dtype=dtype)
     for name in EVENT_FIELDS:
-        # ASCII kinds: a cast decodes them (np.char.decode did the same, 5x slower)
-        ev[name] = raw[name].astype(dtype[name]) if name == "kind" and narrow else raw[name]
+        ev[name] = kinds.named(dtype[name])[code] if name == "kind" and narrow else raw[name]
+    if narrow:
+        kinds.remember(ev, code)
     return ev

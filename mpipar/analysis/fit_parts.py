@@ -20,6 +20,7 @@ import math
 
 import numpy as np
 
+from . import kinds
 from .rank_steps import grouped_union, step_groups
 
 PIPE_KINDS = ("F", "B", "W", "R", "LOSS", "pp.send", "pp.recv", "pp.wait")
@@ -64,6 +65,14 @@ def _sum(g, x, n):
     return np.bincount(g, weights=x, minlength=n)
 
 
+def _is_pipe(kind: str) -> bool:
+    return kind in PIPE_KINDS
+
+
+def _dotted(kind: str) -> bool:
+    return "." in kind
+
+
 PART_NAMES = ("overhead", "dp", "optimizer", "sync", "step_post", "step_pre")
 
 
@@ -73,29 +82,29 @@ def step_parts(ev: np.ndarray, n_actions: int) -> dict:
     dp events per step} for names "overhead", "dp", "optimizer", "sync", "step_post",
     "step_pre" (``costmodel``'s module doc)."""
     steps, g, n = step_groups(ev)
-    kinds = ev["kind"]
-    mark, body = kinds == "STEP", kinds != "STEP"
+    code = kinds.codes_of(ev)
+    mark, body = code == kinds.STEP, code != kinds.STEP
     start, end = ev["start"], ev["end"]
     dur = end - start
-    is_opt = kinds == "OPT"
+    is_opt = code == kinds.code("OPT")
     o0 = _min(g[is_opt], start[is_opt], n, math.inf)
     o1 = _max(g[is_opt], end[is_opt], n, math.nan)
     before = body & (start < o0[g])
-    pipe = before & np.isin(kinds, PIPE_KINDS)
+    pipe = before & kinds.table(_is_pipe)[code]
     p_lo = _min(g[pipe], start[pipe], n, math.nan)
     p_hi = _max(g[pipe], end[pipe], n, math.nan)
     with np.errstate(invalid="ignore"):
         inside = before & (start >= p_lo[g]) & (end <= p_hi[g])
     covered = grouped_union(g[inside], start[inside], end[inside], n)
     overhead = ((p_hi - p_lo) - covered) / max(n_actions, 1)
-    is_dp = np.char.startswith(kinds, "dp.") & body
+    is_dp = (kinds.table(kinds.axis)[code] == "dp") & body
     dp = _sum(g[is_dp], dur[is_dp], n)
     chunk = ev["chunk"][is_dp].astype(np.int64)
     mask = np.zeros(n, dtype=np.int64)
     ok = (chunk >= 0) & (chunk < 63)
     np.bitwise_or.at(mask, g[is_dp][ok], np.left_shift(1, chunk[ok]))
     with np.errstate(invalid="ignore"):
-        nested = body & (start >= o0[g]) & (end <= o1[g]) & (np.char.find(kinds, ".") >= 0)
+        nested = body & (start >= o0[g]) & (end <= o1[g]) & kinds.table(_dotted)[code]
         gap_dp = is_dp & (start >= p_hi[g]) & (end <= o0[g])
     coll = _sum(g[nested], dur[nested], n)
     gap = o0 - p_hi - _sum(g[gap_dp], dur[gap_dp], n)
@@ -128,15 +137,17 @@ def step_units(ev: np.ndarray, p: int, split: dict) -> dict:
     its LOSS), B or BW (+ its
     R; ``split`` says which, ``units._backward_ops``) and W. A LOSS or R adds to the unit of
     its (step, mb, chunk) and kind, summed in recording order when there are several."""
-    kinds = ev["kind"]
-    is_unit = (kinds == "F") | (kinds == "B") | (kinds == "W")
-    is_extra = (kinds == "LOSS") | (kinds == "R")
+    code = kinds.codes_of(ev)
+    f, b, w = kinds.code("F"), kinds.code("B"), kinds.code("W")
+    is_unit = (code == f) | (code == b) | (code == w)
+    is_extra = (code == kinds.code("LOSS")) | (code == kinds.code("R"))
     u, x = ev[is_unit], ev[is_extra]
     dur = u["end"] - u["start"]
-    target = np.where(u["kind"] == "F", 0, np.where(u["kind"] == "B", 1, 2))
+    cu = code[is_unit]
+    target = np.where(cu == f, 0, np.where(cu == b, 1, 2))
     if x.size:
         key_u = _unit_key(u, target)
-        key_x = _unit_key(x, np.where(x["kind"] == "LOSS", 0, 1))
+        key_x = _unit_key(x, np.where(code[is_extra] == kinds.code("LOSS"), 0, 1))
         uniq, inv = np.unique(key_x, return_inverse=True)
         extra = np.bincount(inv.reshape(-1), weights=x["end"] - x["start"],
                             minlength=uniq.size)
@@ -168,14 +179,14 @@ P2P_KINDS = ("pp.send", "pp.recv", "pp.wait")
 def step_p2p(ev: np.ndarray) -> dict:
     """{"send", "recv", "wait": (steps, durations), "bytes": (steps, send payloads)} of one
     rank, each sorted by step (recording order within a step)."""
-    kinds, out = ev["kind"], {}
+    code, out = kinds.codes_of(ev), {}
+    step, dur = ev["step"], ev["end"] - ev["start"]  # the columns read, not whole rows
     for name, kind in zip(("send", "recv", "wait"), P2P_KINDS, strict=True):
-        e = ev[kinds == kind]
-        order = np.argsort(e["step"], kind="stable")
-        e = e[order]
-        out[name] = (e["step"].astype(np.int32), e["end"] - e["start"])
-        if name == "send":  # a copy: a view would keep every field of the rows
-            out["bytes"] = (out[name][0], e["bytes"].copy())
+        at = np.flatnonzero(code == kinds.code(kind))
+        at = at[np.argsort(step[at], kind="stable")]
+        out[name] = (step[at].astype(np.int32), dur[at])
+        if name == "send":
+            out["bytes"] = (out[name][0], ev["bytes"][at])
     return out
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import kinds
+
 
 class StepIndex:
     """The events of one rank, ordered by step (recording order kept within a step)."""
@@ -49,8 +51,16 @@ class StepIndex:
         return np.sort(idx)  # recording order across steps, as a mask would give
 
     def select(self, steps) -> np.ndarray:
-        """The events of ``steps`` (a step number or a collection), in recording order."""
-        return self.events[self.positions(steps)]
+        """The events of ``steps`` (a step number or a collection), in recording order; their
+        kind codes taken from the whole array's when it has them (``kinds.codes_of``)."""
+        at = self.positions(steps)
+        if at.size == len(self.events):  # every event (in recording order): the array itself
+            return self.events
+        got = self.events[at]
+        whole = kinds.known(self.events)
+        if whole is not None:
+            kinds.remember(got, whole[at])
+        return got
 
 
 def step_index(run, rank: int) -> StepIndex:
@@ -63,13 +73,27 @@ def step_index(run, rank: int) -> StepIndex:
     return got
 
 
+# in ``Run.cache``: True where one rank's pieces are made at once (``stream``): several ask for
+# the same steps, so the last selection of each array is kept (a whole run's cache does not
+# set it: a copy of every rank's events would double what the run holds)
+KEEP_LAST = "index.keep_last_selection"
+
+
 def events_in(run, rank: int, steps) -> np.ndarray:
     """Rank ``rank``'s events in ``steps``, in recording order; the same rows as
     ``ev[np.isin(ev["step"], steps)]`` at the cost of those rows."""
     ev = run.events[rank]
     if not len(ev):
         return ev
-    return step_index(run, rank).select(steps)
+    if not run.cache.get(KEEP_LAST):
+        return step_index(run, rank).select(steps)
+    want = np.unique(np.asarray(steps, dtype=np.int64))
+    last = run.cache.get((id(ev), "selection"))
+    if last is not None and last[0] is ev and np.array_equal(last[1], want):
+        return last[2]
+    got = step_index(run, rank).select(want)
+    run.cache[(id(ev), "selection")] = (ev, want, got)
+    return got
 
 
 def ranks_with_events(run) -> list[int]:

@@ -41,10 +41,15 @@ Per rank ``p``, in values of the dtype (``s`` bytes) unless said, with ``P`` its
   own once it has written. Both measured on this machine by ``python experiments/memory_runtime.py``
   (one process, no MPI; rerun it and copy its fit on another machine).
 
+- **runtime** (``with_runtime``): what MPI, BLAS and the allocator first touch during the
+  steps, which nothing in the config sizes; per rank, measured once per machine as what a tiny
+  traced pp = 2 run's ranks touched beyond this model's prediction of them (the probe of
+  ``mpipar plan measure``, ``plan.measure.runtime_bytes``): ``RUNTIME_BYTES`` here, a spec's
+  ``runtime_mb`` for a planned cluster. ``python experiments/memory_runtime.py --runtime``
+  measures it (rerun it and copy the number on another machine).
+
 Not counted: PipeDream's weight stashes, 2BW's older copy of the weights, evaluation (forward
-only: it holds less than a training step); memory that MPI, BLAS and the allocator first touch
-during the steps (about 1 MiB a rank on this machine: the README job's first step measured
-4.8 MiB on pp0 against 3.8 predicted).
+only: it holds less than a training step).
 """
 
 from __future__ import annotations
@@ -65,6 +70,19 @@ DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 # measured by experiments/memory_runtime.py on this machine (the fit it prints)
 TRACE_EVENT_BYTES = 303  # one recorded event held until the next flush
 DUMP_WRITER_BYTES = 1 << 20  # the HDF5 part writer's own, once it has written
+# measured by ``experiments/memory_runtime.py --runtime`` on this machine (module doc: runtime)
+RUNTIME_BYTES = 894_100  # per rank: MPI, BLAS, allocator, touched during the steps
+
+
+def with_runtime(rows: list[dict] | None, runtime: float = RUNTIME_BYTES) -> list[dict] | None:
+    """``rows`` (``rank_memory``'s or ``predict_run``'s) with each rank's ``runtime`` part
+    (bytes; this machine's by default, a planned cluster's from its spec) in its total."""
+    if rows is None:
+        return None
+    for row in rows:
+        row["runtime"] = int(runtime)
+        row["total"] += row["runtime"]
+    return rows
 
 
 def trace_bytes(config: dict, events_per_step: float) -> int:

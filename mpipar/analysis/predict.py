@@ -36,9 +36,11 @@ from .index import events_in, ranks_with_events
 
 def rank_costs(ev: np.ndarray) -> dict:
     """{"F", "B", "W", "R", "p2p": durations} of one rank's events (``measured_costs``)."""
-    dur, kinds = ev["end"] - ev["start"], ev["kind"]
-    out = {k: dur[kinds == k] for k in ("F", "B", "W", "R")}
-    out["p2p"] = dur[(kinds == "pp.send") | (kinds == "pp.recv")]
+    from . import kinds
+
+    dur, code = ev["end"] - ev["start"], kinds.codes_of(ev)
+    out = {k: dur[code == kinds.code(k)] for k in ("F", "B", "W", "R")}
+    out["p2p"] = dur[(code == kinds.code("pp.send")) | (code == kinds.code("pp.recv"))]
     return out
 
 
@@ -310,7 +312,7 @@ def calibrated(run: Run, steps, kind: str, pp: int, m: int, v: int) -> dict:
     mean of per-step bubbles is not the bubble of the mean step: when ranks or replicas take
     turns being the slow one, every step has a straggler that mean costs smooth away. The
     prediction from the costs averaged over all steps is kept beside (``mean_costs``)."""
-    from .memory_model import chunk_bounds, rank_memory
+    from .memory_model import chunk_bounds, rank_memory, with_runtime
 
     whole, sched, models, notes, sims = _predict(run, steps, kind, pp, m, v)
     pred = whole
@@ -326,8 +328,9 @@ def calibrated(run: Run, steps, kind: str, pp: int, m: int, v: int) -> dict:
         groups = [replica_models(run, [s], kind, pp, m, v, fixed, simulate_them=False,
                                  sched=sched)[1] for s in each]
         pred = mean_outcome(expected_outcomes(sched, groups, [d for d, _ in replica_keys(run)]))
-    mem = rank_memory(run.config, run.grid, sched, sims[0].peak_activations,
-                      chunk_bounds(run.config, run.grid, v), events_per_step(run, steps))
+    mem = with_runtime(rank_memory(run.config, run.grid, sched, sims[0].peak_activations,
+                                   chunk_bounds(run.config, run.grid, v),
+                                   events_per_step(run, steps)))
     model = models[0]
     return {
         "step_time_pred": pred["step"],

@@ -15,6 +15,8 @@ import math
 
 import numpy as np
 
+from . import kinds
+
 COMPUTE_KINDS = ("F", "B", "W", "R", "LOSS", "OPT")
 PIPE_COMPUTE = ("F", "B", "W", "R", "LOSS")  # model compute: the bubble's complement
 COMM_AXES = ("pp", "tp", "dp", "world")  # kind prefixes "pp.", "tp.", ...
@@ -44,18 +46,17 @@ def union_length(starts, ends, lo: float = -math.inf, hi: float = math.inf) -> f
     return float(np.sum(block_end - block_start))
 
 
-def _categories(kinds: np.ndarray) -> np.ndarray:
-    """Per event, its index in ``SELF_ORDER`` (``other``: the last), each distinct kind
-    classified once."""
-    uniq, inv = np.unique(kinds, return_inverse=True)
-    cat = np.full(uniq.size, len(SELF_ORDER) - 1)
-    for i, k in enumerate(uniq.tolist()):
-        axis = k.partition(".")[0] if "." in k else None
-        if axis in COMM_AXES:
-            cat[i] = SELF_ORDER.index(axis)
-        elif k in COMPUTE_KINDS:
-            cat[i] = SELF_ORDER.index(k)
-    return cat[inv.reshape(-1)]
+def category(kind: str) -> int:
+    """The index of ``kind`` in ``SELF_ORDER`` (``other``: the last)."""
+    axis = kind.partition(".")[0] if "." in kind else None
+    if axis in COMM_AXES:
+        return SELF_ORDER.index(axis)
+    return SELF_ORDER.index(kind) if kind in COMPUTE_KINDS else len(SELF_ORDER) - 1
+
+
+def _categories(codes: np.ndarray) -> np.ndarray:
+    """Per event (its kind code, ``kinds``), its index in ``SELF_ORDER``."""
+    return kinds.table(category)[codes]
 
 
 def step_groups(ev: np.ndarray) -> tuple:
@@ -102,22 +103,26 @@ def rank_steps(ev: np.ndarray, steps: list[int]) -> dict:
     at = np.searchsorted(steps_arr[order], ev["step"])
     at = np.minimum(at, max(n - 1, 0))
     inside = (steps_arr[order][at] == ev["step"]) if n else np.zeros(len(ev), bool)
-    ev, g = ev[inside], order[at[inside]]
-    kinds = ev["kind"]
-    is_marker = kinds == "STEP"
+    code, g = kinds.codes_of(ev)[inside], order[at[inside]]
+    # the columns read, not whole rows (a row carries its kind string)
+    start, end = ev["start"][inside], ev["end"][inside]
+    is_marker = code == kinds.STEP
     out = {"has": np.bincount(g, minlength=n) > 0,
            "marked": np.bincount(g[is_marker], minlength=n) > 0}
-    mk = ev[is_marker]
-    lo = _group_min(g[is_marker], mk["start"], n)
-    hi = _group_max(g[is_marker], mk["end"], n)
-    body, gb = ev[~is_marker], g[~is_marker]
+    lo = _group_min(g[is_marker], start[is_marker], n)
+    hi = _group_max(g[is_marker], end[is_marker], n)
+    in_body = ~is_marker
+    body = {"start": start[in_body], "end": end[in_body]}
+    gb = g[in_body]
     lo = np.where(out["marked"], lo, _group_min(gb, body["start"], n))
     hi = np.where(out["marked"], hi, _group_max(gb, body["end"], n))
     out.update(lo=lo, hi=hi, step_time=hi - lo)
     dur = body["end"] - body["start"]
-    cat = _categories(body["kind"])
-    sums = [np.bincount(gb[cat == i], weights=dur[cat == i], minlength=n)
-            for i in range(len(SELF_ORDER))]
+    cat = _categories(code[in_body])
+    # one grouped sum over (step, category): each bin adds its events in the same order as a
+    # sum per category would, so the same floats
+    c = len(SELF_ORDER)
+    sums = np.bincount(gb * c + cat, weights=dur, minlength=n * c).reshape(n, c).T
     for k in COMPUTE_KINDS:
         out[k] = sums[SELF_ORDER.index(k)]
     for a in COMM_AXES:
@@ -151,9 +156,9 @@ def _unions(out, body, gb, cat, is_compute, lo, hi, n) -> None:
     def of(mask):
         return grouped_union(gb[mask], s[mask], e[mask], n, ordered)
 
-    out["busy"] = of(np.ones(len(body), bool))
+    out["busy"] = of(np.ones(len(gb), bool))
     out["exposed"] = out["busy"] - of(is_compute)
-    covered, before = np.zeros(n), np.zeros(len(body), bool)
+    covered, before = np.zeros(n), np.zeros(len(gb), bool)
     for i, k in enumerate(SELF_ORDER):
         before |= cat == i
         now = of(before)
@@ -171,13 +176,30 @@ def _follow(g, s, e, n) -> bool:
     return bool(np.all(lo[used][1:] >= hi[used][:-1]))
 
 
+def _sorted_bounds(g):
+    """(the first index of each run of equal ``g``, its group) when ``g`` never decreases (a
+    rank's events recorded step after step), else None."""
+    if g.size and np.all(g[1:] >= g[:-1]):
+        at = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1])))
+        return at, g[at]
+    return None
+
+
 def _group_min(g, x, n, empty=math.inf) -> np.ndarray:
     out = np.full(n, math.inf)
-    np.minimum.at(out, g, x)
+    runs = _sorted_bounds(g)
+    if runs is None:
+        np.minimum.at(out, g, x)
+    else:  # one reduction per run: the same minimum, without ``ufunc.at``'s cost
+        out[runs[1]] = np.minimum.reduceat(x, runs[0])
     return np.where(np.isinf(out), empty, out) if empty != math.inf else out
 
 
 def _group_max(g, x, n, empty=-math.inf) -> np.ndarray:
     out = np.full(n, -math.inf)
-    np.maximum.at(out, g, x)
+    runs = _sorted_bounds(g)
+    if runs is None:
+        np.maximum.at(out, g, x)
+    else:
+        out[runs[1]] = np.maximum.reduceat(x, runs[0])
     return np.where(np.isinf(out), empty, out) if empty != -math.inf else out

@@ -246,11 +246,16 @@ def _memory_parts(parts) -> str:
         each.append(f"pp{p} state {state:.1f} + activations {r['activations'] / 2**20:.1f} + "
                     f"working set {r['work'] / 2**20:.1f} + buffers {r['buffers'] / 2**20:.1f}"
                     + (f" + timing dump {r['trace'] / 2**20:.1f}" if "trace" in r else ""))
-    return ("\n  memory model (MiB): " + "; ".join(each) + "\n  (modelled from the config: "
-            "state, activations, working set, buffers; the timing dump from two constants "
-            "measured per machine, experiments/memory_runtime.py; not modelled, inside the "
-            "measured peak: memory outside NumPy a step touches first, BLAS, MPI and "
-            "allocator buffers, see mpipar.training.memory)")
+    runtime = {r.get("runtime") for r in parts} - {None}
+    line = ""
+    if runtime:  # one number per machine, the same on every rank
+        line = ("\n  runtime (MPI, BLAS, allocator; measured once per machine): "
+                f"{max(runtime) / 2**20:.1f} MiB a rank")
+    return ("\n  memory model (MiB): " + "; ".join(each) + line + "\n  (modelled from the "
+            "config: state, activations, working set, buffers; the timing dump from two "
+            "constants and the runtime from one, measured per machine by "
+            "experiments/memory_runtime.py; see mpipar.analysis.memory_model and "
+            "mpipar.training.memory)")
 
 
 def _us(seconds) -> str:

@@ -24,8 +24,10 @@ from dataclasses import replace
 
 import numpy as np
 
+from . import kinds
 from .fit_parts import cached, step_p2p, step_parts
 from .flops import setting as get
+from .index import KEEP_LAST
 
 
 def _schedule(run):
@@ -121,9 +123,10 @@ def summarise(run, sources, choice, step) -> None:
     residue = []
     for r in range(world):
         ev = _read_rank(run.path, sources[r], keep)
+        kinds.codes_of(ev)  # once, on load: the pieces below read them (``kinds``)
         events = [ev[:0]] * world
         events[r] = ev
-        one = replace(run, events=events, cache={})
+        one = replace(run, events=events, cache={KEEP_LAST: True})
         rank_row(one, r, steps)
         rank_totals(one, r, steps)
         rank_cost_piece(one, r, steps)
@@ -139,7 +142,7 @@ def summarise(run, sources, choice, step) -> None:
         for key, got in one.cache.items():
             if isinstance(key, tuple) and key[1] == id(ev):
                 run.cache[("rank", r, key[0])] = got[1]
-        mask = np.isin(ev["step"], timed) | np.char.startswith(ev["kind"], "mem.")
+        mask = np.isin(ev["step"], timed) | kinds.table(kinds.is_mem)[kinds.codes_of(ev)]
         mask[:1] = True
         residue.append(ev[mask])
         del ev, events, one

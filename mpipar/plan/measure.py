@@ -164,7 +164,7 @@ PROBE = {"model": {"kind": "mlp", "sizes": [8, 8, 8, 8, 8], "task": "regression"
 def executor_costs(quick: bool, timeout: float) -> dict:
     """The fitted executor costs of the tiny traced pp = 2 run ``PROBE`` (module doc), and its
     mean measured F (+ LOSS) and backward per chunk action (``here.action_floor``) and its
-    OPT region (``here.opt_floor``); and the bytes its runtime touched (``_runtime_bytes``)."""
+    OPT region (``here.opt_floor``); and the bytes its runtime touched (``runtime_bytes``)."""
     from mpipar.analysis.dump import load as load_run
     from mpipar.analysis.predict import run_model
 
@@ -180,7 +180,7 @@ def executor_costs(quick: bool, timeout: float) -> dict:
         run = load_run(str(Path(tmp) / "trace.h5"))
         steps = [s for s in run.steps() if s > 0] or list(run.steps())
         _, model, _, _ = run_model(run, steps, "1f1b", 2, 4, 1)
-        runtime = _runtime_bytes(run, steps)
+        runtime = runtime_bytes(run, steps)
     per = model.per_unit
     fwd = [t for (_, _, op), t in per.items() if op == "F"]
     bwd = [t for (_, _, op), t in per.items() if op == "B"]
@@ -192,7 +192,7 @@ def executor_costs(quick: bool, timeout: float) -> dict:
             "probe_opt_us": float(min(model.optimizer.values()))}, runtime
 
 
-def _runtime_bytes(run, steps) -> float:
+def runtime_bytes(run, steps) -> float:
     """What the probe's ranks touched during the steps beyond the memory model's prediction of
     them (its trace included): the runtime's own (``plan.memory_terms``); their mean, >= 0."""
     from mpipar.analysis.memory_model import predict_run

@@ -9,9 +9,9 @@ prediction takes from the dump and a plan must derive.
   gradient bucket, and four per step (the gradient norm's all-reduce where there is more than
   one rank, ``OPT``, ``STEP``, ``mem.peak``).
 - **runtime**: what the MPI runtime, BLAS and the allocator first touch during the steps
-  (``memory_model``'s "not counted"), per rank: the spec's ``runtime_mb``, measured once on the
-  probe run of ``mpipar plan measure`` (its measured peak less this model's prediction of it,
-  ``measure.executor_costs``).
+  (``memory_model``'s runtime term, ``with_runtime``), per rank: the spec's ``runtime_mb``,
+  measured once on the probe run of ``mpipar plan measure`` (its measured peak less this
+  model's prediction of it, ``measure.runtime_bytes``).
 """
 
 from __future__ import annotations
@@ -55,12 +55,7 @@ def trace_events(config: dict, grid: dict, sched, bounds: dict, units: list[dict
 def planned_memory(config: dict, grid: dict, c: Cluster, sched, bounds: dict,
                    units: list[dict]) -> list[dict] | None:
     """``memory_model.predict_run`` with the trace and runtime terms (module doc)."""
-    from mpipar.analysis.memory_model import predict_run
+    from mpipar.analysis.memory_model import predict_run, with_runtime
 
-    rows = predict_run(config, grid, trace_events(config, grid, sched, bounds, units))
-    if rows is None:
-        return None
-    for row in rows:
-        row["runtime"] = int(c.runtime)
-        row["total"] += row["runtime"]
-    return rows
+    return with_runtime(predict_run(config, grid, trace_events(config, grid, sched, bounds,
+                                                                units)), c.runtime)

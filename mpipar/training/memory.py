@@ -15,13 +15,14 @@ model (``mpipar.analysis.memory_model``) predicts.
   is not possible the lifetime peak (``ru_maxrss``, with set-up's transients) is recorded
   instead; ``mem.base``'s ``peer`` field says which: 1 reset, 0 lifetime.
 
-The measured peak of a rank is ``static + max(peak) - base``: the state counted exactly, plus
-what the steps added: activations held for the backward, the transient working set of a
-backward, reused buffers (``nn.cpu``'s pool keeps every shape's high-water count; the receive
-pool; the collectives' host scratch), the optimizer's scratch. Also in it, and not in the model:
-memory outside NumPy that the steps touch first: BLAS's packing buffers (0.5-1.8 MiB for one
-OpenBLAS product here, by size), MPI's and HDF5's own buffers, what the allocator keeps of freed
-temporaries (together 2-6 MiB per rank here: experiments/README.md, section 2b). One of them
+The measured peak of a rank is ``static + max(peak) - base``: the state counted exactly, plus what
+the steps added: activations held for the backward, the transient working set of a backward, reused
+buffers (``nn.cpu``'s pool keeps every shape's high-water count; the receive pool; the collectives'
+host scratch), the optimizer's scratch. Also in it, and in the model only as one number per machine
+(``memory_model.RUNTIME_BYTES``, its runtime term, measured by ``experiments/memory_runtime.py
+--runtime``): memory outside NumPy that the steps touch first: BLAS's packing buffers (0.5-1.8 MiB
+for one OpenBLAS product here, by size), MPI's and HDF5's own buffers, what the allocator keeps of
+freed temporaries (together 2-6 MiB per rank here: experiments/README.md, section 2b). One of them
 comes and stays at a step nobody chose: in the README's dp2 pp2 tp2 job (``mpipar train --config
 experiments/configs/tiny.toml --dp 2 --pp 2 --tp 2 --schedule 1f1b --microbatches 4``, 9 runs),
 in 8 runs one or both tensor-parallel ranks of one pp0 replica gained 2.1-2.2 MiB at one step
