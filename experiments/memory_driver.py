@@ -111,8 +111,18 @@ class Probe:
             self.sample()
             return out
 
+        def both_passes(bwd):  # a BW action runs both passes layer by layer (executor)
+            def backward(dy, mb=0):
+                self.sample()
+                out = bwd(dy, mb)
+                self.held.pop((mb, c), None)
+                self.sample()
+                return out
+            return backward
+
         ch.forward, ch.backward_input, ch.backward_weight = forward, backward_input, backward_weight
         ch.backward_no_dx = backward_no_dx
+        ch.backward, ch.backward_first = both_passes(ch.backward), both_passes(ch.backward_first)
 
     def sample(self) -> None:
         pairs = set(self.held)
