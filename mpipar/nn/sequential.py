@@ -65,10 +65,10 @@ class Sequential(Layer):
                         else _BOTH) for layer in reversed(self.layers)]
         return self._steps
 
-    def backward(self, dy, mb=0):
-        if not self._interleave:
-            return super().backward(dy, mb)
-        for layer, how in self._steps if self._steps is not None else self._plan():
+    @staticmethod
+    def _run(steps, dy, mb):
+        """Both passes of each layer of ``steps`` in turn; the last input gradient."""
+        for layer, how in steps:
             if how is _NESTED:
                 dy = layer.backward(dy, mb)
             else:
@@ -77,16 +77,15 @@ class Sequential(Layer):
                     layer.backward_weight(mb)
         return dy
 
+    def backward(self, dy, mb=0):
+        if not self._interleave:
+            return super().backward(dy, mb)
+        return self._run(self._steps if self._steps is not None else self._plan(), dy, mb)
+
     def backward_first(self, dy, mb=0) -> None:
         if not self._interleave:
             return super().backward_first(dy, mb)
         steps = self._steps if self._steps is not None else self._plan()
-        for layer, how in steps[:-1]:
-            if how is _NESTED:
-                dy = layer.backward(dy, mb)
-            else:
-                dy = layer.backward_input(dy, mb)
-                if how is _BOTH:
-                    layer.backward_weight(mb)
+        dy = self._run(steps[:-1], dy, mb)
         if steps:
             steps[-1][0].backward_first(dy, mb)
