@@ -20,6 +20,7 @@ import h5py
 import pytest
 from emulated_util import leftovers, netns_inodes, processes_in, skip_reason
 from mpi_util import ONE_THREAD, REPO
+from spec_util import spec_text
 
 from mpipar.analysis import load
 from mpipar.cluster import nodes, probe
@@ -473,28 +474,6 @@ def test_plan_here_emulated_quick(tmp_path):
     assert link["latency_us"] > 0 and 0 < link["bandwidth_mbs"] < 200  # 1 Gbit/s = 125 MB/s
 
 
-CPU_SPEC = """name = "cpu"
-gpus_per_node = 2
-cores_per_node = 2
-workspace_gb = 0.05
-[peak_tflops]
-fp32 = 0.1
-[hbm]
-capacity_gb = 16.0
-bandwidth_gbs = 20.0
-efficiency = 1.0
-[intra_node]
-bandwidth_gbs = 5.0
-latency_us = 5.0
-efficiency = 1.0
-[inter_node]
-bandwidth_gbs = 5.0
-latency_us = 5.0
-efficiency = 1.0
-[gemm]
-sms = 1
-tile_rows = 1
-tile_cols = 1
-max_efficiency = 1.0
-half_dim = 20.0
-"""
+CPU_SPEC = spec_text(name="cpu", gpus_per_node=2, top="cores_per_node = 2\n",
+                     workspace_gb=0.05, fp32=0.1, hbm_gbs=20.0, intra=(5.0, 5.0),
+                     inter=(5.0, 5.0), half_dim=20.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from spec_util import spec_text
 
 from mpipar.analysis.memory_model import chunk_bounds, predict_run
 from mpipar.parallel.pipeline.formulas import textbook_bubble
@@ -11,31 +12,7 @@ from mpipar.parallel.pipeline.lowering import lower
 from mpipar.plan import PlanError, load_cluster
 from mpipar.plan.here import calibration, phase_times, planned, unit_costs
 
-SPEC = """
-name = "test"
-gpus_per_node = 4
-workspace_gb = 0.1
-[peak_tflops]
-fp32 = 0.05
-[hbm]
-capacity_gb = 16.0
-bandwidth_gbs = 10.0
-efficiency = 1.0
-[intra_node]
-bandwidth_gbs = 1e9
-latency_us = 0.001
-efficiency = 1.0
-[inter_node]
-bandwidth_gbs = 1.0
-latency_us = 50.0
-efficiency = 1.0
-[gemm]
-sms = 1
-tile_rows = 1
-tile_cols = 1
-max_efficiency = 1.0
-half_dim = 16.0
-"""
+SPEC = spec_text(intra=(1e9, 0.001), inter=(1.0, 50.0))
 
 
 def _cluster(tmp_path, extra=""):

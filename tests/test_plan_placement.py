@@ -6,37 +6,14 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from spec_util import spec_text
 
 from mpipar.mpi.grid import groups_across_nodes, orders
 from mpipar.plan import PlanError, load_cluster
 from mpipar.plan.here import planned
 from mpipar.plan.placement import axis_links, spans_nodes
 
-SPEC = """
-name = "test"
-gpus_per_node = 2
-workspace_gb = 0.1
-[peak_tflops]
-fp32 = 0.05
-[hbm]
-capacity_gb = 16.0
-bandwidth_gbs = 10.0
-efficiency = 1.0
-[intra_node]
-bandwidth_gbs = 10.0
-latency_us = 5.0
-efficiency = 1.0
-[inter_node]
-bandwidth_gbs = 0.025
-latency_us = 50.0
-efficiency = 1.0
-[gemm]
-sms = 1
-tile_rows = 1
-tile_cols = 1
-max_efficiency = 1.0
-half_dim = 16.0
-"""
+SPEC = spec_text(gpus_per_node=2, intra=(10.0, 5.0), inter=(0.025, 50.0))
 GPT = {"model": {"kind": "gpt", "vocab_size": 256, "block_size": 32, "n_layer": 2,
                  "n_embd": 32, "n_head": 2},
        "train": {"batch_size": 8, "seq_len": 32, "dtype": "float32"},
