@@ -81,9 +81,12 @@ def test_optimizer_costs_cold_and_warm():
     """unit_bench times the OPT region cold, and warm when given the cache size."""
     from mpipar.plan.unit_bench import optimizer_costs
 
-    got = optimizer_costs(0.0, 2**20)
+    got = optimizer_costs(0.05, 2**20)  # a median over a few repeats of each timing
     assert set(got) == {"opt_tensor", "opt_value", "opt_tensor_warm", "opt_value_warm"}
-    assert all(v > 0 for v in got.values())
+    assert got["opt_tensor"] > 0 and got["opt_tensor_warm"] > 0
+    # a per-value cost inside the noise of the many-tensor timing (a loaded machine, the warm
+    # linear's few values) is clamped to 0 by unit_bench._solve, never negative
+    assert got["opt_value"] >= 0 and got["opt_value_warm"] >= 0
     assert set(optimizer_costs(0.0)) == {"opt_tensor", "opt_value"}
 
 

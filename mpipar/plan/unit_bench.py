@@ -190,7 +190,8 @@ def _solve(big: tuple, many: tuple) -> tuple[float, float]:
     """(per tensor, per value) from two (seconds, tensors, values) timings: one of few large
     tensors (``big``: sets the per-value cost), one of many small ones (``many``: the per-tensor
     cost). Two equations, solved by a few substitutions (they converge at once: the large
-    model's two tensors weigh little)."""
+    model's two tensors weigh little). Each cost is clamped at 0: where the large model's time
+    is within the noise of its tensors' cost (a loaded machine), its per-value cost is 0."""
     (t_big, n_big, v_big), (t_many, n_many, v_many) = big, many
     per_tensor = 0.0
     for _ in range(4):
