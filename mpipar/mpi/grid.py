@@ -33,6 +33,7 @@ from mpipar.mpi.hierarchical import node_index, topology
 from mpipar.mpi.interface import Communicator
 from mpipar.mpi.job.watchdog import know_hosts
 from mpipar.mpi.local import LocalComm
+from mpipar.mpi.request_pool import grow_request_pool
 
 
 def _strides(sizes: dict, order: str) -> dict:
@@ -142,6 +143,8 @@ class ProcessGrid:
 
         world = MPI.COMM_WORLD if world is None else world
         check_grid(dp, pp, tp, world.Get_size())
+        if world.Get_size() > 1:  # the library's request block now, not at a step (request_pool)
+            grow_request_pool(MPI)
         # the node of every world rank, as MPI sees them; a collectives table tuned on another
         # topology is then ignored by the communicators made below
         self.node_of = node_index(world)
