@@ -127,12 +127,14 @@ def _launcher(ranks: int, inter_node: bool, cluster: str = "mpc") -> list[str]:
 
 
 def links(ranks: int, inter_node: bool, quick: bool, timeout: float,
-          cluster: str = "mpc") -> dict:
+          cluster: str = "mpc", sizes: str | None = None) -> dict:
     """{"p2p": (latency s, bytes/s), "allreduce": (latency s, bus bytes/s)} from commbench
-    (``inter_node``: one rank on each node of the emulated cluster named ``cluster``)."""
+    (``inter_node``: one rank on each node of the emulated cluster named ``cluster``);
+    ``sizes``: commbench's message sizes, the bandwidth the median over those above the
+    smallest (``_lat_bw``; default 8 bytes to 4 MiB, the largest sets it)."""
     import h5py
 
-    sizes = "8,1M" if quick else "8,64K,4M"
+    given, sizes = sizes, sizes or ("8,1M" if quick else "8,64K,4M")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "commbench.h5"
         cmd = _launcher(ranks, inter_node, cluster) + [
@@ -141,16 +143,21 @@ def links(ranks: int, inter_node: bool, quick: bool, timeout: float,
         _run(cmd, timeout, "commbench")
         with h5py.File(out, "r") as f:
             p2p, ar = f["p2p"][()], f["allreduce"][()]
-    return {"p2p": _lat_bw(p2p, 1.0), "allreduce": _lat_bw(ar, 2.0 * (ranks - 1) / ranks)}
+    one = given is None  # the default sizes: the largest sets the bandwidth
+    return {"p2p": _lat_bw(p2p, 1.0, one),
+            "allreduce": _lat_bw(ar, 2.0 * (ranks - 1) / ranks, one)}
 
 
-def _lat_bw(rows, bus: float) -> tuple[float, float]:
-    """(latency, bandwidth) from the smallest and largest message's Comm time; ``bus`` the
-    nccl-tests factor (2 (n-1)/n for all-reduce): bytes/s that moves per rank."""
-    small, large = rows[np.argmin(rows["bytes"])], rows[np.argmax(rows["bytes"])]
-    lat = float(small["comm_s"])
-    extra = max(float(large["comm_s"]) - lat, 1e-12)
-    return lat, bus * float(large["bytes"]) / extra
+def _lat_bw(rows, bus: float, largest: bool = True) -> tuple[float, float]:
+    """(latency, bandwidth): the latency the smallest message's Comm time, the bandwidth from
+    the largest one's time beyond it (``largest`` False: the median of that over every size
+    above the smallest: the sizes a run sends, ``plan.resample``); ``bus`` the nccl-tests
+    factor (2 (n-1)/n for all-reduce): bytes/s that moves per rank."""
+    order = np.argsort(rows["bytes"])
+    lat = float(rows[order[0]]["comm_s"])
+    rates = [float(r["bytes"]) / max(float(r["comm_s"]) - lat, 1e-12)
+             for r in rows[order[1:] if not largest else order[-1:]]]
+    return lat, bus * float(np.median(rates))
 
 
 # the executor probe: an MLP of four tiny linears over pp = 2, 1F1B, m = 4; its units cost

@@ -256,6 +256,14 @@ def measure_units(quick: bool, cache_bytes: float = 0.0) -> dict:
     budget = 0.05 if quick else 0.4
     out = optimizer_costs(budget, cache_bytes)
     out["step_cv"] = step_cv(budget, 4 if quick else STEP_REPEATS)
+    return out | unit_times(budget)
+
+
+def unit_times(budget: float) -> dict:
+    """{"floor_<unit>_<phase>": s, "ref_<unit>_<phase>": s, "floor_loss_f": s, ...}: every
+    unit chain at the tiny and the reference shape (``plan.resample`` re-times these beside
+    the runs)."""
+    out = {}
     for tag, shapes in (("floor", FLOOR), ("ref", REF)):
         got = gpt_units(*shapes["gpt"], budget) | mlp_units(*shapes["mlp"], budget)
         out.update({f"{tag}_{k}": v for k, v in got.items()})
