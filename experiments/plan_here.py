@@ -57,7 +57,8 @@ import common  # noqa: E402
 
 NAME = "plan_here"
 COLUMNS = ["table", "model", "grid", "schedule", "v", "m", "recompute", "step_ms",
-           "spread_pct", "mean_ms", "planned_ms", "step_err_pct", "no_floor_ms", "no_wait_ms",
+           "spread_pct", "mean_ms", "planned_ms", "step_err_pct", "near_ms", "near_err_pct",
+           "band_lo_ms", "band_hi_ms", "in_band", "no_floor_ms", "no_wait_ms",
            "no_share_ms", "cold_opt_ms", "no_replica_ms", "mem_mib", "planned_mib",
            "mem_err_pct", "runtime_mib", "trace_mib", "ok"]
 STEP_PCT, MEM_PCT, PICK_PCT, SPEARMAN = 10.0, 10.0, 5.0, 0.8
@@ -120,13 +121,42 @@ def train(args, out: Path, row, rep: int, launch: list[str]) -> Path:
     return run_dir / "trace.h5"
 
 
-def train_all(args, out: Path, rows, launch) -> None:
+def train_all(args, out: Path, rows, launch, between=None) -> None:
     """Every distinct row ``--repeats`` times, the repeats interleaved (module doc).
-    ``launch(row)``: the launcher's argv for that row."""
+    ``launch(row)``: the launcher's argv for that row; ``between(k)``: called before each
+    round and after the last (the spec samples, ``plan.resample``)."""
     distinct = list(dict.fromkeys(rows))
     for rep in range(args.repeats):
+        if between:
+            between(rep)
         for row in distinct:
             train(args, out, row, rep, launch(row))
+    if between:
+        between(args.repeats)
+
+
+def row_config(row) -> tuple[dict, dict]:
+    """(config, grid) of a row before it runs, as its dump will hold them."""
+    import tomllib
+
+    model, dp, pp, tp, sched, v, m, rec = row
+    config = tomllib.loads((common.CONFIGS / MODELS[model]).read_text())
+    config.setdefault("parallel", {}).update(microbatches=m, schedule=sched, recompute=rec)
+    return config, {"dp": dp, "pp": pp, "tp": tp}
+
+
+def sampler(args, folder: Path, rows):
+    """``between`` for ``train_all``: a spec sample (``plan.resample.sample``) at the rows'
+    message sizes, stored under ``folder``."""
+    from mpipar.plan.resample import line, row_bytes, sample, save
+
+    sizes = sorted({row_bytes(*row_config(row)) for row in rows})
+
+    def between(k: int) -> None:
+        got = sample(sizes, args.quick, args.timeout)
+        save(got, folder, k)
+        print(f"spec sample {k}: {line(got)}", flush=True)
+    return between
 
 
 def _err(pred, meas):
@@ -163,13 +193,18 @@ def dumps_of(out: Path, row, repeats: int) -> list[Path]:
     return got
 
 
-def measure_row(args, out: Path, row, cluster, table: str, ranks_per_node=None) -> dict:
-    """One table row from the row's ``--repeats`` dumps (medians) and its plan."""
+def measure_row(args, out: Path, row, specs, table: str, ranks_per_node=None) -> dict:
+    """One table row from the row's ``--repeats`` dumps (medians) and its plan; ``specs``: a
+    ``plan.resample.SpecSet`` (or one ``Cluster``): planned from its median, from the sample
+    nearest each run, and from every sample (the band)."""
     from mpipar.analysis import breakdown, load
     from mpipar.analysis.predict import measured_memory
     from mpipar.plan.here import planned
+    from mpipar.plan.resample import SpecSet
 
-    steps, means, mems, run = [], [], [], None
+    specs = specs if isinstance(specs, SpecSet) else SpecSet(specs)
+    cluster = specs.median
+    steps, means, mems, near, run = [], [], [], [], None
     for path in dumps_of(out, row, args.repeats):
         run = load(str(path))
         steps.append(median_step(run))
@@ -177,7 +212,10 @@ def measure_row(args, out: Path, row, cluster, table: str, ranks_per_node=None) 
         mem = measured_memory(run)
         if mem:
             mems.append(max(mem))
+        near.append(planned(run.config, run.grid, specs.nearest(path.stat().st_mtime),
+                            ranks_per_node)["step"])
     step = float(np.median(steps))
+    band = [planned(run.config, run.grid, c, ranks_per_node)["step"] for _, c in specs.samples]
     pl = planned(run.config, run.grid, cluster, ranks_per_node)
     bare = planned(run.config, run.grid, cluster, ranks_per_node, with_floor=False)
     alone = planned(run.config, run.grid, cluster, ranks_per_node, with_share=False)
@@ -197,7 +235,12 @@ def measure_row(args, out: Path, row, cluster, table: str, ranks_per_node=None) 
          "mem_mib": _mib(float(np.median(mems))) if mems else None,
          "planned_mib": _mib(parts.get("total")), "runtime_mib": _mib(parts.get("runtime")),
          "trace_mib": _mib(parts.get("trace"))}
+    r["near_ms"] = 1e3 * float(np.median(near))
+    r["band_lo_ms"] = 1e3 * min(band) if band else None
+    r["band_hi_ms"] = 1e3 * max(band) if band else None
+    r["in_band"] = (r["band_lo_ms"] <= r["step_ms"] <= r["band_hi_ms"]) if band else None
     r["step_err_pct"] = _err(r["planned_ms"], r["step_ms"])
+    r["near_err_pct"] = _err(r["near_ms"], r["step_ms"])
     r["mem_err_pct"] = _err(r["planned_mib"], r["mem_mib"])
     r["ok"] = (abs(r["step_err_pct"]) <= STEP_PCT and r["mem_err_pct"] is not None
                and abs(r["mem_err_pct"]) <= MEM_PCT)
@@ -222,26 +265,50 @@ def rank_summary(rows: list[dict]) -> dict:
             "ok": gap <= PICK_PCT and rho >= SPEARMAN}
 
 
-def one_node_tables(args, out: Path, cluster) -> tuple[list[dict], dict]:
-    """Tables 1 and 2: run the rows (none with ``--replan DIR``: that directory's dumps) and
-    plan them."""
+def one_node_tables(args, out: Path, base: dict) -> tuple[list[dict], dict]:
+    """Tables 1 and 2: run the rows (none with ``--replan DIR``: that directory's dumps),
+    sampling the spec before each round and after the last (``plan.resample``; not with
+    ``--no-sample``), and plan them from the base spec ``base`` with the samples over it
+    (``--replan``: the samples stored in DIR)."""
+    from mpipar.plan.resample import load_samples, spec_set
+
     rows, ranked = list(one_node(args.quick)), ranking(args.quick)
     if args.replan:
         out = Path(args.replan)
     else:
+        between = None if args.no_sample else sampler(args, out / "specs", rows + ranked)
         train_all(args, out, rows + ranked,
-                  lambda row: ["mpiexec", "-n", str(row[1] * row[2] * row[3])])
-    got = [measure_row(args, out, row, cluster, "one-node") for row in rows]
-    got_ranked = [measure_row(args, out, row, cluster, "ranking") for row in ranked]
+                  lambda row: ["mpiexec", "-n", str(row[1] * row[2] * row[3])], between)
+    samples = [] if args.no_sample else load_samples(out / "specs")
+    specs = spec_set(base, samples)
+    got = [measure_row(args, out, row, specs, "one-node") for row in rows]
+    got_ranked = [measure_row(args, out, row, specs, "ranking") for row in ranked]
     summary = rank_summary(got_ranked)
     ok = sum(1 for r in got if r["ok"])
     print(f"one node: {ok} of {len(got)} rows within {STEP_PCT:.0f} % (step) and "
-          f"{MEM_PCT:.0f} % (memory)")
+          f"{MEM_PCT:.0f} % (memory), planned from the "
+          + (f"median of {len(samples)} spec samples" if samples else "spec alone"))
+    if samples:
+        near = sum(1 for r in got if abs(r["near_err_pct"]) <= STEP_PCT)
+        inside = sum(1 for r in got if r["in_band"])
+        print(f"  step within {STEP_PCT:.0f} % planned from the sample nearest each run: "
+              f"{near} of {len(got)}; measured inside the samples' band: {inside} of "
+              f"{len(got)}")
     print(f"ranking over {len(got_ranked)} layouts: planner's pick {summary['top_pick']}, "
           f"measured best {summary['measured_best']} (pick {summary['pick_gap_pct']:+.1f} % "
           f"slower), Spearman {summary['spearman']:.2f}; "
           f"{'meets' if summary['ok'] else 'misses'} the bounds")
-    return got + got_ranked, {"ranking": summary, "one_node_ok": ok}
+    return got + got_ranked, {"ranking": summary, "one_node_ok": ok,
+                              "samples": [sample_note(s) for s in samples]}
+
+
+def sample_note(s: dict) -> dict:
+    """What the results keep of a spec sample: when, the reference block's forward, links."""
+    return {"measured_at": s["measured_at"],
+            "ref_block_f_us": s.get("units", {}).get("ref_block_f_us"),
+            "fp32_gflops": 1e3 * s["peak_tflops"]["fp32"],
+            "p2p_gbs": s["intra_node"]["bandwidth_gbs"],
+            "p2p_us": s["intra_node"]["latency_us"]}
 
 
 TERMS = ("planned = plan.here: unit floor + GEMM + k x element-wise per phase ([units]), the "
@@ -268,15 +335,21 @@ def main() -> int:
                    help="--emulated: link rates, comma-separated (default 1gbit,200mbit)")
     p.add_argument("--replan", default=None, metavar="DIR",
                    help="tables 1 and 2 from the dumps already in DIR (a previous --out), "
-                        "planned again with --spec; nothing is run")
+                        "planned again with --spec and the spec samples stored in DIR/specs; "
+                        "nothing is run")
+    p.add_argument("--no-sample", action="store_true",
+                   help="plan from --spec alone: no spec samples beside the runs (nor those "
+                        "stored in --replan DIR)")
     args = p.parse_args()
     if args.repeats < 1:
         print(f"plan_here: --repeats {args.repeats}: give 1 or more", file=sys.stderr)
         return 2
     from mpipar.plan import PlanError, load_cluster
+    from mpipar.plan.resample import read_base
 
     try:
         cluster = load_cluster(args.spec)
+        base = read_base(args.spec)
     except PlanError as exc:
         print(f"plan_here: {exc}", file=sys.stderr)
         return 2
@@ -297,8 +370,8 @@ def main() -> int:
         out = out / "emulated"
     else:
         try:
-            rows, meta = one_node_tables(args, out, cluster)
-        except common.ExperimentError as exc:
+            rows, meta = one_node_tables(args, out, base)
+        except (common.ExperimentError, PlanError) as exc:
             print(f"plan_here: {exc}", file=sys.stderr)
             return 2
     meta.update({"spec": args.spec, "cluster": cluster.name, "repeats": args.repeats,
