@@ -141,7 +141,8 @@ def row_config(row) -> tuple[dict, dict]:
 
     model, dp, pp, tp, sched, v, m, rec = row
     config = tomllib.loads((common.CONFIGS / MODELS[model]).read_text())
-    config.setdefault("parallel", {}).update(microbatches=m, schedule=sched, recompute=rec)
+    config.setdefault("parallel", {}).update(microbatches=m, schedule=sched, recompute=rec,
+                                             virtual_stages=v, partition="uniform")
     return config, {"dp": dp, "pp": pp, "tp": tp}
 
 

@@ -271,7 +271,8 @@ def test_plan_here_quick_repeats_rows_and_reports_medians(tmp_path):
                            str(tmp_path / "out")], capture_output=True, text=True, env=env,
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
-    runs = sorted(p.name for p in (tmp_path / "out").iterdir() if p.is_dir())
+    runs = sorted(p.name for p in (tmp_path / "out").iterdir() if p.is_dir()
+                  and p.name != "specs")
     assert len(runs) == 2 * 5 and all(r.endswith(("-r0", "-r1")) for r in runs)
     doc = json.loads((tmp_path / "out" / "results.json").read_text())
     assert len(doc["rows"]) == 3 + 3 and doc["meta"]["repeats"] == 2
