@@ -23,6 +23,15 @@ between two quiet single runs), and puts side by side:
   rank gets when its optimizer state fits its core's cache, ``plan.opt_region.opt_warm``)
   and ``no_replica_ms`` (without the dp replicas' wait for the slowest, ``plan.replicas``).
 
+The spec beside the runs (``plan.resample``): before each round of rows and after the last, a
+short sample (~10 s alone: the fp32 GEMM curve, the element-wise rate, the unit chains, p2p and
+all-reduce at the rows' own message sizes) is stored as ``<out>/specs/sample-NN.toml`` and put
+over ``--spec``; ``planned_ms`` is planned from the median of the samples, ``near_ms`` from the
+sample measured nearest each run (median over the repeats), ``band_lo_ms`` / ``band_hi_ms`` the
+least and most planned step over the samples, ``in_band`` whether the measured step lies inside
+(``--no-sample``: ``--spec`` alone, those columns empty). Nothing is fitted to the runs: every
+sample is a measurement of the machine, taken before the run it is compared with is seen.
+
 Table 1, one node (>= 12 rows): a tiny GPT (experiments/configs/tiny.toml), a larger one
 (exp_bubble.toml: 8 blocks of 128) and the MLP (mlp.toml); pp 1/2, tp 1/2, dp 1/2; gpipe, 1f1b,
 interleaved, zb-h1; recompute none/full/selective. Targets: step and memory within 10 %.
@@ -37,7 +46,8 @@ over the nodes (``experiments/multinode_plan.emulated``); >= 6 rows per rate, ea
 crosses the link priced there (``plan.placement``). One node's table is skipped then.
 Run: ``python experiments/plan_here.py --spec here.toml [--quick] [--out DIR]``;
 ``--replan DIR``: tables 1 and 2 planned again from the dumps of an earlier ``--out DIR``
-(nothing run: a changed planner or spec against the same measurements);
+and the spec samples stored there, over ``--spec`` (nothing run: a changed planner or spec
+against the same measurements);
 ``python experiments/plan_here.py --spec here.toml --emulated [--rates 1gbit,200mbit]``.
 """
 
