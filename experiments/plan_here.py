@@ -159,12 +159,13 @@ def row_config(row) -> tuple[dict, dict]:
 def sampler(args, folder: Path, rows):
     """``between`` for ``train_all``: a spec sample (``plan.resample.sample``) at the rows'
     message sizes, stored under ``folder``."""
-    from mpipar.plan.resample import line, row_bytes, sample, save
+    from mpipar.plan.resample import line, reduce_bytes, row_bytes, sample, save
 
     sizes = sorted({row_bytes(*row_config(row)) for row in rows})
+    reduce = sorted({n for row in rows for n in reduce_bytes(*row_config(row))})
 
     def between(k: int) -> None:
-        got = sample(sizes, args.quick, args.timeout)
+        got = sample(sizes, reduce, args.quick, args.timeout)
         save(got, folder, k)
         print(f"spec sample {k}: {line(got)}", flush=True)
     return between

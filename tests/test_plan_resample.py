@@ -86,3 +86,19 @@ def test_bandwidth_at_the_rows_sizes_is_their_median():
     assert lat == 1e-6 and bw == pytest.approx(1e9)
     lat, bw = _lat_bw(rows, 2.0, largest=False)
     assert bw == pytest.approx(2 * 1e9)  # median of 1e9, 3e9, 1e9
+
+
+def test_reduce_bytes_are_the_dp_buckets():
+    """The gradient all-reduce sizes of a dp > 1 row: each pipeline rank's parameter bytes, cut
+    at bucket_mb (memory_model's count); none with dp = 1."""
+    from mpipar.analysis.memory_model import predict_run
+    from mpipar.plan.resample import reduce_bytes
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    import plan_here
+
+    assert reduce_bytes(*plan_here.row_config(("mlp", 1, 2, 1, "1f1b", 1, 4, "none"))) == []
+    cfg, grid = plan_here.row_config(("mlp", 2, 1, 1, "1f1b", 1, 2, "none"))
+    assert reduce_bytes(cfg, grid) == [predict_run(cfg, grid)[0]["params"]]
+    cfg["train"]["bucket_mb"] = 0.0625
+    assert reduce_bytes(cfg, grid) == [65536]

@@ -127,14 +127,19 @@ def _launcher(ranks: int, inter_node: bool, cluster: str = "mpc") -> list[str]:
 
 
 def links(ranks: int, inter_node: bool, quick: bool, timeout: float,
-          cluster: str = "mpc", sizes: str | None = None) -> dict:
+          cluster: str = "mpc") -> dict:
     """{"p2p": (latency s, bytes/s), "allreduce": (latency s, bus bytes/s)} from commbench
-    (``inter_node``: one rank on each node of the emulated cluster named ``cluster``);
-    ``sizes``: commbench's message sizes, the bandwidth the median over those above the
-    smallest (``_lat_bw``; default 8 bytes to 4 MiB, the largest sets it)."""
+    (``inter_node``: one rank on each node of the emulated cluster named ``cluster``)."""
+    sizes = "8,1M" if quick else "8,64K,4M"
+    p2p, ar = commbench_tables(ranks, inter_node, quick, timeout, cluster, sizes)
+    return {"p2p": _lat_bw(p2p, 1.0), "allreduce": _lat_bw(ar, 2.0 * (ranks - 1) / ranks)}
+
+
+def commbench_tables(ranks: int, inter_node: bool, quick: bool, timeout: float,
+                     cluster: str, sizes: str):
+    """(p2p rows, all-reduce rows) of ``mpipar commbench`` at ``sizes`` (its --sizes)."""
     import h5py
 
-    given, sizes = sizes, sizes or ("8,1M" if quick else "8,64K,4M")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "commbench.h5"
         cmd = _launcher(ranks, inter_node, cluster) + [
@@ -142,10 +147,7 @@ def links(ranks: int, inter_node: bool, quick: bool, timeout: float,
             "3" if quick else "10", "--collectives", "allreduce", "--out", str(out)]
         _run(cmd, timeout, "commbench")
         with h5py.File(out, "r") as f:
-            p2p, ar = f["p2p"][()], f["allreduce"][()]
-    one = given is None  # the default sizes: the largest sets the bandwidth
-    return {"p2p": _lat_bw(p2p, 1.0, one),
-            "allreduce": _lat_bw(ar, 2.0 * (ranks - 1) / ranks, one)}
+            return f["p2p"][()], f["allreduce"][()]
 
 
 def _lat_bw(rows, bus: float, largest: bool = True) -> tuple[float, float]:

@@ -55,7 +55,8 @@ def local_sample(quick: bool) -> dict:
 
 def row_bytes(config: dict, grid: dict) -> int:
     """Bytes of the activation one micro-batch of this run sends between stages (float32
-    unless the config says otherwise): the p2p size that run uses."""
+    unless the config says otherwise): the p2p size that run uses (and, in a GPT, its tp
+    all-reduces')."""
     from mpipar.models.counts import boundary_values
 
     from .here import DTYPE_KEYS, _boundary, _get
@@ -64,22 +65,37 @@ def row_bytes(config: dict, grid: dict) -> int:
     return int(s * _boundary(config, grid, boundary_values))
 
 
-def sample(sizes: list[int], quick: bool = False, timeout: float = 120.0) -> dict:
-    """One sample (module doc): {"measured_at": s, section: {key: value}}; ``sizes``: the
-    rows' message sizes in bytes (8 bytes is added for the latency)."""
-    from .measure import _link_section, _run, links
+def reduce_bytes(config: dict, grid: dict) -> list[int]:
+    """Bytes of the gradient all-reduces of a dp > 1 run (each pipeline rank's parameters cut
+    into ``bucket_mb`` buckets, ``memory_model``'s count): [] with dp = 1."""
+    from mpipar.analysis.memory_model import predict_run
+
+    from .here import _get
+
+    rows = predict_run(config, grid) if int(grid.get("dp", 1)) > 1 else None
+    bucket = int(float(_get(config, "bucket_mb", 4.0)) * 2**20)
+    return sorted({min(int(r["params"]), bucket) for r in rows or []})
+
+
+def sample(p2p_sizes: list[int], reduce_sizes: list[int], quick: bool = False,
+           timeout: float = 120.0) -> dict:
+    """One sample (module doc): {"measured_at": s, section: {key: value}}; ``p2p_sizes``: the
+    rows' boundary activations in bytes, ``reduce_sizes``: their all-reduces' (the
+    boundary's too: a GPT's tp all-reduces move that); 8 bytes is added for the latencies."""
+    from .measure import _lat_bw, _link_section, _run, commbench_tables
 
     t0 = time.time()
     code = ("import json; from mpipar.plan.resample import local_sample; "
             f"print(json.dumps(local_sample({quick})))")
     # _run starts the child with measure.THREAD_ENV: one BLAS thread, a rank's share
     got = json.loads(_run([sys.executable, "-c", code], timeout, "the spec sample"))
-    msgs = ",".join(str(n) for n in sorted({8, *(int(x) for x in sizes if x > 8)}))
-    if msgs == "8":
-        msgs = "8,64K"
-    link = links(2, False, quick, timeout, sizes=msgs)
-    got["intra_node"] = _link_section(link["p2p"])
-    got["collective"] = _link_section(link["allreduce"])
+    p2p_set = {8, *(int(x) for x in p2p_sizes if x > 8)} if p2p_sizes else {8, 65536}
+    ar_set = p2p_set | {int(x) for x in reduce_sizes if x > 8}
+    msgs = ",".join(str(n) for n in sorted(ar_set))
+    p2p, ar = commbench_tables(2, False, quick, timeout, "mpc", msgs)
+    got["intra_node"] = _link_section(_lat_bw(p2p[np.isin(p2p["bytes"], list(p2p_set))], 1.0,
+                                              largest=False))
+    got["collective"] = _link_section(_lat_bw(ar, 1.0, largest=False))  # 2 (n-1)/n, n = 2
     got["measured_at"] = (t0 + time.time()) / 2
     return got
 
