@@ -282,7 +282,7 @@ def one_node_tables(args, out: Path, base: dict) -> tuple[list[dict], dict]:
     sampling the spec before each round and after the last (``plan.resample``; not with
     ``--no-sample``), and plan them from the base spec ``base`` with the samples over it
     (``--replan``: the samples stored in DIR)."""
-    from mpipar.plan.resample import load_samples, spec_set
+    from mpipar.plan.resample import load_samples, note, spec_set, spread_line
 
     rows, ranked = list(one_node(args.quick)), ranking(args.quick)
     if args.replan:
@@ -293,6 +293,8 @@ def one_node_tables(args, out: Path, base: dict) -> tuple[list[dict], dict]:
                   lambda row: ["mpiexec", "-n", str(row[1] * row[2] * row[3])], between)
     samples = [] if args.no_sample else load_samples(out / "specs")
     specs = spec_set(base, samples)
+    if samples:
+        print(spread_line(samples))
     got = [measure_row(args, out, row, specs, "one-node") for row in rows]
     got_ranked = [measure_row(args, out, row, specs, "ranking") for row in ranked]
     summary = rank_summary(got_ranked)
@@ -311,16 +313,7 @@ def one_node_tables(args, out: Path, base: dict) -> tuple[list[dict], dict]:
           f"slower), Spearman {summary['spearman']:.2f}; "
           f"{'meets' if summary['ok'] else 'misses'} the bounds")
     return got + got_ranked, {"ranking": summary, "one_node_ok": ok,
-                              "samples": [sample_note(s) for s in samples]}
-
-
-def sample_note(s: dict) -> dict:
-    """What the results keep of a spec sample: when, the reference block's forward, links."""
-    return {"measured_at": s["measured_at"],
-            "ref_block_f_us": s.get("units", {}).get("ref_block_f_us"),
-            "fp32_gflops": 1e3 * s["peak_tflops"]["fp32"],
-            "p2p_gbs": s["intra_node"]["bandwidth_gbs"],
-            "p2p_us": s["intra_node"]["latency_us"]}
+                              "samples": [note(s) for s in samples]}
 
 
 TERMS = ("planned = plan.here: unit floor + GEMM + k x element-wise per phase ([units]), the "

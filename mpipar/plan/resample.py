@@ -109,6 +109,25 @@ def line(s: dict) -> str:
             f"all-reduce {s['collective']['latency_us']:.1f} us")
 
 
+def note(s: dict) -> dict:
+    """What results keep of a sample: when, the reference block's forward, GEMM, p2p."""
+    return {"measured_at": s["measured_at"],
+            "ref_block_f_us": s.get("units", {}).get("ref_block_f_us"),
+            "fp32_gflops": 1e3 * s["peak_tflops"]["fp32"],
+            "p2p_gbs": s["intra_node"]["bandwidth_gbs"],
+            "p2p_us": s["intra_node"]["latency_us"]}
+
+
+def spread_line(samples: list[dict]) -> str:
+    """One line: the least and most of what the samples measured."""
+    notes = [note(s) for s in samples]
+    return f"{len(samples)} spec samples: " + "; ".join(
+        f"{what} {min(n[k] for n in notes):.4g}-{max(n[k] for n in notes):.4g}"
+        for what, k in (("ref block F (us)", "ref_block_f_us"), ("fp32 GFLOP/s", "fp32_gflops"),
+                        ("p2p GB/s", "p2p_gbs"), ("p2p latency (us)", "p2p_us"))
+        if all(n[k] is not None for n in notes))
+
+
 def to_toml(data: dict) -> str:
     """A spec dict (top-level scalars, then one level of tables) as TOML."""
     def val(v):
