@@ -163,6 +163,8 @@ def sampler(args, folder: Path, rows):
 
     sizes = sorted({row_bytes(*row_config(row)) for row in rows})
     reduce = sorted({n for row in rows for n in reduce_bytes(*row_config(row))})
+    for old in folder.glob("sample-*.toml"):  # an earlier run's into this --out: not these runs'
+        old.unlink()
 
     def between(k: int) -> None:
         got = sample(sizes, reduce, args.quick, args.timeout)
