@@ -102,3 +102,27 @@ def test_reduce_bytes_are_the_dp_buckets():
     assert reduce_bytes(cfg, grid) == [predict_run(cfg, grid)[0]["params"]]
     cfg["train"]["bucket_mb"] = 0.0625
     assert reduce_bytes(cfg, grid) == [65536]
+
+
+@pytest.mark.slow
+def test_drift_probe_reports_each_estimators_spread(tmp_path):
+    """experiments/plan_here_drift.py: the reference block's forward taken in one process and
+    in fresh ones, each take every estimator, the spread of each per place."""
+    import json
+    import os
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    done = subprocess.run([sys.executable, str(repo / "experiments" / "plan_here_drift.py"),
+                           "--times", "2", "--minutes", "0", "--processes", "2", "--out",
+                           str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert [r["where"] for r in doc["rows"]] == ["one process"] * 2 + ["fresh process"] * 2
+    for r in doc["rows"]:
+        assert 0 < r["min_us"] <= r["median_us"] and r["first_us"] > 0 and r["repeats"] >= 4
+    assert doc["meta"]["one process"]["median_us"] >= 0
+    bad = subprocess.run([sys.executable, str(repo / "experiments" / "plan_here_drift.py"),
+                          "--times", "1"], capture_output=True, text=True, env=env, timeout=60)
+    assert bad.returncode == 2 and "--times >= 2" in bad.stderr
