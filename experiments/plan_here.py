@@ -23,6 +23,15 @@ between two quiet single runs), and puts side by side:
   rank gets when its optimizer state fits its core's cache, ``plan.opt_region.opt_warm``)
   and ``no_replica_ms`` (without the dp replicas' wait for the slowest, ``plan.replicas``).
 
+The spec beside the runs (``plan.resample``): before each round of rows and after the last, a
+short sample (~10 s alone: the fp32 GEMM curve, the element-wise rate, the unit chains, p2p and
+all-reduce at the rows' own message sizes) is stored as ``<out>/specs/sample-NN.toml`` and put
+over ``--spec``; ``planned_ms`` is planned from the median of the samples, ``near_ms`` from the
+sample measured nearest each run (median over the repeats), ``band_lo_ms`` / ``band_hi_ms`` the
+least and most planned step over the samples, ``in_band`` whether the measured step lies inside
+(``--no-sample``: ``--spec`` alone, those columns empty). Nothing is fitted to the runs: every
+sample is a measurement of the machine, taken before the run it is compared with is seen.
+
 Table 1, one node (>= 12 rows): a tiny GPT (experiments/configs/tiny.toml), a larger one
 (exp_bubble.toml: 8 blocks of 128) and the MLP (mlp.toml); pp 1/2, tp 1/2, dp 1/2; gpipe, 1f1b,
 interleaved, zb-h1; recompute none/full/selective. Targets: step and memory within 10 %.
@@ -37,7 +46,8 @@ over the nodes (``experiments/multinode_plan.emulated``); >= 6 rows per rate, ea
 crosses the link priced there (``plan.placement``). One node's table is skipped then.
 Run: ``python experiments/plan_here.py --spec here.toml [--quick] [--out DIR]``;
 ``--replan DIR``: tables 1 and 2 planned again from the dumps of an earlier ``--out DIR``
-(nothing run: a changed planner or spec against the same measurements);
+and the spec samples stored there, over ``--spec`` (nothing run: a changed planner or spec
+against the same measurements);
 ``python experiments/plan_here.py --spec here.toml --emulated [--rates 1gbit,200mbit]``.
 """
 
@@ -57,7 +67,8 @@ import common  # noqa: E402
 
 NAME = "plan_here"
 COLUMNS = ["table", "model", "grid", "schedule", "v", "m", "recompute", "step_ms",
-           "spread_pct", "mean_ms", "planned_ms", "step_err_pct", "no_floor_ms", "no_wait_ms",
+           "spread_pct", "mean_ms", "planned_ms", "step_err_pct", "near_ms", "near_err_pct",
+           "band_lo_ms", "band_hi_ms", "in_band", "no_floor_ms", "no_wait_ms",
            "no_share_ms", "cold_opt_ms", "no_replica_ms", "mem_mib", "planned_mib",
            "mem_err_pct", "runtime_mib", "trace_mib", "ok"]
 STEP_PCT, MEM_PCT, PICK_PCT, SPEARMAN = 10.0, 10.0, 5.0, 0.8
@@ -120,13 +131,46 @@ def train(args, out: Path, row, rep: int, launch: list[str]) -> Path:
     return run_dir / "trace.h5"
 
 
-def train_all(args, out: Path, rows, launch) -> None:
+def train_all(args, out: Path, rows, launch, between=None) -> None:
     """Every distinct row ``--repeats`` times, the repeats interleaved (module doc).
-    ``launch(row)``: the launcher's argv for that row."""
+    ``launch(row)``: the launcher's argv for that row; ``between(k)``: called before each
+    round and after the last (the spec samples, ``plan.resample``)."""
     distinct = list(dict.fromkeys(rows))
     for rep in range(args.repeats):
+        if between:
+            between(rep)
         for row in distinct:
             train(args, out, row, rep, launch(row))
+    if between:
+        between(args.repeats)
+
+
+def row_config(row) -> tuple[dict, dict]:
+    """(config, grid) of a row before it runs, as its dump will hold them."""
+    import tomllib
+
+    model, dp, pp, tp, sched, v, m, rec = row
+    config = tomllib.loads((common.CONFIGS / MODELS[model]).read_text())
+    config.setdefault("parallel", {}).update(microbatches=m, schedule=sched, recompute=rec,
+                                             virtual_stages=v, partition="uniform")
+    return config, {"dp": dp, "pp": pp, "tp": tp}
+
+
+def sampler(args, folder: Path, rows):
+    """``between`` for ``train_all``: a spec sample (``plan.resample.sample``) at the rows'
+    message sizes, stored under ``folder``."""
+    from mpipar.plan.resample import line, reduce_bytes, row_bytes, sample, save
+
+    sizes = sorted({row_bytes(*row_config(row)) for row in rows})
+    reduce = sorted({n for row in rows for n in reduce_bytes(*row_config(row))})
+    for old in folder.glob("sample-*.toml"):  # an earlier run's into this --out: not these runs'
+        old.unlink()
+
+    def between(k: int) -> None:
+        got = sample(sizes, reduce, args.quick, args.timeout)
+        save(got, folder, k)
+        print(f"spec sample {k}: {line(got)}", flush=True)
+    return between
 
 
 def _err(pred, meas):
@@ -163,13 +207,18 @@ def dumps_of(out: Path, row, repeats: int) -> list[Path]:
     return got
 
 
-def measure_row(args, out: Path, row, cluster, table: str, ranks_per_node=None) -> dict:
-    """One table row from the row's ``--repeats`` dumps (medians) and its plan."""
+def measure_row(args, out: Path, row, specs, table: str, ranks_per_node=None) -> dict:
+    """One table row from the row's ``--repeats`` dumps (medians) and its plan; ``specs``: a
+    ``plan.resample.SpecSet`` (or one ``Cluster``): planned from its median, from the sample
+    nearest each run, and from every sample (the band)."""
     from mpipar.analysis import breakdown, load
     from mpipar.analysis.predict import measured_memory
     from mpipar.plan.here import planned
+    from mpipar.plan.resample import SpecSet
 
-    steps, means, mems, run = [], [], [], None
+    specs = specs if isinstance(specs, SpecSet) else SpecSet(specs)
+    cluster = specs.median
+    steps, means, mems, near, run = [], [], [], [], None
     for path in dumps_of(out, row, args.repeats):
         run = load(str(path))
         steps.append(median_step(run))
@@ -177,7 +226,10 @@ def measure_row(args, out: Path, row, cluster, table: str, ranks_per_node=None) 
         mem = measured_memory(run)
         if mem:
             mems.append(max(mem))
+        near.append(planned(run.config, run.grid, specs.nearest(path.stat().st_mtime),
+                            ranks_per_node)["step"])
     step = float(np.median(steps))
+    band = [planned(run.config, run.grid, c, ranks_per_node)["step"] for _, c in specs.samples]
     pl = planned(run.config, run.grid, cluster, ranks_per_node)
     bare = planned(run.config, run.grid, cluster, ranks_per_node, with_floor=False)
     alone = planned(run.config, run.grid, cluster, ranks_per_node, with_share=False)
@@ -197,7 +249,12 @@ def measure_row(args, out: Path, row, cluster, table: str, ranks_per_node=None) 
          "mem_mib": _mib(float(np.median(mems))) if mems else None,
          "planned_mib": _mib(parts.get("total")), "runtime_mib": _mib(parts.get("runtime")),
          "trace_mib": _mib(parts.get("trace"))}
+    r["near_ms"] = 1e3 * float(np.median(near))
+    r["band_lo_ms"] = 1e3 * min(band) if band else None
+    r["band_hi_ms"] = 1e3 * max(band) if band else None
+    r["in_band"] = (r["band_lo_ms"] <= r["step_ms"] <= r["band_hi_ms"]) if band else None
     r["step_err_pct"] = _err(r["planned_ms"], r["step_ms"])
+    r["near_err_pct"] = _err(r["near_ms"], r["step_ms"])
     r["mem_err_pct"] = _err(r["planned_mib"], r["mem_mib"])
     r["ok"] = (abs(r["step_err_pct"]) <= STEP_PCT and r["mem_err_pct"] is not None
                and abs(r["mem_err_pct"]) <= MEM_PCT)
@@ -222,26 +279,43 @@ def rank_summary(rows: list[dict]) -> dict:
             "ok": gap <= PICK_PCT and rho >= SPEARMAN}
 
 
-def one_node_tables(args, out: Path, cluster) -> tuple[list[dict], dict]:
-    """Tables 1 and 2: run the rows (none with ``--replan DIR``: that directory's dumps) and
-    plan them."""
+def one_node_tables(args, out: Path, base: dict) -> tuple[list[dict], dict]:
+    """Tables 1 and 2: run the rows (none with ``--replan DIR``: that directory's dumps),
+    sampling the spec before each round and after the last (``plan.resample``; not with
+    ``--no-sample``), and plan them from the base spec ``base`` with the samples over it
+    (``--replan``: the samples stored in DIR)."""
+    from mpipar.plan.resample import load_samples, note, spec_set, spread_line
+
     rows, ranked = list(one_node(args.quick)), ranking(args.quick)
     if args.replan:
         out = Path(args.replan)
     else:
+        between = None if args.no_sample else sampler(args, out / "specs", rows + ranked)
         train_all(args, out, rows + ranked,
-                  lambda row: ["mpiexec", "-n", str(row[1] * row[2] * row[3])])
-    got = [measure_row(args, out, row, cluster, "one-node") for row in rows]
-    got_ranked = [measure_row(args, out, row, cluster, "ranking") for row in ranked]
+                  lambda row: ["mpiexec", "-n", str(row[1] * row[2] * row[3])], between)
+    samples = [] if args.no_sample else load_samples(out / "specs")
+    specs = spec_set(base, samples)
+    if samples:
+        print(spread_line(samples))
+    got = [measure_row(args, out, row, specs, "one-node") for row in rows]
+    got_ranked = [measure_row(args, out, row, specs, "ranking") for row in ranked]
     summary = rank_summary(got_ranked)
     ok = sum(1 for r in got if r["ok"])
     print(f"one node: {ok} of {len(got)} rows within {STEP_PCT:.0f} % (step) and "
-          f"{MEM_PCT:.0f} % (memory)")
+          f"{MEM_PCT:.0f} % (memory), planned from the "
+          + (f"median of {len(samples)} spec samples" if samples else "spec alone"))
+    if samples:
+        near = sum(1 for r in got if abs(r["near_err_pct"]) <= STEP_PCT)
+        inside = sum(1 for r in got if r["in_band"])
+        print(f"  step within {STEP_PCT:.0f} % planned from the sample nearest each run: "
+              f"{near} of {len(got)}; measured inside the samples' band: {inside} of "
+              f"{len(got)}")
     print(f"ranking over {len(got_ranked)} layouts: planner's pick {summary['top_pick']}, "
           f"measured best {summary['measured_best']} (pick {summary['pick_gap_pct']:+.1f} % "
           f"slower), Spearman {summary['spearman']:.2f}; "
           f"{'meets' if summary['ok'] else 'misses'} the bounds")
-    return got + got_ranked, {"ranking": summary, "one_node_ok": ok}
+    return got + got_ranked, {"ranking": summary, "one_node_ok": ok,
+                              "samples": [note(s) for s in samples]}
 
 
 TERMS = ("planned = plan.here: unit floor + GEMM + k x element-wise per phase ([units]), the "
@@ -268,15 +342,21 @@ def main() -> int:
                    help="--emulated: link rates, comma-separated (default 1gbit,200mbit)")
     p.add_argument("--replan", default=None, metavar="DIR",
                    help="tables 1 and 2 from the dumps already in DIR (a previous --out), "
-                        "planned again with --spec; nothing is run")
+                        "planned again with --spec and the spec samples stored in DIR/specs; "
+                        "nothing is run")
+    p.add_argument("--no-sample", action="store_true",
+                   help="plan from --spec alone: no spec samples beside the runs (nor those "
+                        "stored in --replan DIR)")
     args = p.parse_args()
     if args.repeats < 1:
         print(f"plan_here: --repeats {args.repeats}: give 1 or more", file=sys.stderr)
         return 2
     from mpipar.plan import PlanError, load_cluster
+    from mpipar.plan.resample import read_base
 
     try:
         cluster = load_cluster(args.spec)
+        base = read_base(args.spec)
     except PlanError as exc:
         print(f"plan_here: {exc}", file=sys.stderr)
         return 2
@@ -297,8 +377,8 @@ def main() -> int:
         out = out / "emulated"
     else:
         try:
-            rows, meta = one_node_tables(args, out, cluster)
-        except common.ExperimentError as exc:
+            rows, meta = one_node_tables(args, out, base)
+        except (common.ExperimentError, PlanError) as exc:
             print(f"plan_here: {exc}", file=sys.stderr)
             return 2
     meta.update({"spec": args.spec, "cluster": cluster.name, "repeats": args.repeats,

@@ -252,7 +252,9 @@ def test_collectives_of_ranks_sharing_cores_wait_for_their_partners(tmp_path):
 @pytest.mark.mpi
 def test_plan_here_quick_repeats_rows_and_reports_medians(tmp_path):
     """experiments/plan_here.py --quick --repeats 2: every distinct row run twice (a layout in
-    both tables once per repeat), the median step and its spread, every added term a column."""
+    both tables once per repeat), the median step and its spread, every added term a column;
+    three spec samples (before each round, after the last), planned from their median, the
+    nearest, and the band; --replan plans the same from the stored dumps and samples."""
     import json
     import os
     import subprocess
@@ -269,7 +271,8 @@ def test_plan_here_quick_repeats_rows_and_reports_medians(tmp_path):
                            str(tmp_path / "out")], capture_output=True, text=True, env=env,
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
-    runs = sorted(p.name for p in (tmp_path / "out").iterdir() if p.is_dir())
+    runs = sorted(p.name for p in (tmp_path / "out").iterdir() if p.is_dir()
+                  and p.name != "specs")
     assert len(runs) == 2 * 5 and all(r.endswith(("-r0", "-r1")) for r in runs)
     doc = json.loads((tmp_path / "out" / "results.json").read_text())
     assert len(doc["rows"]) == 3 + 3 and doc["meta"]["repeats"] == 2
@@ -277,3 +280,18 @@ def test_plan_here_quick_repeats_rows_and_reports_medians(tmp_path):
         assert r["step_ms"] > 0 and r["spread_pct"] >= 0 and r["planned_ms"] > 0
         assert r["no_share_ms"] <= r["no_wait_ms"] <= r["planned_ms"] + 1e-9
         assert r["trace_mib"] > 0 and r["runtime_mib"] == 0  # the spec has no runtime_mb
+        # planned from the median of the samples, the nearest one, and the band of them all
+        assert r["band_lo_ms"] <= r["near_ms"] <= r["band_hi_ms"]
+        assert r["in_band"] == (r["band_lo_ms"] <= r["step_ms"] <= r["band_hi_ms"])
+    # a spec sample before each round and after the last, stored for --replan
+    assert len(doc["meta"]["samples"]) == 3
+    assert sorted(p.name for p in (tmp_path / "out" / "specs").iterdir()) == [
+        "sample-00.toml", "sample-01.toml", "sample-02.toml"]
+    again = subprocess.run([sys.executable, str(repo / "experiments" / "plan_here.py"),
+                            "--quick", "--repeats", "2", "--spec", str(spec), "--replan",
+                            str(tmp_path / "out"), "--out", str(tmp_path / "again")],
+                           capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    redo = json.loads((tmp_path / "again" / "results.json").read_text())
+    assert [r["planned_ms"] for r in redo["rows"]] == [r["planned_ms"] for r in doc["rows"]]
+    assert len(redo["meta"]["samples"]) == 3 and "3 spec samples" in again.stdout

@@ -179,12 +179,14 @@ def _recompute(config: dict) -> str:
     return {"true": "full", "false": "none"}.get(r, r)
 
 
-def _activations(recompute, live, chunks, bounds, units, boundary, split=True):
+def _activations(recompute, live, chunks, bounds, units, boundary, split=True, order=None):
     """Values held by live pairs plus the backward's retained gradients of the largest chunk
     (selective recomputation drops each unit's attention probabilities). ``split``: the rank
     runs B and W as separate actions. A BW action runs each unit's two passes together
     (``Sequential.backward``): on top of every stored context sit only the gradients of the
-    chunk's last unit, the first it runs; each later unit frees its own context as it goes."""
+    chunk's last unit, the first it runs; each later unit frees its own context as it goes.
+    ``order``: the rank's actions; with several chunks the live pairs are weighed by their
+    own chunk's values along it (``_weighted_peak``), not ``live`` times the chunks' mean."""
     span = {c: range(*bounds[c]) for c in chunks}
     stored = [sum(units[i][1] for i in span[c]) for c in chunks]
     if split:
@@ -195,10 +197,29 @@ def _activations(recompute, live, chunks, bounds, units, boundary, split=True):
         return 0
     if recompute == "full":
         inputs = [(units[0][1] if bounds[c][0] == 0 else boundary) for c in chunks]
-        return live * sum(inputs) / len(inputs) + max(stored) + retained
+        return _weighted_peak(live, chunks, inputs, order) + max(stored) + retained
     if recompute == "selective":
         stored = [st - sum(units[i][5] for i in span[c]) for st, c in zip(stored, chunks)]
-    return live * sum(stored) / len(stored) + retained
+    return _weighted_peak(live, chunks, stored, order) + retained
+
+
+def _weighted_peak(live, chunks, held, order) -> float:
+    """The most values the live (micro-batch, chunk) pairs hold at once: along the rank's
+    ``order`` (the simulator's count: F adds a pair, W or BW releases it), each pair its own
+    chunk's ``held``; one chunk (or no order): ``live`` pairs of its mean. An interleaved rank
+    holds its chunks' pairs unevenly (tiny GPT, pp = 2, v = 2: rank 1 peaks on three pairs of
+    its two-block chunk, not on three of the mean of that and the head's)."""
+    if order is None or len(chunks) < 2:
+        return live * sum(held) / len(held)
+    of = dict(zip(chunks, held, strict=True))
+    now = peak = 0.0
+    for a in order:
+        if a.op == "F":
+            now += of.get(a.chunk, 0.0)
+            peak = max(peak, now)
+        elif a.op in ("W", "BW"):
+            now -= of.get(a.chunk, 0.0)
+    return peak
 
 
 def rank_memory(config: dict, grid: dict, schedule, peak_activations, bounds,
@@ -224,7 +245,7 @@ def rank_memory(config: dict, grid: dict, schedule, peak_activations, bounds,
         n = sum(u[0] for u in held)
         live = peak_activations[p] if p < len(peak_activations) else 0
         split = any(a.op in ("B", "W") for a in actions)
-        act = _activations(recompute, live, chunks, bounds, units, boundary, split)
+        act = _activations(recompute, live, chunks, bounds, units, boundary, split, actions)
         scratch = sum({u[4] for u in held}) + min(max((u[0] for u in held), default=0),
                                                   BLOCK_ELEMENTS)
         work = max((u[3] for u in held), default=0) + scratch

@@ -130,9 +130,16 @@ def links(ranks: int, inter_node: bool, quick: bool, timeout: float,
           cluster: str = "mpc") -> dict:
     """{"p2p": (latency s, bytes/s), "allreduce": (latency s, bus bytes/s)} from commbench
     (``inter_node``: one rank on each node of the emulated cluster named ``cluster``)."""
+    sizes = "8,1M" if quick else "8,64K,4M"
+    p2p, ar = commbench_tables(ranks, inter_node, quick, timeout, cluster, sizes)
+    return {"p2p": _lat_bw(p2p, 1.0), "allreduce": _lat_bw(ar, 2.0 * (ranks - 1) / ranks)}
+
+
+def commbench_tables(ranks: int, inter_node: bool, quick: bool, timeout: float,
+                     cluster: str, sizes: str):
+    """(p2p rows, all-reduce rows) of ``mpipar commbench`` at ``sizes`` (its --sizes)."""
     import h5py
 
-    sizes = "8,1M" if quick else "8,64K,4M"
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "commbench.h5"
         cmd = _launcher(ranks, inter_node, cluster) + [
@@ -140,17 +147,19 @@ def links(ranks: int, inter_node: bool, quick: bool, timeout: float,
             "3" if quick else "10", "--collectives", "allreduce", "--out", str(out)]
         _run(cmd, timeout, "commbench")
         with h5py.File(out, "r") as f:
-            p2p, ar = f["p2p"][()], f["allreduce"][()]
-    return {"p2p": _lat_bw(p2p, 1.0), "allreduce": _lat_bw(ar, 2.0 * (ranks - 1) / ranks)}
+            return f["p2p"][()], f["allreduce"][()]
 
 
-def _lat_bw(rows, bus: float) -> tuple[float, float]:
-    """(latency, bandwidth) from the smallest and largest message's Comm time; ``bus`` the
-    nccl-tests factor (2 (n-1)/n for all-reduce): bytes/s that moves per rank."""
-    small, large = rows[np.argmin(rows["bytes"])], rows[np.argmax(rows["bytes"])]
-    lat = float(small["comm_s"])
-    extra = max(float(large["comm_s"]) - lat, 1e-12)
-    return lat, bus * float(large["bytes"]) / extra
+def _lat_bw(rows, bus: float, largest: bool = True) -> tuple[float, float]:
+    """(latency, bandwidth): the latency the smallest message's Comm time, the bandwidth from
+    the largest one's time beyond it (``largest`` False: the median of that over every size
+    above the smallest: the sizes a run sends, ``plan.resample``); ``bus`` the nccl-tests
+    factor (2 (n-1)/n for all-reduce): bytes/s that moves per rank."""
+    order = np.argsort(rows["bytes"])
+    lat = float(rows[order[0]]["comm_s"])
+    rates = [float(r["bytes"]) / max(float(r["comm_s"]) - lat, 1e-12)
+             for r in rows[order[1:] if not largest else order[-1:]]]
+    return lat, bus * float(np.median(rates))
 
 
 # the executor probe: an MLP of four tiny linears over pp = 2, 1F1B, m = 4; its units cost

@@ -59,7 +59,7 @@ def _evict() -> None:
 
 
 def _chain(units, feed, budget: float, totals: list | None = None,
-           least: int = 4) -> list[tuple[float, float, float]]:
+           least: int = 4, raw: list | None = None) -> list[tuple[float, float, float]]:
     """Per unit of ``units`` (a model's, in order), the median over repeats of its mean
     forward, backward-input and weight-pass time per micro-batch, run as a step runs them:
     ``CHAIN`` micro-batches forward through every unit (each keeping its stash), then each
@@ -68,7 +68,7 @@ def _chain(units, feed, budget: float, totals: list | None = None,
     ``feed``: (micro-batch input, unit -> (output, seconds) for the last unit's forward,
     last unit's (gradient, seconds)). ``totals``: gets each repeat's whole time (all units,
     phases and micro-batches; the first, which allocates, left out); ``least``: repeats at
-    least."""
+    least; ``raw``: gets every repeat's (units x phases) array, the first included."""
     x0, last_f, last_b = feed
     n = len(units)
     reps, end = [], time.perf_counter() + budget
@@ -98,12 +98,14 @@ def _chain(units, feed, budget: float, totals: list | None = None,
     # the first repeat allocates the stashes and the gradients: not a step's cost
     if totals is not None:
         totals.extend(float(t.sum()) * CHAIN for t in reps[1:])
+    if raw is not None:
+        raw.extend(reps)
     med = np.median(np.array(reps[1:]), axis=0)
     return [tuple(float(v) for v in row) for row in med]
 
 
 def gpt_units(d: int, heads: int, seq: int, b: int, budget: float,
-              totals: list | None = None, least: int = 4) -> dict:
+              totals: list | None = None, least: int = 4, raw: list | None = None) -> dict:
     """{"embed_f": s, ..., "block_w": s, "head_w": s} of a ``CHAIN``-block GPT at this shape
     run as a chain (``_chain``; a block's time the mean over its blocks; the head with its
     cross-entropy loss: F + LOSS, then the loss's gradient and B)."""
@@ -123,7 +125,7 @@ def gpt_units(d: int, heads: int, seq: int, b: int, budget: float,
     def last_b(mb):
         return grads[mb], grads[(mb, "t")]
 
-    got = _chain(units, (tok, last_f, last_b), budget, totals, least)
+    got = _chain(units, (tok, last_f, last_b), budget, totals, least, raw)
     out = {}
     for name, rows in (("embed", got[:1]), ("block", got[1:-1]), ("head", got[-1:])):
         mean = np.mean(np.array(rows), axis=0)
@@ -256,6 +258,14 @@ def measure_units(quick: bool, cache_bytes: float = 0.0) -> dict:
     budget = 0.05 if quick else 0.4
     out = optimizer_costs(budget, cache_bytes)
     out["step_cv"] = step_cv(budget, 4 if quick else STEP_REPEATS)
+    return out | unit_times(budget)
+
+
+def unit_times(budget: float) -> dict:
+    """{"floor_<unit>_<phase>": s, "ref_<unit>_<phase>": s, "floor_loss_f": s, ...}: every
+    unit chain at the tiny and the reference shape (``plan.resample`` re-times these beside
+    the runs)."""
+    out = {}
     for tag, shapes in (("floor", FLOOR), ("ref", REF)):
         got = gpt_units(*shapes["gpt"], budget) | mlp_units(*shapes["mlp"], budget)
         out.update({f"{tag}_{k}": v for k, v in got.items()})
