@@ -114,6 +114,8 @@ def fit_continuous(run: Run, steps, schedule, cuts):
     inside, tags = in_calls(run, steps)
     model = CostModel(per_unit=unit_costs(inside, tags), unit={}, jitter=jitter(inside, tags))
     model.rank_jitter = rank_jitter(inside, tags)
+    model.step_unit = typical_elsewhere(step_unit_costs(inside, tags), schedule.steps)
+    model.microbatches = schedule.microbatches
     upd = defaultdict(list)  # UPDATE: the optimizer step of a chunk, recorded as OPT with a chunk
     for r, ev in enumerate(run.events):
         o = ev[(ev["kind"] == "OPT") & (ev["chunk"] >= 0) & np.isin(ev["step"], steps)]
@@ -176,6 +178,45 @@ def rank_jitter(run: Run, tags) -> dict:
         if j:
             out[int(run.coords[r, 1])] = j
     return out
+
+
+def step_unit_costs(run: Run, tags) -> dict:
+    """{(pp rank, step, chunk, op): ``unit_costs`` of that step alone} (``CostModel.step_unit``):
+    a rank's pace drifts from step to step (another process on its core, the allocator), and
+    in a pipeline that never drains a rank's slow step stalls its neighbour then, where the run's
+    mean spreads it over every step; ``jitter`` is the spread within a step only, so each step
+    costs its own means, as a flushing run's prediction takes each step's own."""
+    out = {}
+    for s in tags:
+        out.update({(p, s, c, op): v for (p, c, op), v in unit_costs(run, [s]).items()})
+    return out
+
+
+def typical_elsewhere(costs: dict, steps: int) -> dict:
+    """``costs`` ({(p, step, chunk, op): seconds}) with every step of ``range(steps)`` that has
+    none (the warm-up call's, those after the measured ones) given the median over the steps that
+    have: a typical step, which the run's mean, pulled up by one slow step, is not."""
+    by_key = defaultdict(list)
+    for (p, _, c, op), v in costs.items():
+        by_key[(p, c, op)].append(v)
+    out = dict(costs)
+    for (p, c, op), vals in by_key.items():
+        typical = float(np.median(vals))
+        for s in range(steps):
+            out.setdefault((p, s, c, op), typical)
+    return out
+
+
+def step_spread(model, steps) -> dict:
+    """{pp rank: spread (standard deviation) over the measured ``steps`` of the rank's per-step
+    unit costs over its run means} (how far ``step_unit`` moves the prediction from them)."""
+    ratios = defaultdict(lambda: defaultdict(list))
+    for (p, s, c, op), v in model.step_unit.items():
+        mean = model.per_unit.get((p, c, op))
+        if mean and s in steps:
+            ratios[p][s].append(v / mean)
+    return {str(p): float(np.std([np.mean(x) for x in by.values()]))
+            for p, by in sorted(ratios.items())}
 
 
 STASH_BEFORE = {"F": "F", "B": "BW", "OPT": "UPDATE"}  # the region after a STASH -> its action
@@ -269,7 +310,9 @@ def calibrated_continuous(run: Run, steps, kind: str, pp: int, m: int) -> dict:
                 "samples": model.samples if model.jitter else 1,
                 "jitter_cv": float(np.std(model.jitter)) if model.jitter else 0.0,
                 "rank_jitter_cv": {str(p): float(np.std(j))
-                                   for p, j in sorted(model.rank_jitter.items())}},
+                                   for p, j in sorted(model.rank_jitter.items())},
+                "step_unit_steps": len({s for _, s, _, _ in model.step_unit} & set(steps)),
+                "step_unit_cv": step_spread(model, set(steps))},
             "mean_costs": {"step_time": whole["step"], "bubble": whole["bubble"]},
             "replicas": 1, "continuous_steps": total,
             "notes": notes,

@@ -63,6 +63,11 @@ class CostModel:
     one drawn at random (seed k); a prediction averages ``samples`` such draws.
     ``rank_jitter[rank]``: that rank's own multipliers where given (its units are other layers:
     the embedding on the first stage, head and loss on the last, with their own spread).
+    ``step_unit[(rank, step, chunk, op)]``: a continuous schedule's cost of that op in that
+    step (its micro-batch's step, ``mb // microbatches`` in the run-long lists), before
+    ``per_unit``: each step costs its own measured means, as a flushing run's prediction takes
+    each step's own (a rank slow for a step stalls its neighbour in that step; a mean over the
+    run spreads the slowness thin, and ``jitter`` is the spread within a step only).
     """
 
     unit: dict = field(default_factory=lambda: dict(DEFAULT_COSTS))
@@ -87,6 +92,8 @@ class CostModel:
     jitter: tuple = ()
     rank_jitter: dict = field(default_factory=dict)
     samples: int = 32
+    step_unit: dict = field(default_factory=dict)
+    microbatches: int = 0  # of a step, for ``step_unit`` (0: no per-step costs)
 
     def of(self, name: str, r: int) -> float:
         """Rank r's ``name`` (``per_rank``), else the one for every rank."""
@@ -94,6 +101,13 @@ class CostModel:
             else getattr(self, name)
 
     def compute(self, r: int, a: Action, v: int) -> float:
+        if self.step_unit and self.microbatches > 0 and a.mb >= 0:
+            k = (r, a.mb // self.microbatches, a.chunk)
+            c = self.step_unit.get((*k, a.op))
+            if c is None and a.op == "BW":  # a dump records a whole backward as one B
+                c = self.step_unit.get((*k, "B"))
+            if c is not None:
+                return c
         c = self.per_unit.get((r, a.chunk, a.op))
         if c is None and a.op == "BW" and (r, a.chunk, "B") in self.per_unit:
             c = self.per_unit[(r, a.chunk, "B")] + self.per_unit.get((r, a.chunk, "W"), 0.0)
@@ -112,12 +126,15 @@ class CostModel:
         if not self.bandwidth > 0:
             raise ScheduleError(f"cost model: bandwidth must be > 0, got {self.bandwidth!r}")
         for name, d in (("stash", self.stash), ("per_rank", self.per_rank),
-                        ("call_gap", self.call_gap)):
+                        ("call_gap", self.call_gap), ("step_unit", self.step_unit)):
             if any(not isinstance(x, (int, float)) or not x >= 0 for x in d.values()):
                 raise ScheduleError(f"cost model: {name} costs must be numbers >= 0")
         if any(not isinstance(x, (int, float)) or not x >= 0
                for x in (*self.jitter, *(y for q in self.rank_jitter.values() for y in q))):
             raise ScheduleError("cost model: jitter must be multipliers >= 0")
+        if self.step_unit and not (isinstance(self.microbatches, int) and self.microbatches > 0):
+            raise ScheduleError("cost model: step_unit needs microbatches (per step) >= 1, "
+                                f"got {self.microbatches!r}")
         if not isinstance(self.samples, int) or self.samples < 1:
             raise ScheduleError(f"cost model: samples must be an int >= 1, got {self.samples!r}")
         for table in (self.unit, self.per_unit, self.dp_reduce, self.optimizer):
