@@ -8,6 +8,7 @@ simulation (``test_costmodel.continuous_dump``)."""
 import pytest
 from test_costmodel import continuous_dump
 
+from mpipar.analysis.dump import load
 from mpipar.parallel.pipeline.actions import Action, ScheduleError
 from mpipar.parallel.pipeline.simulate import CostModel
 
@@ -53,3 +54,35 @@ def test_each_steps_own_costs_are_fitted_and_predict_the_run(tmp_path, kind, mon
     monkeypatch.setattr(pc, "step_unit_costs", lambda run, tags: {})
     plain = breakdown(path)["summary"]
     assert plain["bubble_pred"] != pytest.approx(s["bubble_pipeline"], abs=1e-3)
+
+
+def test_each_calls_own_fixed_costs_are_fitted_and_predict_the_run(tmp_path, monkeypatch):
+    """A stall inside one call (rank 0's call 2 runs with a larger overhead per action, rank 1's
+    call 3 starts late, rank 0's lagged reduction takes long in call 1): each is found in its
+    call (``CostModel.call_part``), and bubble and step come out as made; the ranks' medians
+    over their calls predict it otherwise."""
+    from mpipar.analysis import breakdown
+    from mpipar.analysis import predict_continuous as pc
+
+    parts = {(0, 2, "overhead"): 0.15, (1, 3, "step_pre"): 0.9, (0, 1, "sync"): 1.2}
+    model = CostModel(unit={}, per_unit=dict(PER_UNIT), latency=0.2, sync=0.5, step_pre=0.1,
+                      step_post=0.05, step_gap=0.3, call_part=parts)
+    path, spans = continuous_dump(tmp_path / "cont.h5", model, kind="pipedream", m=4, steps=5)
+    s = breakdown(path)["summary"]
+    assert s["predicted"]["model"]["call_parts"] == 8  # 2 ranks x the measured calls 1-4
+    assert s["step_time_pred"] == pytest.approx(s["step_time"])
+    assert s["bubble_pred"] == pytest.approx(s["bubble_pipeline"]), s["predict_note"]
+    fitted = pc._model(load(path), [1, 2, 3, 4], "pipedream", 2, 4)[1]
+    for (r, k, name), v in parts.items():
+        assert fitted.call_part[(r, k, name)] == pytest.approx(v), (r, k, name)
+    # the same run with only the ranks' medians: another bubble
+    orig = pc.fit_continuous
+
+    def medians_only(*args):
+        got, notes = orig(*args)
+        got.call_part = {}
+        return got, notes
+
+    monkeypatch.setattr(pc, "fit_continuous", medians_only)
+    assert breakdown(path)["summary"]["bubble_pred"] != pytest.approx(s["bubble_pipeline"],
+                                                                      abs=1e-3)

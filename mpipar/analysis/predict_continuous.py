@@ -133,13 +133,15 @@ def fit_continuous(run: Run, steps, schedule, cuts):
         n = cuts[p][s] - (cuts[p][s - 1] if s > 0 else 0)  # the lists start at step 0
         coll = e[np.char.startswith(e["kind"].astype(str), "world.")]
         pipe = e[np.isin(e["kind"], PIPE_KINDS + ("OPT", "STASH"))]  # STASH: ``stash_costs``
+        got = {"step_pre": float(e["start"].min()) - lo, "step_post": hi - float(e["end"].max()),
+               # each rank's own post and read of the lagged reduction: nobody waits there
+               "sync": float((coll["end"] - coll["start"]).sum())}
         if pipe.size and n > 1:  # the time between its n actions: n - 1 gaps (the one after
             # the last is the simulation's too, before the lagged reduction: measured nowhere)
-            parts[(p, "overhead")].append(_uncovered(pipe["start"], pipe["end"]) / (n - 1))
-        parts[(p, "step_pre")].append(float(e["start"].min()) - lo)
-        parts[(p, "step_post")].append(hi - float(e["end"].max()))
-        # each rank's own post and read of the lagged reduction: nobody waits for another there
-        parts[(p, "sync")].append(float((coll["end"] - coll["start"]).sum()))
+            got["overhead"] = _uncovered(pipe["start"], pipe["end"]) / (n - 1)
+        for name, val in got.items():
+            parts[(p, name)].append(val)
+            model.call_part[(p, s, name)] = val  # where it was (``CostModel.call_part``)
         ends[p].append((lo, hi, s))
     # between a rank's calls (the loop's own work: metrics, progress, dump flushes): the
     # neighbour waiting for this rank's next message waits through it; each measured one where
@@ -312,7 +314,8 @@ def calibrated_continuous(run: Run, steps, kind: str, pp: int, m: int) -> dict:
                 "rank_jitter_cv": {str(p): float(np.std(j))
                                    for p, j in sorted(model.rank_jitter.items())},
                 "step_unit_steps": len({s for _, s, _, _ in model.step_unit} & set(steps)),
-                "step_unit_cv": step_spread(model, set(steps))},
+                "step_unit_cv": step_spread(model, set(steps)),
+                "call_parts": len({(p, k) for p, k, _ in model.call_part})},
             "mean_costs": {"step_time": whole["step"], "bubble": whole["bubble"]},
             "replicas": 1, "continuous_steps": total,
             "notes": notes,
