@@ -114,15 +114,21 @@ def fit_continuous(run: Run, steps, schedule, cuts):
     inside, tags = in_calls(run, steps)
     model = CostModel(per_unit=unit_costs(inside, tags), unit={}, jitter=jitter(inside, tags))
     model.rank_jitter = rank_jitter(inside, tags)
-    model.step_unit = typical_elsewhere(step_unit_costs(inside, tags), schedule.steps)
-    model.microbatches = schedule.microbatches
     upd = defaultdict(list)  # UPDATE: the optimizer step of a chunk, recorded as OPT with a chunk
+    upd_step = defaultdict(list)  # and in each step on its own (``step_unit``)
     for r, ev in enumerate(run.events):
         o = ev[(ev["kind"] == "OPT") & (ev["chunk"] >= 0) & np.isin(ev["step"], steps)]
+        p = int(run.coords[r, 1])
         for c in np.unique(o["chunk"]):
             d = o[o["chunk"] == c]
-            upd[(int(run.coords[r, 1]), int(c))].append(float((d["end"] - d["start"]).mean()))
+            upd[(p, int(c))].append(float((d["end"] - d["start"]).mean()))
+            for s, dur in zip(d["step"].tolist(), (d["end"] - d["start"]).tolist(), strict=True):
+                upd_step[(p, s, int(c), "UPDATE")].append(dur)
     model.per_unit.update({(p, c, "UPDATE"): float(np.mean(v)) for (p, c), v in upd.items()})
+    model.step_unit = typical_elsewhere(
+        step_unit_costs(inside, tags) | {k: float(np.mean(v)) for k, v in upd_step.items()},
+        schedule.steps)
+    model.microbatches = schedule.microbatches
     model.stash = stash_costs(run, steps)
     parts = defaultdict(list)  # (pp rank, name) -> one value per call
     ends = defaultdict(list)
