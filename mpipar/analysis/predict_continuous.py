@@ -6,10 +6,12 @@ the last one of a step-k micro-batch). The ranks never meet between calls: each 
 of the loss (and stop) reduction and reads one ``LAG`` steps old (``training/lagged.py``), so
 each rank runs its calls back to back and waits only in its receives. The prediction replays
 the run's lists that way (``simulate.simulate_steps``), on costs fitted from the dump
-(``fit_continuous``: per rank and chunk F / B / W and UPDATE, the weight-version work (STASH)
-before each F, BW and UPDATE, the overhead per action, the p2p
+(``fit_continuous``: per rank and chunk F / B / W and UPDATE, each step at its own means
+(``step_unit``: a rank slow for a step stalls its neighbour then), the weight-version work
+(STASH) before each F, BW and UPDATE, the overhead per action, the p2p
 latency, the rank's own time in the lagged reduction, the fixed time before and after each
-call and between calls, the compute jitter), and takes what the measurement takes: the step
+call (each call's own where measured: ``call_part``) and between calls, the compute jitter
+within a step), and takes what the measurement takes: the step
 is the longest rank's call (``breakdown._step_times``: the ranks' calls of one step are not
 simultaneous, a stage runs a little ahead), the bubble each rank's share of its calls not
 spent in model compute (``breakdown._continuous_bubble``), mean over ranks.
