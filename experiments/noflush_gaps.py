@@ -89,10 +89,12 @@ def simulated(run, steps, kind, pp, m) -> dict:
                                                for _, _, act in calls))
             out[(r, "optimizer")].append(1e3 * sum(b - a for a, b, act in calls
                                                    if act.op == "UPDATE"))
-            out[(r, "lagged reduction")].append(1e3 * model.of("sync", r))
-            out[(r, "uncovered")].append(1e3 * (len(calls) * model.of("overhead", r)
-                                                + model.of("step_pre", r)
-                                                + model.of("step_post", r)))
+            def part(name, r=r, k=k):  # the call's own where measured (``call_part``)
+                return model.call_part.get((r, k, name), model.of(name, r))
+
+            out[(r, "lagged reduction")].append(1e3 * part("sync"))
+            out[(r, "uncovered")].append(1e3 * (len(calls) * part("overhead")
+                                                + part("step_pre") + part("step_post")))
         out[(r, "between calls")] += [1e3 * model.call_gap.get((r, k), model.of("step_gap", r))
                                       for k in steps[:-1]]
     return out

@@ -253,7 +253,10 @@ def continuous_dump(path, model, kind="pipedream-2bw", pp=2, m=2, steps=4):
         starts = [sum(spans[r][:k]) + sum(gaps[:k]) for k in range(steps)]
         for k in range(steps):
             lo, hi = (cuts[r][k - 1] if k else 0), cuts[r][k]
-            meet = starts[k] + spans[r][k] - model.of("step_post", r)
+            def part(name, r=r, k=k):  # the call's own where given (CostModel.call_part)
+                return model.call_part.get((r, k, name), model.of(name, r))
+
+            meet = starts[k] + spans[r][k] - part("step_post")
             for a, b, act in tl[lo:hi]:
                 comm = act.op.startswith(("SEND", "RECV"))
                 peer = 1 - r if comm else -1
@@ -264,12 +267,12 @@ def continuous_dump(path, model, kind="pipedream-2bw", pp=2, m=2, steps=4):
                 mine.append(ev(names[act.op], s.step_of(act.mb), a, b,
                                mb=act.mb if comm else act.mb % m, chunk=act.chunk,
                                nbytes=64 if comm else 0, peer=peer))
-            end = tl[hi - 1][1] if hi > lo else starts[k] + model.of("step_pre", r)
+            end = tl[hi - 1][1] if hi > lo else starts[k] + part("step_pre")
             # the executor finds its sends complete later (a test between actions, the drain)
             mine += [ev("pp.wait", k, end, end, mb=act.mb, chunk=act.chunk, nbytes=64,
                         peer=1 - r) for _, _, act in tl[lo:hi] if act.op.startswith("SEND")]
             if hi > lo:  # the overhead after the last action comes before the reduction
-                end += model.of("overhead", r)
+                end += part("overhead")
             mine += [ev("world.allreduce", k, end, meet, nbytes=16),
                      ev("STEP", k, starts[k], starts[k] + spans[r][k])]
         rows.append(mine)

@@ -6,10 +6,12 @@ the last one of a step-k micro-batch). The ranks never meet between calls: each 
 of the loss (and stop) reduction and reads one ``LAG`` steps old (``training/lagged.py``), so
 each rank runs its calls back to back and waits only in its receives. The prediction replays
 the run's lists that way (``simulate.simulate_steps``), on costs fitted from the dump
-(``fit_continuous``: per rank and chunk F / B / W and UPDATE, the weight-version work (STASH)
-before each F, BW and UPDATE, the overhead per action, the p2p
+(``fit_continuous``: per rank and chunk F / B / W and UPDATE, each step at its own means
+(``step_unit``: a rank slow for a step stalls its neighbour then), the weight-version work
+(STASH) before each F, BW and UPDATE, the overhead per action, the p2p
 latency, the rank's own time in the lagged reduction, the fixed time before and after each
-call and between calls, the compute jitter), and takes what the measurement takes: the step
+call (each call's own where measured: ``call_part``) and between calls, the compute jitter
+within a step), and takes what the measurement takes: the step
 is the longest rank's call (``breakdown._step_times``: the ranks' calls of one step are not
 simultaneous, a stage runs a little ahead), the bubble each rank's share of its calls not
 spent in model compute (``breakdown._continuous_bubble``), mean over ranks.
@@ -115,12 +117,20 @@ def fit_continuous(run: Run, steps, schedule, cuts):
     model = CostModel(per_unit=unit_costs(inside, tags), unit={}, jitter=jitter(inside, tags))
     model.rank_jitter = rank_jitter(inside, tags)
     upd = defaultdict(list)  # UPDATE: the optimizer step of a chunk, recorded as OPT with a chunk
+    upd_step = defaultdict(list)  # and in each step on its own (``step_unit``)
     for r, ev in enumerate(run.events):
         o = ev[(ev["kind"] == "OPT") & (ev["chunk"] >= 0) & np.isin(ev["step"], steps)]
+        p = int(run.coords[r, 1])
         for c in np.unique(o["chunk"]):
             d = o[o["chunk"] == c]
-            upd[(int(run.coords[r, 1]), int(c))].append(float((d["end"] - d["start"]).mean()))
+            upd[(p, int(c))].append(float((d["end"] - d["start"]).mean()))
+            for s, dur in zip(d["step"].tolist(), (d["end"] - d["start"]).tolist(), strict=True):
+                upd_step[(p, s, int(c), "UPDATE")].append(dur)
     model.per_unit.update({(p, c, "UPDATE"): float(np.mean(v)) for (p, c), v in upd.items()})
+    model.step_unit = typical_elsewhere(
+        step_unit_costs(inside, tags) | {k: float(np.mean(v)) for k, v in upd_step.items()},
+        schedule.steps)
+    model.microbatches = schedule.microbatches
     model.stash = stash_costs(run, steps)
     parts = defaultdict(list)  # (pp rank, name) -> one value per call
     ends = defaultdict(list)
@@ -131,13 +141,15 @@ def fit_continuous(run: Run, steps, schedule, cuts):
         n = cuts[p][s] - (cuts[p][s - 1] if s > 0 else 0)  # the lists start at step 0
         coll = e[np.char.startswith(e["kind"].astype(str), "world.")]
         pipe = e[np.isin(e["kind"], PIPE_KINDS + ("OPT", "STASH"))]  # STASH: ``stash_costs``
+        got = {"step_pre": float(e["start"].min()) - lo, "step_post": hi - float(e["end"].max()),
+               # each rank's own post and read of the lagged reduction: nobody waits there
+               "sync": float((coll["end"] - coll["start"]).sum())}
         if pipe.size and n > 1:  # the time between its n actions: n - 1 gaps (the one after
             # the last is the simulation's too, before the lagged reduction: measured nowhere)
-            parts[(p, "overhead")].append(_uncovered(pipe["start"], pipe["end"]) / (n - 1))
-        parts[(p, "step_pre")].append(float(e["start"].min()) - lo)
-        parts[(p, "step_post")].append(hi - float(e["end"].max()))
-        # each rank's own post and read of the lagged reduction: nobody waits for another there
-        parts[(p, "sync")].append(float((coll["end"] - coll["start"]).sum()))
+            got["overhead"] = _uncovered(pipe["start"], pipe["end"]) / (n - 1)
+        for name, val in got.items():
+            parts[(p, name)].append(val)
+            model.call_part[(p, s, name)] = val  # where it was (``CostModel.call_part``)
         ends[p].append((lo, hi, s))
     # between a rank's calls (the loop's own work: metrics, progress, dump flushes): the
     # neighbour waiting for this rank's next message waits through it; each measured one where
@@ -176,6 +188,45 @@ def rank_jitter(run: Run, tags) -> dict:
         if j:
             out[int(run.coords[r, 1])] = j
     return out
+
+
+def step_unit_costs(run: Run, tags) -> dict:
+    """{(pp rank, step, chunk, op): ``unit_costs`` of that step alone} (``CostModel.step_unit``):
+    a rank's pace drifts from step to step (another process on its core, the allocator), and
+    in a pipeline that never drains a rank's slow step stalls its neighbour then, where the run's
+    mean spreads it over every step; ``jitter`` is the spread within a step only, so each step
+    costs its own means, as a flushing run's prediction takes each step's own."""
+    out = {}
+    for s in tags:
+        out.update({(p, s, c, op): v for (p, c, op), v in unit_costs(run, [s]).items()})
+    return out
+
+
+def typical_elsewhere(costs: dict, steps: int) -> dict:
+    """``costs`` ({(p, step, chunk, op): seconds}) with every step of ``range(steps)`` that has
+    none (the warm-up call's, those after the measured ones) given the median over the steps that
+    have: a typical step, which the run's mean, pulled up by one slow step, is not."""
+    by_key = defaultdict(list)
+    for (p, _, c, op), v in costs.items():
+        by_key[(p, c, op)].append(v)
+    out = dict(costs)
+    for (p, c, op), vals in by_key.items():
+        typical = float(np.median(vals))
+        for s in range(steps):
+            out.setdefault((p, s, c, op), typical)
+    return out
+
+
+def step_spread(model, steps) -> dict:
+    """{pp rank: spread (standard deviation) over the measured ``steps`` of the rank's per-step
+    unit costs over its run means} (how far ``step_unit`` moves the prediction from them)."""
+    ratios = defaultdict(lambda: defaultdict(list))
+    for (p, s, c, op), v in model.step_unit.items():
+        mean = model.per_unit.get((p, c, op))
+        if mean and s in steps:
+            ratios[p][s].append(v / mean)
+    return {str(p): float(np.std([np.mean(x) for x in by.values()]))
+            for p, by in sorted(ratios.items())}
 
 
 STASH_BEFORE = {"F": "F", "B": "BW", "OPT": "UPDATE"}  # the region after a STASH -> its action
@@ -269,7 +320,10 @@ def calibrated_continuous(run: Run, steps, kind: str, pp: int, m: int) -> dict:
                 "samples": model.samples if model.jitter else 1,
                 "jitter_cv": float(np.std(model.jitter)) if model.jitter else 0.0,
                 "rank_jitter_cv": {str(p): float(np.std(j))
-                                   for p, j in sorted(model.rank_jitter.items())}},
+                                   for p, j in sorted(model.rank_jitter.items())},
+                "step_unit_steps": len({s for _, s, _, _ in model.step_unit} & set(steps)),
+                "step_unit_cv": step_spread(model, set(steps)),
+                "call_parts": len({(p, k) for p, k, _ in model.call_part})},
             "mean_costs": {"step_time": whole["step"], "bubble": whole["bubble"]},
             "replicas": 1, "continuous_steps": total,
             "notes": notes,

@@ -186,6 +186,11 @@ def prediction_text(result: dict) -> str:
     if pr.get("continuous_steps"):
         fitted += (f"\n  continuous: its lists over {pr['continuous_steps']} steps, run a step at "
                    "a time, each rank's calls back to back (no meeting between steps)")
+        if m.get("step_unit_steps"):
+            cv = ", ".join(f"pp{p} {v:.3f}" for p, v in m.get("step_unit_cv", {}).items())
+            fitted += (f"; each of {m['step_unit_steps']} steps costs its own unit means "
+                       f"(their spread over steps, cv: {cv}), each call its own overhead, "
+                       "time before and after it and in the lagged reduction")
     table = _table(["predicted vs measured", "measured", "predicted", "diff"], rows)
     return "  calibrated cost model (fitted from unit durations, mpipar.analysis.costmodel):\n" + \
         "\n".join("  " + line for line in table.splitlines()) + "\n" + fitted + \

@@ -241,12 +241,13 @@ class GradSync:
 
     def reduce_now(self, c) -> None:
         """Asynchronous PipeDream: chunk c's gradient of one micro-batch, summed over tp and
-        averaged over dp at once (blocking), for the update that follows."""
-        params = self.chunk_params[c]
-        sync_partial_grads(params, self.tp)
+        averaged over dp at once (blocking), for the update that follows: one collective per
+        flat bucket of c (every parameter's gradient is a view into one), the buckets and the
+        reduction of the flushing path's ``finish``, not one per parameter."""
+        sync_partial_grads(self.chunk_params[c], self.tp)
         if self.dp > 1:
-            for p in params:
-                self.comm.allreduce(p.grad, op="mean", inplace=True)
+            for b in self.buckets.get(c, ()):
+                self.comm.allreduce(b.grad, op="mean", inplace=True)
 
     def _launch(self, c):
         for b in self.buckets[c]:

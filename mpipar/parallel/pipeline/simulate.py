@@ -63,6 +63,14 @@ class CostModel:
     one drawn at random (seed k); a prediction averages ``samples`` such draws.
     ``rank_jitter[rank]``: that rank's own multipliers where given (its units are other layers:
     the embedding on the first stage, head and loss on the last, with their own spread).
+    ``call_part[(rank, k, name)]``: a continuous run's ``overhead``, ``sync``, ``step_pre`` or
+    ``step_post`` of rank's call k where measured (a stall inside one call: a neighbour waits
+    through it then, not a little in every call), before ``per_rank``.
+    ``step_unit[(rank, step, chunk, op)]``: a continuous schedule's cost of that op in that
+    step (its micro-batch's step, ``mb // microbatches`` in the run-long lists), before
+    ``per_unit``: each step costs its own measured means, as a flushing run's prediction takes
+    each step's own (a rank slow for a step stalls its neighbour in that step; a mean over the
+    run spreads the slowness thin, and ``jitter`` is the spread within a step only).
     """
 
     unit: dict = field(default_factory=lambda: dict(DEFAULT_COSTS))
@@ -87,6 +95,9 @@ class CostModel:
     jitter: tuple = ()
     rank_jitter: dict = field(default_factory=dict)
     samples: int = 32
+    step_unit: dict = field(default_factory=dict)
+    call_part: dict = field(default_factory=dict)
+    microbatches: int = 0  # of a step, for ``step_unit`` (0: no per-step costs)
 
     def of(self, name: str, r: int) -> float:
         """Rank r's ``name`` (``per_rank``), else the one for every rank."""
@@ -94,6 +105,13 @@ class CostModel:
             else getattr(self, name)
 
     def compute(self, r: int, a: Action, v: int) -> float:
+        if self.step_unit and self.microbatches > 0 and a.mb >= 0:
+            k = (r, a.mb // self.microbatches, a.chunk)
+            c = self.step_unit.get((*k, a.op))
+            if c is None and a.op == "BW":  # a dump records a whole backward as one B
+                c = self.step_unit.get((*k, "B"))
+            if c is not None:
+                return c
         c = self.per_unit.get((r, a.chunk, a.op))
         if c is None and a.op == "BW" and (r, a.chunk, "B") in self.per_unit:
             c = self.per_unit[(r, a.chunk, "B")] + self.per_unit.get((r, a.chunk, "W"), 0.0)
@@ -112,12 +130,16 @@ class CostModel:
         if not self.bandwidth > 0:
             raise ScheduleError(f"cost model: bandwidth must be > 0, got {self.bandwidth!r}")
         for name, d in (("stash", self.stash), ("per_rank", self.per_rank),
-                        ("call_gap", self.call_gap)):
+                        ("call_gap", self.call_gap), ("step_unit", self.step_unit),
+                        ("call_part", self.call_part)):
             if any(not isinstance(x, (int, float)) or not x >= 0 for x in d.values()):
                 raise ScheduleError(f"cost model: {name} costs must be numbers >= 0")
         if any(not isinstance(x, (int, float)) or not x >= 0
                for x in (*self.jitter, *(y for q in self.rank_jitter.values() for y in q))):
             raise ScheduleError("cost model: jitter must be multipliers >= 0")
+        if self.step_unit and not (isinstance(self.microbatches, int) and self.microbatches > 0):
+            raise ScheduleError("cost model: step_unit needs microbatches (per step) >= 1, "
+                                f"got {self.microbatches!r}")
         if not isinstance(self.samples, int) or self.samples < 1:
             raise ScheduleError(f"cost model: samples must be an int >= 1, got {self.samples!r}")
         for table in (self.unit, self.per_unit, self.dp_reduce, self.optimizer):
@@ -225,9 +247,13 @@ class _Timed(Replay):
             if a.op in ("W", "BW"):
                 self.last_w[(r, a.chunk)] = end
         self.timeline[r].append((start, end, a))
-        over = m.of("overhead", r)
+        over = self.part("overhead", r)
         self.now[r] = end + over
         self.over[r] += over
+
+    def part(self, name: str, r: int) -> float:
+        """Rank r's fixed cost ``name`` (``CostModel.of``)."""
+        return self.model.of(name, r)
 
     def _count_activations(self, r: int, a: Action) -> None:
         if a.op == "F":
@@ -269,7 +295,12 @@ class _Stepped(_Timed):
         self.k = [0] * len(order)  # each rank's call in progress
         self.spans = [[] for _ in order]  # per rank, per call: its span, start to end
         self.call_start = [0.0] * len(order)
-        self.now = [model.of("step_pre", r) for r in range(len(order))]
+        self.now = [self.part("step_pre", r) for r in range(len(order))]
+
+    def part(self, name: str, r: int) -> float:
+        """``name`` of rank r's call in progress where measured (``CostModel.call_part``)."""
+        got = self.model.call_part.get((r, self.k[r], name)) if self.model.call_part else None
+        return got if got is not None else self.model.of(name, r)
 
     def can_run(self, r: int, a: Action) -> bool:
         k = self.k[r]
@@ -279,13 +310,13 @@ class _Stepped(_Timed):
         m, moved = self.model, False
         for r in range(len(self.streams)):
             while self.k[r] < len(self.cuts[r]) and self.pos[r] >= self.cuts[r][self.k[r]]:
-                end = self.now[r] + m.of("sync", r) + m.of("step_post", r)
+                end = self.now[r] + self.part("sync", r) + self.part("step_post", r)
                 self.spans[r].append(end - self.call_start[r])
                 gap = m.call_gap.get((r, self.k[r]), m.of("step_gap", r)) if m.call_gap \
                     else m.of("step_gap", r)
                 self.call_start[r] = end + gap
-                self.now[r] = end + gap + m.of("step_pre", r)
                 self.k[r] += 1
+                self.now[r] = end + gap + self.part("step_pre", r)
                 moved = True
         return moved
 
