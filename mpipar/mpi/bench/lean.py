@@ -140,11 +140,15 @@ class Lean:
             x, y = _chunks(x, self.size)[self.rank], _chunks(y, self.size)[self.rank]
         xs, ys = _chunks(x, self.m), _chunks(y, self.m)
         run = {"single": self._local, "dp": self._dp}.get(self.layout, self._pipeline)
-        loss = run(xs, ys)
+        loss = self._reduce_loss(run(xs, ys))
+        self.stage.sgd(lr)
+        return loss
+
+    def _reduce_loss(self, loss):
+        """The step's loss, known on every rank: one all-reduce of one number."""
         total = np.array([loss], dtype=np.float64)
         if self.size > 1:
             self.comm.Allreduce(np.array([loss], dtype=np.float64), total)
-        self.stage.sgd(lr)
         return float(total[0]) / (self.size if self.layout == "dp" else 1)
 
     # -- one rank and data parallel
@@ -266,6 +270,75 @@ class Lean:
         return out
 
 
+class PhaseClock:
+    """CPU time (``time.process_time``: this process, all its threads) per phase of a step,
+    each phase exclusive of the phases called inside it. ``patch(owner, name, phase)`` wraps
+    ``owner.name`` (a class's method, a module's function, an instance's attribute); a call
+    made with no phase around it is the step itself: its own time is ``step``, and its end
+    closes the step's record (``steps``: one {phase: seconds} per step). CPU time, not wall
+    time: far less sensitive to other processes on the machine (an MPI wait that spins is CPU
+    time too). experiments/lean_phases.py prints the table of mpipar against this loop."""
+
+    ROOT = "step"
+
+    def __init__(self):
+        self.steps = []
+        self._acc = {}
+        self._stack = []  # per open call: [seconds spent in phases called inside it]
+
+    def wrap(self, fn, phase):
+        clock, stack, acc = time.process_time, self._stack, self._acc
+
+        def timed(*args, **kwargs):
+            inner = [0.0]
+            stack.append(inner)
+            t0 = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                dt = clock() - t0
+                stack.pop()
+                name = phase if stack else self.ROOT
+                acc[name] = acc.get(name, 0.0) + dt - inner[0]
+                if stack:
+                    stack[-1][0] += dt
+                else:
+                    self.steps.append(dict(acc))
+                    acc.clear()
+        return timed
+
+    def patch(self, owner, name, phase):
+        setattr(owner, name, self.wrap(getattr(owner, name), phase))
+
+    def medians(self) -> dict:
+        """{phase: median seconds per step} over the recorded steps (0 where a step had none),
+        and ``total``: the median step."""
+        phases = sorted({k for s in self.steps for k in s})
+        out = {k: float(np.median([s.get(k, 0.0) for s in self.steps])) for k in phases}
+        out["total"] = float(np.median([sum(s.values()) for s in self.steps]))
+        return out
+
+    def dump(self, prefix, rank, **info):
+        """``medians()`` to PREFIX.rankR.json (a file per rank: ranks' prints can interleave)."""
+        with open(f"{prefix}.rank{rank}.json", "w") as fh:
+            json.dump({**info, "rank": rank, "phases": self.medians()}, fh)
+
+
+def lean_phases(clock, lean):
+    """Time the lean loop's phases (the names experiments/lean_phases.py compares)."""
+    mod = globals()
+    clock.patch(Stage, "forward", "forward")
+    clock.patch(Stage, "backward", "backward")  # with dp's Iallreduce posts (on_final)
+    clock.patch(Stage, "zero_grad", "zero grads")
+    clock.patch(Stage, "sgd", "optimizer")
+    clock.patch(Lean, "_dp", "grad sync")  # the Waitall and the 1 / dp scaling
+    clock.patch(Lean, "_reduce_loss", "step reduce")
+    for name in ("_recv", "_one_f_one_b"):
+        clock.patch(Lean, name, "p2p")
+    mod["cross_entropy"] = clock.wrap(cross_entropy, "loss")
+    return lean
+
+
 def synthetic_batch(rng, batch, sizes, dtype):
     """A random batch (inputs, integer classes): the benchmark's data."""
     x = rng.standard_normal((batch, sizes[0])).astype(dtype)
@@ -306,6 +379,9 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--profile", default="", help="cProfile the timed steps into PREFIX.rankR.prof")
+    p.add_argument("--phases", default="",
+                   help="write each rank's median CPU time per step and phase (PhaseClock) "
+                        "to PREFIX.rankR.json")
     return p.parse_args(argv)
 
 
@@ -320,6 +396,8 @@ def main(argv=None):
     lean = Lean(comm, args.layout, init_params(sizes, 0, 0.05, dtype), args.microbatches,
                 split=split, flat=args.flat)
     batch = batches(np.random.default_rng(1), args, sizes, dtype)
+    if args.phases:
+        return phases_main(comm, lean, batch, args)
     loss = 0.0
     for s in range(args.warmup):
         lean.step(*batch(s), args.lr)
@@ -344,6 +422,25 @@ def main(argv=None):
         print(json.dumps({"impl": "lean", "layout": args.layout, "steps": args.steps,
                           "seconds": elapsed, "samples_per_s": args.batch * args.steps / elapsed,
                           "loss": loss}), flush=True)
+
+
+def phases_main(comm, lean, batch, args):
+    """``--phases``: the steps one by one under a ``PhaseClock``; one JSON line per rank."""
+    clock = PhaseClock()
+    lean_phases(clock, lean)
+
+    def one(s):
+        lean.step(*timed_draw(s), args.lr)
+    timed_draw = clock.wrap(batch, "data")
+    step = clock.wrap(one, "step")
+    for s in range(args.warmup):
+        step(s)
+    clock.steps.clear()
+    comm.Barrier()
+    for s in range(args.steps):
+        step(args.warmup + s)
+    comm.Barrier()
+    clock.dump(args.phases, comm.Get_rank(), impl="lean", layout=args.layout, steps=args.steps)
 
 
 if __name__ == "__main__":
