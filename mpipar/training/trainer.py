@@ -75,7 +75,7 @@ class Trainer:
         """This replica's micro-batches of (split, step): only its own rows are gathered."""
         g = self.grid
         x, y = self.batches.get(split, step, self.cfg.train.batch_size, self.cfg.parallel.dp,
-                                g.dp_rank)
+                                g.dp_rank, inputs=0 in self.chunks)  # chunk 0 reads them
         return self.local_microbatches(x, y, replica_rows=True)
 
     def _replica_sum(self, value: float) -> float:

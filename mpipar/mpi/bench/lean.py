@@ -350,7 +350,7 @@ def lean_phases(clock, lean):
     clock.patch(Stage, "sgd", "optimizer")
     clock.patch(Lean, "_dp", "grad sync")  # the Waitall and the 1 / dp scaling
     clock.patch(Lean, "_reduce_loss", "step reduce")
-    for name in ("_recv", "_one_f_one_b"):
+    for name in ("_recv", "_pipeline"):  # the sends, receives and the schedule's loop
         clock.patch(Lean, name, "p2p")
     mod["cross_entropy"] = clock.wrap(cross_entropy, "loss")
     return lean
