@@ -1,6 +1,6 @@
 """Where a small model's step spends its CPU time: mpipar against the lean loop, phase by phase.
 
-Each run times every step's phases with ``PhaseClock`` (mpipar/mpi/bench/lean.py):
+Each run times every step's phases with ``PhaseClock`` (mpipar/mpi/bench/phase_clock.py):
 ``time.process_time`` around the data draw, the forward, the loss, the backward, the
 point-to-point messages, the gradient sync, the gradient zeroing, the norm, the step's world
 all-reduce and the optimizer, each exclusive of the phases called inside it; ``dispatch`` is the
@@ -64,7 +64,7 @@ def instrument(clock):
 def worker(args):
     from mpipar.backend import Backend
     from mpipar.mpi import ProcessGrid
-    from mpipar.mpi.bench.lean import PhaseClock
+    from mpipar.mpi.bench.phase_clock import PhaseClock
     from mpipar.trace import Tracer
     from mpipar.training import Trainer
 

@@ -1,9 +1,9 @@
-"""PhaseClock (mpipar/mpi/bench/lean.py): each phase's time exclusive of the phases inside it,
-one record per outermost call, on a clock the test drives."""
+"""PhaseClock (mpipar/mpi/bench/phase_clock.py): each phase's time exclusive of the phases
+inside it, one record per outermost call, on a clock the test drives."""
 
 import time
 
-from mpipar.mpi.bench import lean
+from mpipar.mpi.bench import phase_clock as lean
 
 
 def test_exclusive_phases_one_record_per_step(monkeypatch):
