@@ -336,6 +336,45 @@ def grad_norm_sq_local(params) -> float:
     return 0.0 if total is None else float(total)
 
 
+class LocalGradNorm:
+    """``grad_norm_sq_local(params)`` for a list of parameters that is the same every step,
+    with the per-step work cut to a ``vdot`` per tensor: which tensors count and their flat
+    views are found once, and kept while every parameter holds the same gradient array (a
+    gradient rebound, or one not contiguous, is looked at again). NumPy gradients are summed
+    as Python floats, in the same order as ``grad_norm_sq_local`` sums its float64 scalars:
+    the same bits; any other array module takes ``grad_norm_sq_local`` itself."""
+
+    def __init__(self, params):
+        self.params = list(params)
+        self._grads = None  # the gradient arrays the views were taken from
+        self._flat = None  # [flat view or None (ravel per call)] of the counted tensors
+
+    def _plan(self):
+        grads = [p.grad for p in self.params]
+        if self._grads is not None and all(a is b for a, b in zip(grads, self._grads)):
+            return self._flat
+        self._grads = grads
+        counted = [p.grad for p in self.params if counts_in_norm(p)]
+        if not all(type(g) is np.ndarray for g in counted):
+            self._flat = None
+        else:
+            self._flat = [g.reshape(-1) if g.flags.c_contiguous else None for g in counted]
+        self._counted = counted
+        return self._flat
+
+    def __call__(self) -> float:
+        flat = self._plan()
+        if flat is None:
+            return grad_norm_sq_local(self.params)
+        total = 0.0
+        vdot = np.vdot
+        for g, v in zip(self._counted, flat):
+            if v is None:
+                v = g.ravel()
+            total += float(vdot(v, v))  # float32's vdot as grad_norm_sq_local takes it
+        return total
+
+
 def clip_grads_(params, max_norm: float, total_norm: float) -> float:
     """Scale every gradient by ``min(1, max_norm / (total_norm + 1e-6))`` in place; return the
     scale. ``total_norm`` must be the global norm (the same on every rank, so all ranks agree).

@@ -38,9 +38,12 @@ class Batches:
             self.split = {"train": (self.X[:cut], self.Y[:cut]),
                           "val": (self.X[cut:], self.Y[cut:])}
 
-    def get(self, split, step, batch_size, parts=1, part=0):
+    def get(self, split, step, batch_size, parts=1, part=0, inputs=True):
         """The global batch of (split, step); with ``parts`` > 1 only its row block ``part``
-        (``split_rows``), the same rows: a data-parallel replica gathers its share alone."""
+        (``split_rows``), the same rows: a data-parallel replica gathers its share alone.
+        ``inputs=False`` (an MLP's pipeline rank without the first chunk, which never reads
+        them): the inputs are not gathered, only their shape is kept (a read-only view of one
+        row), the targets are the same rows as ever."""
         t = self.cfg.train
         if self.cfg.model.kind == "gpt":
             x, y = self.ds.get_batch(split, step, batch_size, t.seq_len, t.seed)
@@ -51,6 +54,8 @@ class Batches:
         rows = rng.integers(0, len(X), size=batch_size)
         if parts > 1:
             rows = split_rows(rows, parts, part)
+        if not inputs:  # the same draw (the generator's state), no 0.4 MB gather
+            return np.broadcast_to(X[0], (len(rows), X.shape[1])), Y[rows]
         return X[rows], Y[rows]
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from ..backend import Backend
 from ..config import Config
 from ..models import build_model
-from ..nn.optim import grad_norm_sq_local
+from ..nn.optim import LocalGradNorm
 from ..parallel.data import GradSync
 from ..parallel.pipeline.executor import PipelineExecutor, build_chunks
 from ..parallel.tensor_nd import tp_context
@@ -75,7 +75,7 @@ class Trainer:
         """This replica's micro-batches of (split, step): only its own rows are gathered."""
         g = self.grid
         x, y = self.batches.get(split, step, self.cfg.train.batch_size, self.cfg.parallel.dp,
-                                g.dp_rank)
+                                g.dp_rank, inputs=0 in self.chunks)  # chunk 0 reads them
         return self.local_microbatches(x, y, replica_rows=True)
 
     def _replica_sum(self, value: float) -> float:
@@ -91,10 +91,18 @@ class Trainer:
         every step (the parameters and ZeRO-1's slices are made once), so listed once."""
         if self._norm_params is None:
             self._norm_params = self.sync.norm_params(self.params)
+            self._norm_sq = LocalGradNorm(self._norm_params)
         return self._norm_params
 
+    def norm_sq_local(self) -> float:
+        """This rank's share of the squared gradient norm (``grad_norm_sq_local`` of
+        ``norm_params``, its per-tensor work prepared once: the same bits)."""
+        if self._norm_params is None:
+            _ = self.norm_params  # lists them, and makes their LocalGradNorm
+        return self._norm_sq()
+
     def grad_norm(self) -> float:
-        sq = grad_norm_sq_local(self.norm_params)
+        sq = self.norm_sq_local()
         if self.sync.zero1:
             sq = self.grid.dp_comm.allreduce_scalar(sq, op="sum")
         return math.sqrt(self._replica_sum(sq))
@@ -116,7 +124,7 @@ class Trainer:
         a small model's step pays per collective, not per byte. Replicas hold the same
         gradients, so only dp rank 0 adds its squares (all do with ZeRO-1: each holds a slice)."""
         g = self.grid
-        sq = float(grad_norm_sq_local(self.norm_params))
+        sq = self.norm_sq_local()
         if not self.sync.zero1 and g.dp_rank != 0:
             sq = 0.0
         both = np.array([sq, self._loss_share(losses)], dtype=np.float64)

@@ -31,6 +31,11 @@ import time
 
 import numpy as np
 
+try:
+    from .phase_clock import PhaseClock
+except ImportError:  # run by file path (experiments/lean_bench.py does): its folder is on the path
+    from phase_clock import PhaseClock
+
 LAYOUTS = ("single", "dp", "naive", "gpipe", "1f1b")
 MLP_SIZES = (784, 128, 127, 126, 125, 124, 123, 10)
 
@@ -140,11 +145,15 @@ class Lean:
             x, y = _chunks(x, self.size)[self.rank], _chunks(y, self.size)[self.rank]
         xs, ys = _chunks(x, self.m), _chunks(y, self.m)
         run = {"single": self._local, "dp": self._dp}.get(self.layout, self._pipeline)
-        loss = run(xs, ys)
+        loss = self._reduce_loss(run(xs, ys))
+        self.stage.sgd(lr)
+        return loss
+
+    def _reduce_loss(self, loss):
+        """The step's loss, known on every rank: one all-reduce of one number."""
         total = np.array([loss], dtype=np.float64)
         if self.size > 1:
             self.comm.Allreduce(np.array([loss], dtype=np.float64), total)
-        self.stage.sgd(lr)
         return float(total[0]) / (self.size if self.layout == "dp" else 1)
 
     # -- one rank and data parallel
@@ -266,6 +275,21 @@ class Lean:
         return out
 
 
+def lean_phases(clock, lean):
+    """Time the lean loop's phases (the names experiments/lean_phases.py compares)."""
+    mod = globals()
+    clock.patch(Stage, "forward", "forward")
+    clock.patch(Stage, "backward", "backward")  # with dp's Iallreduce posts (on_final)
+    clock.patch(Stage, "zero_grad", "zero grads")
+    clock.patch(Stage, "sgd", "optimizer")
+    clock.patch(Lean, "_dp", "grad sync")  # the Waitall and the 1 / dp scaling
+    clock.patch(Lean, "_reduce_loss", "step reduce")
+    for name in ("_recv", "_pipeline"):  # the sends, receives and the schedule's loop
+        clock.patch(Lean, name, "p2p")
+    mod["cross_entropy"] = clock.wrap(cross_entropy, "loss")
+    return lean
+
+
 def synthetic_batch(rng, batch, sizes, dtype):
     """A random batch (inputs, integer classes): the benchmark's data."""
     x = rng.standard_normal((batch, sizes[0])).astype(dtype)
@@ -306,6 +330,9 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--profile", default="", help="cProfile the timed steps into PREFIX.rankR.prof")
+    p.add_argument("--phases", default="",
+                   help="write each rank's median CPU time per step and phase (PhaseClock) "
+                        "to PREFIX.rankR.json")
     return p.parse_args(argv)
 
 
@@ -320,6 +347,8 @@ def main(argv=None):
     lean = Lean(comm, args.layout, init_params(sizes, 0, 0.05, dtype), args.microbatches,
                 split=split, flat=args.flat)
     batch = batches(np.random.default_rng(1), args, sizes, dtype)
+    if args.phases:
+        return phases_main(comm, lean, batch, args)
     loss = 0.0
     for s in range(args.warmup):
         lean.step(*batch(s), args.lr)
@@ -344,6 +373,25 @@ def main(argv=None):
         print(json.dumps({"impl": "lean", "layout": args.layout, "steps": args.steps,
                           "seconds": elapsed, "samples_per_s": args.batch * args.steps / elapsed,
                           "loss": loss}), flush=True)
+
+
+def phases_main(comm, lean, batch, args):
+    """``--phases``: the steps one by one under a ``PhaseClock``; one JSON line per rank."""
+    clock = PhaseClock()
+    lean_phases(clock, lean)
+
+    def one(s):
+        lean.step(*timed_draw(s), args.lr)
+    timed_draw = clock.wrap(batch, "data")
+    step = clock.wrap(one, "step")
+    for s in range(args.warmup):
+        step(s)
+    clock.steps.clear()
+    comm.Barrier()
+    for s in range(args.steps):
+        step(args.warmup + s)
+    comm.Barrier()
+    clock.dump(args.phases, comm.Get_rank(), impl="lean", layout=args.layout, steps=args.steps)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,181 @@
+"""Where a small model's step spends its CPU time: mpipar against the lean loop, phase by phase.
+
+Each run times every step's phases with ``PhaseClock`` (mpipar/mpi/bench/phase_clock.py):
+``time.process_time`` around the data draw, the forward, the loss, the backward, the
+point-to-point messages, the gradient sync, the gradient zeroing, the norm, the step's world
+all-reduce and the optimizer, each exclusive of the phases called inside it; ``dispatch`` is the
+executor's own time between actions (mpipar only), ``step`` the rest of the step (bookkeeping).
+CPU time rather than wall time: another process on the machine slows a run's wall clock far more
+than its CPU time, so the table holds up under some load (an MPI wait that spins is CPU time
+too: at dp = 2 ``grad sync`` includes waiting for the other rank).
+
+The lean loop and mpipar run in interleaved pairs (``--repeats``), each its own ``mpiexec``, one
+BLAS thread per rank, 200 timed steps after 5 warm-up steps; a run's number is the median over
+its steps, the table the median over the repeats, in microseconds per step.
+
+    python experiments/lean_phases.py                        # mlp-1rank and mlp-dp2, ~1 min
+    python experiments/lean_phases.py --cases mlp-pp2-gpipe  # any small-MLP case of lean_bench
+    python experiments/lean_phases.py --lean-data-rows 3686  # the lean loop draws its rows too
+    python experiments/lean_phases.py --quick                # 1 repeat, 20 steps: a smoke test
+
+The lean loop's default data are 4 fixed batches that stay in cache (its ``data`` is then a list
+index); ``--lean-data-rows 3686`` draws each step's rows as mpipar does. Writes
+``OUT/phases.md`` (``OUT`` = ``runs/experiments/lean_phases``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from lean_bench import CASES, LEAN, ROOT, SMALL, THREADS, lean_split, mpipar_config
+
+PHASES = ("data", "forward", "loss", "backward", "p2p", "grad sync", "zero grads", "norm",
+          "step reduce", "optimizer", "dispatch", "step")
+
+
+# -- the worker: one mpipar run under mpiexec
+def instrument(clock):
+    """Wrap mpipar's step phases (before the trainer is made: the executor binds its handlers
+    and the gradient sync's callbacks at construction)."""
+    from mpipar.parallel.data import GradSync
+    from mpipar.parallel.pipeline.executor import PipelineExecutor
+    from mpipar.training import Trainer
+
+    clock.patch(Trainer, "local_batch", "data")
+    clock.patch(Trainer, "norm_and_loss", "step reduce")  # less the norm inside it
+    clock.patch(Trainer, "norm_sq_local", "norm")
+    for name, phase in (("run", "dispatch"), ("_forward", "forward"), ("_loss", "loss"),
+                        ("_backward", "backward"), ("_weight", "backward"),
+                        ("_send_forward", "p2p"), ("_send_backward", "p2p"),
+                        ("_receive", "p2p"), ("finish", "p2p")):
+        clock.patch(PipelineExecutor, name, phase)
+    for name in ("start", "unit_ready", "chunk_ready", "finish"):
+        clock.patch(GradSync, name, "grad sync")
+    clock.patch(GradSync, "zero_grads", "zero grads")
+
+
+def worker(args):
+    from mpipar.backend import Backend
+    from mpipar.mpi import ProcessGrid
+    from mpipar.mpi.bench.phase_clock import PhaseClock
+    from mpipar.trace import Tracer
+    from mpipar.training import Trainer
+
+    cfg = mpipar_config(args.case, args.warmup + args.steps)
+    backend = Backend("cpu", cfg.train.dtype)
+    p = cfg.parallel
+    grid = ProcessGrid(p.dp, p.pp, 1, backend=backend)
+    clock = PhaseClock()
+    instrument(clock)
+    tr = Trainer(cfg, grid, Tracer(enabled=False), backend)
+    clock.patch(tr.opt, "step", "optimizer")
+    step = clock.wrap(tr.train_step, "step")
+    for _ in range(args.warmup):
+        step()
+    clock.steps.clear()
+    grid.world_comm.barrier()
+    for _ in range(args.steps):
+        step()
+    grid.world_comm.barrier()
+    clock.dump(args.dump, grid.rank, impl="mpipar", case=args.case, steps=args.steps)
+
+
+# -- the driver
+def run_once(impl, case, args) -> dict:
+    """{rank: {phase: median seconds per step}} of one run."""
+    ranks, layout, model, *_ = CASES[case]
+    dump = Path(args.out) / "runs" / f"{case}.{impl}"
+    dump.parent.mkdir(parents=True, exist_ok=True)
+    if impl == "lean":
+        cmd = [sys.executable, str(LEAN), "--phases", str(dump), "--layout", layout, "--sizes",
+               ",".join(map(str, model)), "--steps", str(args.steps), "--warmup", "5",
+               "--microbatches", str(CASES[case][4]), "--split", lean_split(case),
+               "--data-rows", str(args.lean_data_rows)]
+    else:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--case", case,
+               "--steps", str(args.steps), "--warmup", "5", "--dump", str(dump)]
+    env = {**os.environ, **THREADS, "PYTHONPATH": str(ROOT)}
+    res = subprocess.run(["mpiexec", "-n", str(ranks), *cmd], capture_output=True, text=True,
+                         env=env, timeout=args.timeout)
+    if res.returncode != 0:
+        sys.exit(f"{impl} {case} failed (exit {res.returncode}):\n{res.stderr[-2000:]}")
+    return {r: json.loads(Path(f"{dump}.rank{r}.json").read_text())["phases"]
+            for r in range(ranks)}
+
+
+def table(case, runs) -> str:
+    """Per rank: phase | lean us | mpipar us | mpipar - lean, medians over the repeats."""
+    ranks = sorted(runs["lean"][0])
+    head = "| phase | " + " | ".join(f"lean r{r} | mpipar r{r} | diff r{r}" for r in ranks)
+    lines = [f"{case} (CPU us per step, median over steps, then over {len(runs['lean'])} runs)",
+             "", head + " |", "|---" * (1 + 3 * len(ranks)) + "|"]
+    for phase in (*PHASES, "total"):
+        cells = []
+        for r in ranks:
+            med = {n: statistics.median(run[r].get(phase, 0.0) for run in runs[n]) * 1e6
+                   for n in ("lean", "mpipar")}
+            cells += [f"{med['lean']:,.0f}", f"{med['mpipar']:,.0f}",
+                      f"{med['mpipar'] - med['lean']:+,.0f}"]
+        lines.append(f"| {phase} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def drive(args):
+    cases = args.cases.split(",")
+    bad = [c for c in cases if c not in CASES or CASES[c][2] != SMALL]
+    if bad:
+        sys.exit(f"--cases {bad}: choose small-MLP cases of lean_bench: "
+                 f"{', '.join(c for c in CASES if CASES[c][2] == SMALL)}")
+    t0, out = time.perf_counter(), []
+    for case in cases:
+        runs = {"lean": [], "mpipar": []}
+        for k in range(args.repeats):
+            for impl in (("lean", "mpipar") if k % 2 == 0 else ("mpipar", "lean")):
+                runs[impl].append(run_once(impl, case, args))
+        out.append(table(case, runs))
+        print(out[-1] + "\n", flush=True)
+    data = (f"lean data: each step's rows drawn from {args.lean_data_rows}"
+            if args.lean_data_rows else "lean data: 4 fixed batches")
+    tail = f"{args.repeats} interleaved pairs, {args.steps} steps each, " \
+           f"{time.perf_counter() - t0:.0f} s; {data}"
+    print(tail)
+    path = Path(args.out)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "phases.md").write_text("\n\n".join(out) + f"\n\n{tail}\n")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="experiments/lean_phases.py",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", default="mlp-1rank,mlp-dp2")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved pairs per case")
+    p.add_argument("--steps", type=int, default=200, help="timed steps per run")
+    p.add_argument("--lean-data-rows", type=int, default=0,
+                   help="the lean loop draws each step's rows from a set of this many "
+                        "(3686: the MLP's training rows); 0: 4 fixed batches")
+    p.add_argument("--out", default=str(ROOT / "runs" / "experiments" / "lean_phases"))
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per run")
+    p.add_argument("--quick", action="store_true", help="1 repeat, 20 steps: a smoke test")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--case", default="", help=argparse.SUPPRESS)
+    p.add_argument("--warmup", type=int, default=5, help=argparse.SUPPRESS)
+    p.add_argument("--dump", default="", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        return worker(args)
+    if str(ROOT) not in sys.path:  # lean_split imports mpipar from this checkout
+        sys.path.insert(0, str(ROOT))
+    if args.quick:
+        args.repeats, args.steps = 1, 20
+    return drive(args)
+
+
+if __name__ == "__main__":
+    main()
