@@ -23,18 +23,11 @@ host scratch), the optimizer's scratch. Also in it, and in the model only as one
 --runtime``): memory outside NumPy that the steps touch first: BLAS's packing buffers (0.5-1.8 MiB
 for one OpenBLAS product here, by size), MPI's and HDF5's own buffers, what the allocator keeps of
 freed temporaries (together 2-6 MiB per rank here: experiments/README.md, section 2b). One of them
-comes and stays at a step nobody chose: in the README's dp2 pp2 tp2 job (``mpipar train --config
-experiments/configs/tiny.toml --dp 2 --pp 2 --tp 2 --schedule 1f1b --microbatches 4``, 9 runs),
-in 8 runs one or both tensor-parallel ranks of one pp0 replica gained 2.1-2.2 MiB at one step
-(0, 22, 74, 90, 110, about 120, 126, 192) and kept it to the end. It is glibc heap memory in use
-(``mallinfo2``), not Python's or NumPy's (``tracemalloc``: +12 KiB), made of allocations under
-1.5 MB each: C-level buffers of a library, most likely MPICH's for messages that arrived before
-their receive was posted (kept once grown). The overlapped gradient sync off, it still came; no
-2-rank grid (dp2, pp2, tp2) showed it. Nor is it glibc's dynamic mmap threshold (a freed
-mmapped block raising the threshold, so that later blocks of its size come from the heap, which
-does not shrink): with the threshold fixed (``MALLOC_MMAP_THRESHOLD_=131072`` in every rank's
-environment) 2 of 6 runs still gained 2.1-2.4 MiB on one pp0 replica's pair (steps 25, 184-192),
-as 2 of 4 runs without it did. Not in it: the
+used to come and stay at a step nobody chose: MPICH's block of 4,096 more request objects (4,096 x
+520 bytes, 2.03 MiB), allocated the first time more than about 17 requests are alive at once,
+which under load happened to a pipeline-first tensor-parallel pair of the README's dp2 pp2 tp2
+job at a random step in about half the runs (+1.9-2.1 MiB, a quarter of its peak). The grid now
+makes that block at set-up (``mpipar.mpi.request_pool``), inside the base. Not in it: the
 interpreter, imports, the data set (all in the base). On a GPU the host's resident memory says
 nothing about the device's: there ``mem.peak`` is the bytes CuPy's pool holds (its high-water
 mark: the pool keeps freed blocks) and the base what it held at the first step.
