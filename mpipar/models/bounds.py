@@ -12,8 +12,7 @@ from __future__ import annotations
 from ..parallel.pipeline.partition import chunk_layers
 from ..parallel.pipeline.stage_layout import layout_bounds
 from .balance import auto_bounds
-from .counts import gpt_counts
-from .mlp import mlp_unit_params
+from .counts import gpt_counts, mlp_unit_params
 from .spec import GPTDims
 
 

@@ -195,3 +195,8 @@ def block_flops(dims: spec.GPTDims, seq: int) -> dict[str, int]:
     unit = spec.gpt_block(0, dims.n_embd, dims.n_head)
     return {p.name.split(".", 2)[2]: part_flops(p, seq) for p in unit.leaves()
             if part_flops(p, seq)}
+
+
+def mlp_unit_params(sizes) -> list[int]:
+    """Full parameters of each unit (one linear with its bias)."""
+    return [a * o + o for a, o in zip(sizes[:-1], sizes[1:], strict=True)]

@@ -20,11 +20,6 @@ def check_mlp_shapes(mcfg, tp_size=1):
                              f"{tp_size} (column-parallel) and must divide by it")
 
 
-def mlp_unit_params(sizes) -> list[int]:
-    """Full parameters of each unit (one linear with its bias)."""
-    return [a * o + o for a, o in zip(sizes[:-1], sizes[1:], strict=True)]
-
-
 def build_mlp(mcfg, backend, seed=0, tp: TPContext | None = None) -> Model:
     """Linears ``sizes[0] -> sizes[1] -> ... -> sizes[-1]`` with an activation between them.
 
