@@ -4,10 +4,11 @@ MPICH keeps a small array of request objects and, the first time more are alive 
 allocates a block of 4,096 more (4,096 x 520 bytes = 2.03 MiB with MPICH 5.0's ch4 device here)
 and keeps it to the end. Whether a run ever needs more than the first few depends on timing: a
 rank that falls behind finds its partners' early messages waiting as unexpected requests beside
-its own sends in flight. In the README's dp2 pp2 tp2 job on 2 shared cores, about half the runs
-under load had one pipeline-first tensor-parallel pair take the block at one step (2, 32, 44, 68,
-107, 110, 113 or 145), which raised the pair's measured peak by 1.9-2.1 MiB: a quarter of it,
-and no part of what the config says (``mpipar.training.memory``). An ``LD_PRELOAD`` malloc tracer
+its own sends in flight. In the README's dp2 pp2 tp2 job on 2 shared cores under load (2 of 3
+plain runs, 3 of 15 with an allocation tracer attached) one pipeline-first tensor-parallel pair
+took the block at one step (32, 44, 68, 107, 110, 113 or 145), which raised the pair's measured
+peak by 1.9-2.1 MiB: a quarter of it, and no part of what the config says
+(``mpipar.training.memory``). An ``LD_PRELOAD`` malloc tracer
 put the whole jump in one ``calloc(4096, 520)`` made inside a blocking ``MPI_Allreduce``; a
 single rank posting 9 zero-byte receive/send pairs to itself (18 requests alive) makes the same
 call (8 pairs do not).
@@ -17,7 +18,8 @@ call (8 pairs do not).
 duplicate of ``COMM_SELF``, alive together, then completed. Every rank then holds the block from
 the start, as it holds the rest of the library's set-up memory, and a step's peak no longer
 depends on whether this run happened to need it. It costs well under a millisecond and sends
-nothing to any other rank. Open MPI's request free list grows the same way, in smaller pieces.
+nothing to any other rank. With another MPI library it is the same few harmless messages to
+itself (request free lists that grow in pieces are common; this one was measured with MPICH).
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ for one OpenBLAS product here, by size), MPI's and HDF5's own buffers, what the 
 freed temporaries (together 2-6 MiB per rank here: experiments/README.md, section 2b). One of them
 used to come and stay at a step nobody chose: MPICH's block of 4,096 more request objects (4,096 x
 520 bytes, 2.03 MiB), allocated the first time more than about 17 requests are alive at once,
-which under load happened to a pipeline-first tensor-parallel pair of the README's dp2 pp2 tp2
-job at a random step in about half the runs (+1.9-2.1 MiB, a quarter of its peak). The grid now
+which happened to a pipeline-first tensor-parallel pair of the README's dp2 pp2 tp2
+job at a random step in 2 of 3 runs under load (+1.9-2.1 MiB, a quarter of its peak). The grid now
 makes that block at set-up (``mpipar.mpi.request_pool``), inside the base. Not in it: the
 interpreter, imports, the data set (all in the base). On a GPU the host's resident memory says
 nothing about the device's: there ``mem.peak`` is the bytes CuPy's pool holds (its high-water
