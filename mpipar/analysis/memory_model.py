@@ -71,7 +71,7 @@ DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 TRACE_EVENT_BYTES = 303  # one recorded event held until the next flush
 DUMP_WRITER_BYTES = 1 << 20  # the HDF5 part writer's own, once it has written
 # measured by ``experiments/memory_runtime.py --runtime`` on this machine (module doc: runtime)
-RUNTIME_BYTES = 894_100  # per rank: MPI, BLAS, allocator, touched during the steps
+RUNTIME_BYTES = 646_400  # per rank: MPI, BLAS, allocator, touched during the steps
 
 
 def with_runtime(rows: list[dict] | None, runtime: float = RUNTIME_BYTES) -> list[dict] | None:
