@@ -17,7 +17,8 @@ call (8 pairs do not).
 (``training.memory.record_setup``): ``PAIRS`` matched zero-byte messages to itself on a private
 duplicate of ``COMM_SELF``, alive together, then completed. Every rank then holds the block from
 the start, as it holds the rest of the library's set-up memory, and a step's peak no longer
-depends on whether this run happened to need it. It costs well under a millisecond and sends
+depends on whether this run happened to need it. It takes 1-2 ms once MPI is up (measured
+here; the first communicator duplicate of a process costs more, whoever makes it) and sends
 nothing to any other rank. With another MPI library it is the same few harmless messages to
 itself (request free lists that grow in pieces are common; this one was measured with MPICH).
 """
