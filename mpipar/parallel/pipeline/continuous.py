@@ -36,6 +36,7 @@ class ContinuousRun:
         # only the ranks with the first chunk (inputs) or the last (targets) read batches
         self.fetch = fetch if {0, executor.last} & set(executor.chunks) else None
         self.cuts = step_cuts(s, executor.actions)
+        self.stretches = _stretches(s, executor.actions, self.cuts)
         self.next_step, self.pos = 0, 0
         scale = 1.0 / s.microbatches if s.kind == "pipedream-2bw" else 1.0
         x0 = fetch(0)[0][0]
@@ -59,15 +60,33 @@ class ContinuousRun:
             if self.fetch is not None and j < self.schedule.steps:
                 self.fetch(j)
         tracer = ex.tracer
-        base = tracer.step if tracer is not None else 0
-        for a in ex.actions[self.pos:self.cuts[k]]:
-            if tracer is not None:  # events carry the step of their micro-batch
-                tracer.step = base + self.schedule.step_of(a.mb) - k
-            ex.dispatch(a, st)
-        if tracer is not None:
+        if tracer is None:
+            ex.run_range(self.pos, self.cuts[k], st)
+        else:
+            base = tracer.step
+            for lo, hi, ahead in self.stretches[k]:  # events carry the step of their micro-batch
+                tracer.step = base + ahead
+                ex.run_range(lo, hi, st)
             tracer.step = base
         self.pos, self.next_step = self.cuts[k], k + 1
         if self.done:
             ex.finish(st)
         lo = k * self.m
         return {mb - lo: st.losses.pop(mb) for mb in range(lo, lo + self.m) if mb in st.losses}
+
+
+def _stretches(schedule, actions, cuts) -> list:
+    """Per step k: [(lo, hi, ahead)]: the runs of call k's actions (``cuts``) whose
+    micro-batches belong to one step, k + ahead (worked out once, not per action)."""
+    out, lo = [], 0
+    for k, hi in enumerate(cuts):
+        runs = []
+        for i in range(lo, hi):
+            ahead = schedule.step_of(actions[i].mb) - k
+            if runs and runs[-1][2] == ahead:
+                runs[-1][1] = i + 1
+            else:
+                runs.append([i, i + 1, ahead])
+        out.append([tuple(r) for r in runs])
+        lo = hi
+    return out

@@ -126,25 +126,22 @@ class PipelineExecutor:
         st = StepState(inputs, targets, forward_only, loss_scale, self._receives(inputs[0]))
         if self.asynchronous and not forward_only:
             st.stash = VersionStash(self.schedule, self.chunks)
-        # ``dispatch`` inlined, each action's handler bound once: a small model's action is a
-        # few hundred microseconds, and the Python between two actions runs with cold caches
-        # after a large one (BENCHMARKS.md, the fitted per-action overhead)
+        self.run_range(0, len(self._bound), st)
+        self.finish(st)
+        return st.losses
+
+    def run_range(self, lo, hi, st):
+        """Actions ``lo`` to ``hi`` (excluded) of this rank's list (``run``'s whole list; a
+        continuous run's call, a stretch of one step's events at a time). ``dispatch``
+        inlined, each action's handler bound once: a small model's action is a few hundred
+        microseconds, and the Python between two actions runs with cold caches after a large
+        one (BENCHMARKS.md, the fitted per-action overhead)."""
         sends = st.sends
-        for a, handler in self._bound:
+        for a, handler in self._bound[lo:hi]:
             beat(a)  # the watchdog names the action a stalled rank is blocked in
             handler(a, st)
             if in_flight() or len(sends.requests) > SEND_BACKLOG:  # else a no-op
                 sends.release_finished()
-        self.finish(st)
-        return st.losses
-
-    def dispatch(self, a, st):
-        """One action (``run``'s loop body; continuous runs call it action by action)."""
-        beat(a)  # the watchdog names the action a stalled rank is blocked in
-        self._handlers[a.op](a, st)
-        sends = st.sends
-        if in_flight() or len(sends.requests) > SEND_BACKLOG:  # else release_finished is a no-op
-            sends.release_finished()
 
     def finish(self, st):
         """The drain: every send done and nothing left over."""
