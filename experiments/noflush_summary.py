@@ -14,6 +14,11 @@ least ``SPEED_GAIN`` above 1F1B's. The speed-up is judged on wall-clock tokens/s
 each rank's STEP ends from the first measured step to the last, gaps between steps and dump
 flushes included, mean over ranks), which needs no definition of a continuous run's step;
 ``tok/s`` is the analysis's (per-step) figure beside it.
+
+A second table (``noflush_feasible``) says, per continuous row, what the simulator on the two
+runs' fitted costs predicts it gains over its 1F1B run (with and without the per-action
+overhead, and at most, every term it pays beyond 1F1B at 1F1B's value) and which of those terms
+(per-micro-batch updates, weight-version work, per-action overhead, slower units) eats the gain.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ import numpy as np
 
 from mpipar.analysis import breakdown, load
 from mpipar.analysis.flops import tokens_per_step
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import noflush_feasible  # noqa: E402  (beside this script)
 
 BUBBLE_GAIN, PRED_TOL, SPEED_GAIN = 0.03, 0.015, 0.05
 NAME = re.compile(r"r(\d+)_(\w+?)_m(\d+)_(.+)$")
@@ -100,6 +108,35 @@ def verdicts(found: list[dict]) -> None:
                    and abs(r["bubble_pred"] - r["bubble_pipe"]) <= PRED_TOL)
 
 
+def feasible(out: Path, found: list[dict]) -> None:
+    """Adds ``feasible`` (``noflush_feasible.feasibility``) to each continuous row that has a
+    1F1B run in its round, kept beside its dump (``noflush_feasible.json``, made again when
+    either dump changed)."""
+    for r in found:
+        if "ok" not in r:
+            continue
+        pre = f"r{r['round']}_{r['cfg']}_m{r['m']}_"
+        d, ref = out / (pre + r["sched"]), out / (pre + "1f1b")
+        stamp = [(x / "trace.h5").stat().st_mtime_ns for x in (d, ref)]
+        cache = d / "noflush_feasible.json"
+        try:
+            got = json.loads(cache.read_text())
+            if got.pop("stamp", None) == stamp:
+                r["feasible"] = got
+                continue
+        except (ValueError, OSError):
+            pass
+        try:
+            r["feasible"] = noflush_feasible.feasibility(d, ref)
+        except Exception as exc:  # a dump the fit cannot use: the row says so, the rest goes on
+            print(f"{d.name}: no feasibility ({exc.__class__.__name__}: {exc})")
+            continue
+        try:
+            cache.write_text(json.dumps({**r["feasible"], "stamp": stamp}))
+        except OSError:
+            pass  # a read-only folder: worked out again next time
+
+
 def pct(x) -> str:
     return "" if x is None or math.isnan(x) else f"{100 * x:.1f}%"
 
@@ -119,6 +156,10 @@ def main(out: Path) -> None:
               f"{r['tok_s']:9.3e} {r['wall_tok_s']:9.3e} {pct(r.get('d_bubble')):>7s} "
               f"{pct(r.get('speedup')):>8s} {pct(r.get('wall_speedup')):>8s}  "
               f"{'' if 'ok' not in r else ('met' if r['ok'] else 'not met')}")
+    feasible(out, found)
+    print("\npredicted tokens/s gain over the round's 1F1B (fitted costs, simulated), and the "
+          "terms that eat it (noflush_feasible.py):")
+    print("\n".join(noflush_feasible.table(found)))
 
 
 if __name__ == "__main__":

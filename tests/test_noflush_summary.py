@@ -90,3 +90,35 @@ def test_the_gaps_table_puts_each_term_beside_its_simulation(tmp_path):
     assert np.mean(meas[(0, "stash")]) > 0 and np.mean(meas[(1, "wait for activations")]) > 0
     text = noflush_gaps.report(tmp_path / "r1")
     assert "wait for gradients" in text and "longest stalls" in text
+
+
+def test_feasibility_names_the_terms_a_continuous_run_pays_beyond_1f1b(tmp_path):
+    """A continuous PipeDream run written by the simulation (weight-version work before each
+    forward of the first stage, an update per micro-batch) against a 1F1B dump: the stash and
+    update terms are what the continuous period drops by without them, the gains are finite,
+    and taking every term at 1F1B's value gains at least as much as the fitted costs do."""
+    import noflush_feasible
+    from test_costmodel import continuous_dump
+
+    from mpipar.analysis.synthetic_run import write_run
+    from mpipar.parallel.pipeline.simulate import CostModel
+
+    per_unit = {(0, 0, "F"): 1.0, (0, 0, "BW"): 2.0, (1, 1, "F"): 1.5, (1, 1, "BW"): 2.5,
+                (0, 0, "UPDATE"): 0.25, (1, 1, "UPDATE"): 0.25}
+    model = CostModel(unit={}, per_unit=per_unit, latency=0.2, sync=0.5, step_pre=0.1,
+                      step_post=0.05, step_gap=0.3, stash={(0, 0, "F"): 1.0, (0, 0, "BW"): 0.2})
+    cont, ref = tmp_path / "r1_tiny_m4_pipedream-cont", tmp_path / "r1_tiny_m4_1f1b"
+    cont.mkdir()
+    ref.mkdir()
+    continuous_dump(cont / "trace.h5", model, kind="pipedream", m=4, steps=5)
+    write_run(ref / "trace.h5", steps=5, microbatches=4)
+    got = noflush_feasible.feasibility(cont, ref)
+    assert set(got) == {"pred", "no_ovh", "bound", "imbal", *noflush_feasible.TERMS}
+    assert all(np.isfinite(v) for v in got.values())
+    # the first stage's stash (4 x 1.2 per step) delays its sends: the period drops without it
+    assert 0 < got["stash"] <= 1e3 * 4 * 1.2 + 1e-6
+    assert got["bound"] >= got["pred"]
+    lines = noflush_feasible.table([{"round": 1, "cfg": "tiny", "m": 4,
+                                     "sched": "pipedream-cont", "wall_speedup": 0.1,
+                                     "feasible": got}, {"round": 1, "sched": "1f1b"}])
+    assert len(lines) == 3 and lines[2].startswith("r1_tiny_m4_pipedream-cont")
