@@ -101,6 +101,31 @@ def test_step_cuts_end_each_step_after_its_last_action():
             assert s.step_of(s.ranks[r][cut - 1].mb) <= k
 
 
+@pytest.mark.parametrize("kind,pp,m", [("pipedream", 2, 1), ("pipedream", 4, 3),
+                                       ("pipedream-2bw", 2, 4), ("pipedream-2bw", 4, 3)])
+def test_each_calls_stretches_tag_every_action_with_its_micro_batchs_step(kind, pp, m):
+    """``continuous._stretches``: call k's actions in order, split where the step of their
+    micro-batch changes, each stretch tagged with that step less k (what the tracer records)."""
+    from mpipar.parallel.pipeline.continuous import _stretches
+
+    s = build_schedule(kind, pp, m, steps=4)
+    for r in range(pp):
+        acts = s.ranks[r]
+        cuts = step_cuts(s, acts)
+        got = _stretches(s, acts, cuts)
+        assert len(got) == len(cuts)
+        lo = 0
+        for k, runs in enumerate(got):
+            covered = [i for a, b, _ in runs for i in range(a, b)]
+            assert covered == list(range(lo, cuts[k]))
+            for a, b, ahead in runs:
+                assert {s.step_of(acts[i].mb) - k for i in range(a, b)} == {ahead}
+            assert all(x[2] != y[2] for x, y in zip(runs, runs[1:]))  # maximal stretches
+            lo = cuts[k]
+        if r == 0:  # the first stage's calls run later steps' forwards too
+            assert any(len(runs) > 1 for runs in got)
+
+
 @pytest.mark.parametrize("kind", ["pipedream", "pipedream-2bw"])
 def test_simulated_continuous_run_has_no_flush_between_steps(kind):
     """A step's first forward on rank 0 starts before its previous step's last backward ends

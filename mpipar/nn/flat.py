@@ -147,7 +147,7 @@ class PackedCopier:
 
     def __init__(self):
         self._key = None  # the arrays the plan was made for
-        self._plan = None  # [(flat view of a run, [(index, offset, shape)])]
+        self._plan = None  # [(flat view of a run, [(index, first, end, shape)])]
 
     def _make(self, arrays):
         order = sorted(range(len(arrays)), key=lambda i: _address(arrays[i]))
@@ -168,8 +168,8 @@ class PackedCopier:
             n = sum(v.size for v in views)
             flat = _flat_view(views, n) if _contiguous(views[0]) else None
             offs, off = [], 0
-            for i in run:
-                offs.append((i, off, arrays[i].shape))
+            for i in run:  # (index, first, end, shape): a copy makes each view with no sums
+                offs.append((i, off, off + arrays[i].size, arrays[i].shape))
                 off += arrays[i].size
             plan.append((flat, offs))
         return plan
@@ -181,17 +181,10 @@ class PackedCopier:
         out = [None] * len(arrays)
         for flat, offs in self._plan:
             if flat is None:  # not contiguous: a copy of its own
-                (i, _, _), = offs
+                (i, _, _, _), = offs
                 out[i] = arrays[i].copy()
                 continue
             buf = flat.copy()
-            for i, off, shape in offs:
-                out[i] = buf[off:off + _size(shape)].reshape(shape)
+            for i, lo, hi, shape in offs:
+                out[i] = buf[lo:hi].reshape(shape)
         return out
-
-
-def _size(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n

@@ -15,11 +15,13 @@ backward finds the same weights in place. Only the copies an UPDATE would overwr
 from __future__ import annotations
 
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 from ...nn.flat import PackedCopier
 from .actions import ScheduleError
 from .versions import weight_versions
+
+_IN_PLACE = nullcontext()  # (reusable: it holds nothing)
 
 
 class VersionStash:
@@ -69,14 +71,13 @@ class VersionStash:
         if not self.uses[(c, v)]:
             self.kept.pop((c, v), None)  # the stash holds it until the backward
 
-    @contextmanager
     def forward(self, mb, c, chunk):
-        """F(mb, c) with the weights ``keep`` stashed for it (swapped in unless current)."""
-        if self.saved[(mb, c)] is None or self.map[(mb, c)] == self.current[c]:
-            yield
-            return
-        with _swapped(self.params[c], self.saved[(mb, c)], zero=False):
-            yield
+        """The context F(mb, c) runs in: the weights ``keep`` stashed for it swapped in, or
+        nothing to do when they are the ones in place (most forwards: no generator made)."""
+        saved = self.saved[(mb, c)]
+        if saved is None or self.map[(mb, c)] == self.current[c]:
+            return _IN_PLACE
+        return _swapped(self.params[c], saved, zero=False)
 
     def swap_in(self, mb, c, chunk) -> list:
         """Before BW(mb, c): put in the weights F(mb, c) ran with (and zero the gradients when
