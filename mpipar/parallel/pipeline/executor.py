@@ -132,10 +132,10 @@ class PipelineExecutor:
 
     def run_range(self, lo, hi, st):
         """Actions ``lo`` to ``hi`` (excluded) of this rank's list (``run``'s whole list; a
-        continuous run's call, a stretch of one step's events at a time). ``dispatch``
-        inlined, each action's handler bound once: a small model's action is a few hundred
-        microseconds, and the Python between two actions runs with cold caches after a large
-        one (BENCHMARKS.md, the fitted per-action overhead)."""
+        continuous run's call, a stretch of one step's events at a time), each action's
+        handler bound once, no look-up or call per action beyond it: a small model's action is
+        a few hundred microseconds, and the Python between two actions runs with cold caches
+        after a large one (BENCHMARKS.md, the fitted per-action overhead)."""
         sends = st.sends
         for a, handler in self._bound[lo:hi]:
             beat(a)  # the watchdog names the action a stalled rank is blocked in
