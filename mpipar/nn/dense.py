@@ -30,9 +30,11 @@ import numpy as np
 from ..backend import array_module
 from . import cpu
 from . import functional as F
-from .layers import GELU, Linear, ReLU, Sequential
 
 _ndarray = np.ndarray
+# a leaf's part in a dense stack: its class's own ``dense_role`` (set in the class body, so a
+# subclass, which may compute something else, does not inherit it)
+LINEAR, RELU, GELU = "linear", "relu", "gelu"
 
 
 def _enabled() -> bool:
@@ -46,46 +48,29 @@ def _enabled() -> bool:
 # whether new Sequentials take the fast path where they qualify; MPIPAR_DENSE=0 turns it off
 # for a whole run (every rank), to compare with the layer path
 ENABLED = _enabled()
-RELU, GELU_ACT = "relu", "gelu"
-_PASSES = ("forward", "backward", "backward_first", "backward_input", "backward_no_dx",
-           "backward_weight", "drop", "in_flight", "children", "params")
 
 
-def _plain_container(seq) -> bool:
-    """A Sequential whose passes are all Sequential's own (a subclass may add attributes, as
-    the pipeline's Chunk does, but not change what a pass does)."""
-    cls = type(seq)
-    return all(getattr(cls, name) is getattr(Sequential, name) for name in _PASSES)
+def role(layer):
+    """``layer``'s part in a dense stack (LINEAR, RELU, GELU), or None."""
+    return vars(type(layer)).get("dense_role")
 
 
-def _leaves(seq, out) -> bool:
-    for layer in seq.layers:
-        if isinstance(layer, Sequential):
-            if not _plain_container(layer) or not _leaves(layer, out):
-                return False
-        else:
-            out.append(layer)
-    return True
-
-
-def dense_steps(seq) -> list | None:
-    """[(linear, activation layer or None, RELU / GELU_ACT / None)] in forward order when
-    ``seq`` qualifies for the fast path, else None."""
-    leaves: list = []
-    if not _plain_container(seq) or not _leaves(seq, leaves) or not leaves:
-        return None
+def dense_steps(leaves) -> list | None:
+    """[(linear, activation layer or None, RELU / GELU / None)] in forward order when the
+    leaves (in forward order, ``Sequential`` gathers them) are linears of a 2-D weight and a
+    1-D bias or none, each followed by at most one ReLU or GELU; else None."""
     steps: list = []
     for layer in leaves:
-        kind = type(layer)
-        if kind is Linear:
+        r = role(layer)
+        if r == LINEAR:
             if len(layer.w.shape) != 2 or (layer.b is not None and len(layer.b.shape) != 1):
                 return None
             steps.append([layer, None, None])
-        elif kind in (ReLU, GELU) and steps and steps[-1][1] is None:
-            steps[-1][1:] = [layer, RELU if kind is ReLU else GELU_ACT]
+        elif r in (RELU, GELU) and steps and steps[-1][1] is None:
+            steps[-1][1:] = [layer, RELU if r == RELU else GELU]  # ours: compared by `is`
         else:
             return None
-    return [tuple(s) for s in steps]
+    return [tuple(s) for s in steps] or None
 
 
 def _inline(m, k, n, itemsize) -> bool:

@@ -5,6 +5,7 @@ Re-exported by ``nn/layers.py`` (``from mpipar.nn.layers import Sequential`` kee
 
 from __future__ import annotations
 
+from . import dense
 from .base import Layer
 
 # how ``Sequential.backward`` runs a layer: its own backward (a Sequential that interleaves its
@@ -29,17 +30,34 @@ class Sequential(Layer):
         """Use the dense fast path where this stack qualifies (``on``), or the layers' own
         passes (``on=False``: to compare the two); None: ``dense.ENABLED`` (MPIPAR_DENSE).
         ``nested``: the Sequentials inside too. Returns whether this one now uses it."""
-        from . import dense  # dense.py builds on nn/layers.py, which imports this module
-
         if nested:
             for layer in self.layers:
                 if isinstance(layer, Sequential):
                     layer.set_dense(on)
         self._dense = None
         if dense.ENABLED if on is None else on:
-            steps = dense.dense_steps(self)
+            leaves = self._dense_leaves([])
+            steps = None if leaves is None else dense.dense_steps(leaves)
             self._dense = dense.DenseStack(steps) if steps else None
         return self._dense is not None
+
+    _PASSES = ("forward", "backward", "backward_first", "backward_input", "backward_no_dx",
+               "backward_weight", "drop", "in_flight", "children", "params")
+
+    def _dense_leaves(self, out):
+        """The leaf layers in forward order, when this Sequential and every one inside it run
+        Sequential's own passes (a subclass may add attributes, as the pipeline's Chunk does,
+        but not change a pass); else None."""
+        cls = type(self)
+        if any(getattr(cls, name) is not getattr(Sequential, name) for name in self._PASSES):
+            return None
+        for layer in self.layers:
+            if isinstance(layer, Sequential):
+                if layer._dense_leaves(out) is None:
+                    return None
+            else:
+                out.append(layer)
+        return out
 
     @property
     def path(self) -> str:
