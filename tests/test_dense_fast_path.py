@@ -264,3 +264,39 @@ def test_training_losses_are_those_of_the_layer_path(tmp_path, name, ranks, flag
     layers = _losses(tmp_path, name, ranks, flags, 0)
     fast = _losses(tmp_path, name, ranks, flags, 1)
     assert len(layers) == 3 and layers == fast
+
+
+# ----- the whole vocabulary's cross-entropy in fewer calls ----------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(32, 10), (8, 10), (1, 3), (2, 5, 7)])
+def test_cross_entropy_in_fewer_calls_has_the_same_bits(dtype, shape):
+    from mpipar.nn import losses
+
+    rng = np.random.default_rng(4)
+    logits = (rng.standard_normal(shape) * 3).astype(dtype)
+    targets = rng.integers(0, shape[-1], shape[:-1])
+    got = losses.cross_entropy_whole(logits.copy(), targets)
+    assert got is not None
+    for reduce in (losses._local, lambda x, op: x):  # unmasked and masked general paths
+        want = losses.cross_entropy_forward(logits.copy(), targets, 0, reduce)
+        assert got[0] == want[0]
+        assert np.array_equal(got[1][0], want[1][0])
+        g = losses.cross_entropy_backward((got[1][0].copy(), *got[1][1:]), 0.25)
+        w = losses.cross_entropy_backward((want[1][0].copy(), *want[1][1:]), 0.25)
+        assert g.shape == logits.shape and g.dtype == w.dtype and np.array_equal(g, w)
+    loss = losses.CrossEntropyLoss()  # the object takes it, and gives the same
+    assert loss.forward(logits.copy(), targets, 0, 0.5) == got[0]
+    assert np.array_equal(loss.backward(0),
+                          losses.cross_entropy_backward((got[1][0].copy(), *got[1][1:]), 0.5))
+
+
+def test_cross_entropy_targets_outside_the_vocabulary_take_the_general_path():
+    from mpipar.nn import losses
+
+    logits = np.random.default_rng(5).standard_normal((4, 6))
+    for t in ([0, 6, 1, 2], [0, -1, 1, 2], np.array([0.0, 1.0, 2.0, 3.0])):
+        assert losses.cross_entropy_whole(logits.copy(), np.asarray(t)) is None
+    t = np.array([0, 7, 1, 2])  # the masked path: the outside target picks nothing
+    loss = losses.CrossEntropyLoss().forward(logits.copy(), t)
+    assert loss == losses.cross_entropy_forward(logits.copy(), t, 0, lambda x, op: x)[0]
