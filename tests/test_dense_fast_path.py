@@ -300,3 +300,32 @@ def test_cross_entropy_targets_outside_the_vocabulary_take_the_general_path():
     t = np.array([0, 7, 1, 2])  # the masked path: the outside target picks nothing
     loss = losses.CrossEntropyLoss().forward(logits.copy(), t)
     assert loss == losses.cross_entropy_forward(logits.copy(), t, 0, lambda x, op: x)[0]
+
+
+@pytest.mark.gpu
+def test_the_fast_path_on_cupy_equals_the_layers():
+    from mpipar.backend import cupy_available, to_numpy
+
+    ok, why = cupy_available()
+    if not ok:
+        pytest.skip(f"no GPU: {why}")
+    pair = []
+    for on in (False, True):
+        mcfg = types.SimpleNamespace(sizes=SIZES, activation="gelu", task="classification",
+                                     init_std=0.4, kind="mlp")
+        model = build_mlp(mcfg, Backend("cuda", "float64"))
+        chunk = Chunk(0, model.units, 0)
+        assert chunk.set_dense(on) is on
+        pair.append((model, chunk))
+    import cupy
+
+    x = cupy.asarray(_data(np.float64, 6, SIZES[0], 0))
+    t = cupy.asarray(np.arange(6) % SIZES[-1])
+    outs = []
+    for model, chunk in pair:
+        loss = model.loss.forward(chunk.forward(x, 0), t, 0, 0.5)
+        chunk.backward_first(model.loss.backward(0), 0)
+        outs.append((loss, [to_numpy(p.grad) for p in chunk.params()]))
+    assert outs[0][0] == outs[1][0]
+    for a, b in zip(outs[0][1], outs[1][1], strict=True):
+        assert np.array_equal(a, b)
