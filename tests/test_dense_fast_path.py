@@ -153,6 +153,16 @@ def test_inputs_of_more_axes_take_the_layer_path_with_the_same_bits():
     _same_grads(a, b)
 
 
+def test_inputs_of_another_dtype_than_the_weights_keep_the_kernels_choices():
+    (_, a), (_, b) = _pair(np.float64, 0, 5)
+    x, dy = _data(np.float32, 4, SIZES[0], 0), _data(np.float32, 4, SIZES[5], 0)
+    ys = [c.forward(x, 0) for c in (a, b)]
+    assert ys[0].dtype == ys[1].dtype and np.array_equal(*ys)
+    a.backward_first(dy, 0)
+    b.backward_first(dy, 0)
+    _same_grads(a, b)
+
+
 def test_a_large_product_goes_through_the_pool_with_the_same_bits():
     """Widths whose products are above the pool's size: cpu.product and cpu.matmul's
     accumulation through the buffer pool, on the fast path as on the layers'."""

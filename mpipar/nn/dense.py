@@ -90,16 +90,18 @@ class _Plan:
 
     def __init__(self, steps, rows, dtype):
         itemsize = np.dtype(dtype).itemsize
+        # weights of another dtype than the arrays (never in a run: one backend dtype) change
+        # the dtypes along the way: then nothing inline, the kernels decide as they do
+        same = all(lin.w.data.dtype == dtype for lin, _, _ in steps)
         self.forward = []
         for lin, act, kind in steps:
             k, n = lin.w.shape
-            same = lin.w.data.dtype == dtype
             self.forward.append((
                 lin, act, kind,
                 same and _inline(rows, k, n, itemsize),  # y = x @ W (+ b)
                 same and _inline(rows, n, k, itemsize),  # dx = dy @ W.T
                 same and _inline(k, rows, n, itemsize),  # dW += x.T @ dy
-                None if lin.b is None else F._ones(np, rows, dtype)))
+                None if lin.b is None or not same else F._ones(np, rows, dtype)))
         self.backward = self.forward[::-1]
         self.rest = self.backward[:-1]  # all but the first linear, in backward order
 
