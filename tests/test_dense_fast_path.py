@@ -4,6 +4,7 @@ executor drives a chunk (one or several micro-batches in flight, split B / W, th
 recomputation, the units called one by one); and it is the path taken where a stack qualifies."""
 
 import json
+import os
 import subprocess
 import sys
 import types
@@ -250,7 +251,7 @@ def _losses(tmp_path, name, ranks, flags, on):
     env = {**ONE_THREAD, "MPIPAR_DENSE": str(on)}
     args = [sys.executable, *TRAIN, *flags, "--out", str(out)]
     if ranks == 1:
-        full = {**__import__("os").environ, **env, "PYTHONPATH": str(REPO)}
+        full = {**os.environ, **env, "PYTHONPATH": str(REPO)}
         res = subprocess.run(args, env=full, cwd=REPO, capture_output=True, text=True,
                              timeout=120)
     else:
@@ -274,6 +275,16 @@ def test_training_losses_are_those_of_the_layer_path(tmp_path, name, ranks, flag
     layers = _losses(tmp_path, name, ranks, flags, 0)
     fast = _losses(tmp_path, name, ranks, flags, 1)
     assert len(layers) == 3 and layers == fast
+
+
+@pytest.mark.slow
+def test_the_microbenchmark_runs(tmp_path):
+    res = subprocess.run([sys.executable, str(REPO / "experiments" / "lean_chunk.py"), "--quick"],
+                         capture_output=True, text=True, timeout=120, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [line for line in res.stdout.splitlines() if line.startswith("| ") and "MLP" in line]
+    assert len(rows) == 3 and all(len(r.split("|")) == 8 for r in rows), res.stdout
 
 
 # ----- the whole vocabulary's cross-entropy in fewer calls ----------------------------------------
