@@ -164,6 +164,22 @@ def test_inputs_of_another_dtype_than_the_weights_keep_the_kernels_choices():
     _same_grads(a, b)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linears_without_bias_and_mixed_activations(dtype):
+    def stack():
+        pf = ParamFactory(Backend("cpu", np.dtype(dtype).name), seed=2, std=0.5)
+        return Sequential([Linear(pf, "a", 6, 5, bias=False), GELU("g"),
+                           Sequential([Linear(pf, "b", 5, 4), ReLU("r")]),
+                           Linear(pf, "c", 4, 3, bias=False), Linear(pf, "d", 3, 2)])
+    a, b = stack(), stack()
+    assert a.set_dense(False) is False and b.path == "dense"
+    for mb in range(2):
+        x, dy = _data(dtype, 3, 6, mb), _data(dtype, 3, 2, mb, seed=4)
+        assert np.array_equal(a.forward(x, mb), b.forward(x, mb))
+        assert np.array_equal(a.backward(dy, mb), b.backward(dy, mb))
+    _same_grads(a, b)
+
+
 def test_a_large_product_goes_through_the_pool_with_the_same_bits():
     """Widths whose products are above the pool's size: cpu.product and cpu.matmul's
     accumulation through the buffer pool, on the fast path as on the layers'."""
