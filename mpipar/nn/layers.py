@@ -67,6 +67,8 @@ class Linear(Layer):
     heads of q, k and v; the rank's shard is then viewed as a (d, 3 * d / tp) matrix.
     """
 
+    dense_role = "linear"  # nn/dense.py: a plain linear of a dense stack (not its subclasses)
+
     def __init__(self, pf: ParamFactory, name, d_in, d_out, bias=True,
                  w_spec=REPLICATED, b_spec=REPLICATED, std=None, w_shape=None, b_shape=None):
         super().__init__(name)
@@ -180,6 +182,8 @@ class LayerNorm(Layer):
 
 
 class GELU(Layer):
+    dense_role = "gelu"  # nn/dense.py
+
     def forward(self, x, mb=0):
         y, t = F.gelu_forward(x)
         self._ctx[mb] = (x, t)
@@ -191,6 +195,8 @@ class GELU(Layer):
 
 
 class ReLU(Layer):
+    dense_role = "relu"  # nn/dense.py
+
     def forward(self, x, mb=0):
         self._ctx[mb] = x
         return F.relu_forward(x)

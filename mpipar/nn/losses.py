@@ -13,6 +13,8 @@ tp. Both run the same operations in the same order.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..backend import array_module
 
 
@@ -69,14 +71,56 @@ def cross_entropy_forward(logits, targets, lo=0, reduce=_local):
     return loss, (e, local_t, inside, logits.shape)
 
 
+_ARANGE: dict = {}  # n -> a read-only np.arange(n): the row index of every pick
+
+
+def _rows(n):
+    r = _ARANGE.get(n)
+    if r is None:
+        if len(_ARANGE) > 64:  # micro-batch sizes come and go (evaluation, resumes)
+            _ARANGE.clear()
+        r = _ARANGE[n] = np.arange(n)
+        r.flags.writeable = False
+    return r
+
+
+def cross_entropy_whole(logits, targets):
+    """``cross_entropy_forward`` for NumPy logits holding the whole vocabulary, when every
+    target lies in it; None otherwise (the caller then takes the general function). The same
+    operations on the same values, so the same bits (tests/test_dense_fast_path.py), in fewer
+    calls: a small model computes its loss per micro-batch, on a few rows of a few classes,
+    where each NumPy call's fixed cost is most of the time. The row max keeps its axis (no
+    ``[:, None]`` view), the row index is made once per row count, no array-module look-ups."""
+    v = logits.shape[-1]
+    z = logits if logits.ndim == 2 else logits.reshape(-1, v)
+    t = targets if type(targets) is np.ndarray else np.asarray(targets)
+    if t.ndim != 1:
+        t = t.reshape(-1)
+    n = z.shape[0]
+    if not n or t.shape[0] != n or t.dtype.kind not in "iu" or t.max() >= v or (
+            t.dtype.kind == "i" and t.min() < 0):
+        return None
+    e = z - z.max(axis=1, keepdims=True)
+    rows = _rows(n)
+    picked = e[rows, t]
+    np.exp(e, out=e)
+    sumexp = e.sum(axis=1)
+    loss = float((np.log(sumexp) - picked).mean())
+    e /= sumexp[:, None]  # e is now the softmax
+    return loss, (e, t, None, logits.shape)
+
+
 def cross_entropy_backward(ctx, scale=1.0):
     """d(scale * mean CE)/dlogits = scale * (p - onehot) / N, in place in the saved softmax."""
     p, local_t, inside, shape = ctx
-    xp = array_module(p)
     n = p.shape[0]
-    p[xp.arange(n), local_t] -= 1 if inside is None else inside.astype(p.dtype)
+    if inside is None and type(p) is np.ndarray:  # the whole vocabulary, on NumPy
+        p[_rows(n), local_t] -= 1
+    else:
+        xp = array_module(p)
+        p[xp.arange(n), local_t] -= 1 if inside is None else inside.astype(p.dtype)
     p *= scale / n
-    return p.reshape(shape)
+    return p if p.shape == shape else p.reshape(shape)
 
 
 # ----- loss objects ---------------------------------------------------------------------------
@@ -123,11 +167,14 @@ class CrossEntropyLoss(Loss):
         return x
 
     def forward(self, logits, targets, mb=0, scale=1.0) -> float:
-        reduce = _local if type(self) is CrossEntropyLoss else self._reduce
-        loss, ctx = cross_entropy_forward(logits, targets, self._offset(logits.shape[-1]),
-                                          reduce)
-        self._ctx[mb] = (ctx, scale)
-        return loss
+        whole = type(self) is CrossEntropyLoss
+        out = cross_entropy_whole(logits, targets) if whole and type(logits) is np.ndarray \
+            else None
+        if out is None:  # a vocabulary slice (tp), CuPy, or a target outside the vocabulary
+            out = cross_entropy_forward(logits, targets, self._offset(logits.shape[-1]),
+                                        _local if whole else self._reduce)
+        self._ctx[mb] = (out[1], scale)
+        return out[0]
 
     def backward(self, mb=0):
         ctx, scale = self._ctx.pop(mb)
