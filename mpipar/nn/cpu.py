@@ -262,14 +262,22 @@ def product(xp, a, b, bias=None):
     same BLAS call, so the same bits) with no look-ups: a small model's layers call this per
     micro-batch, where the Python calls around a product are much of its cost."""
     m, n = a.shape[0], b.shape[1]
-    if xp is np and m * n * a.itemsize < POOL_MIN_BYTES and a.dtype == b.dtype:
-        t = _threads or kernel_threads()
-        if t <= 1 or m < 2 * t or m * a.shape[1] * n < PARALLEL_MIN_MNK:
-            out = np.matmul(a, b)
-            if bias is not None:
-                out += bias
-            return out
+    if xp is np and a.dtype == b.dtype and inline_product(m, a.shape[1], n, a.itemsize):
+        out = np.matmul(a, b)
+        if bias is not None:
+            out += bias
+        return out
     return matmul(xp, a, b, empty(xp, (m, n), a.dtype), bias=bias)
+
+
+def inline_product(m, k, n, itemsize) -> bool:
+    """Whether an (m, k) @ (k, n) NumPy product is made by one allocating ``matmul`` on the
+    calling thread (``product``'s small branch; below the pool's size ``matmul``'s
+    single-thread accumulation too): its output under the pool's size, and too small or too
+    short to share among the kernel threads. ``nn.dense`` asks the same question."""
+    t = _threads or kernel_threads()
+    return (m * n * itemsize < POOL_MIN_BYTES
+            and (t <= 1 or m < 2 * t or m * k * n < PARALLEL_MIN_MNK))
 
 
 def empty(xp, shape, dtype):

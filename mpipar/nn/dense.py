@@ -73,16 +73,6 @@ def dense_steps(leaves) -> list | None:
     return [tuple(s) for s in steps] or None
 
 
-def _inline(m, k, n, itemsize) -> bool:
-    """Whether ``cpu.product`` makes an (m, k) @ (k, n) product of NumPy arrays of one dtype
-    with one allocating ``matmul`` on the calling thread (its small-product branch, which also
-    decides ``cpu.matmul``'s single-thread accumulation below the pool's size): then the dense
-    path makes that same call itself. The rule and its constants are ``cpu``'s."""
-    t = cpu._threads or cpu.kernel_threads()
-    return (m * n * itemsize < cpu.POOL_MIN_BYTES
-            and (t <= 1 or m < 2 * t or m * k * n < cpu.PARALLEL_MIN_MNK))
-
-
 class _Plan:
     """For one micro-batch shape (rows, dtype) and kernel-thread count: per linear, in forward
     order, (linear, activation, kind, forward inline, input gradient inline, weight gradient
@@ -98,9 +88,9 @@ class _Plan:
             k, n = lin.w.shape
             self.forward.append((
                 lin, act, kind,
-                same and _inline(rows, k, n, itemsize),  # y = x @ W (+ b)
-                same and _inline(rows, n, k, itemsize),  # dx = dy @ W.T
-                same and _inline(k, rows, n, itemsize),  # dW += x.T @ dy
+                same and cpu.inline_product(rows, k, n, itemsize),  # y = x @ W (+ b)
+                same and cpu.inline_product(rows, n, k, itemsize),  # dx = dy @ W.T
+                same and cpu.inline_product(k, rows, n, itemsize),  # dW += x.T @ dy
                 None if lin.b is None or not same else F._ones(np, rows, dtype)))
         self.backward = self.forward[::-1]
         self.rest = self.backward[:-1]  # all but the first linear, in backward order
