@@ -31,8 +31,14 @@ tensor-parallel rank (1D Megatron cut, ``models.counts``):
 - core sharing (CPU specs, ``cores_per_node``; ``plan.sharing``): a node running more ranks
   than it has cores gives each rank cores / ranks of one (MPI waits poll, so an idle rank still
   holds its core): every CPU cost (units, optimizer, executor) is divided by that share; links
-  are not; and each collective call (tp's in the blocks, dp's per bucket, the gradient norm's)
-  spins half a scheduler slice for each time a partner is off its core (``cosched_wait``);
+  are not. A collective's wait for a partner that is off its core is that partner's share
+  being given to another rank, already counted by the division: no wait on top (the dumps of
+  4 ranks on 2 cores: a tp rank's own compute per step is 0.9-1.3 x its compute on a core of
+  its own, its tp calls hold the rest, where a rank without tp computes 2.0-2.8 x as long); the
+  wait of half a scheduler slice per call (``cosched_wait``) is shown beside, not added;
+- tp all-reduces: two in each block's F and two in its B (``T d`` values), and, from the
+  vocab-parallel embedding and head, one in the embedding's F, one in the head's B (its input
+  gradient) and the loss's three of ``T`` values in the head's F (max, sum of exps, target);
 - dp replicas (``plan.replicas``): one replica is simulated; the step adds the wait for the
   slowest of the ``dp`` replicas, from the spec's ``step_cv`` (``replica_wait``);
 - dp: each chunk's gradients all-reduced in ``bucket_mb`` buckets (latency per bucket, ring
@@ -264,13 +270,14 @@ def action_floor(c: Cluster) -> tuple[float, float]:
 
 def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,  # noqa: C901
                ranks_per_node: int | None = None, floor: tuple | None = None,
-               share: bool = True, cosched: bool = True, warm: bool = True,
+               share: bool = True, cosched: bool = False, warm: bool = True,
                outside_tp: bool = True):
     """The ``CostModel`` of the run's lowered schedule ``sched``, from the spec (module doc).
     ``ranks_per_node``: default every rank of the run on one node (else the axes whose groups
     span nodes cost on ``[inter_node]``, ``placement.axis_links``); ``floor``: the executor's
     (F, backward) in-event floor, default ``action_floor``; ``share`` False: without the
-    terms of ranks sharing cores (``plan.sharing``), ``cosched`` False: time sharing only;
+    terms of ranks sharing cores (``plan.sharing``), ``cosched`` True: each collective call
+    also waits ``cosched_wait`` (shown beside the plan, not in it: module doc);
     ``warm`` False: every rank's OPT region at its cold costs (``opt_warm``); ``outside_tp``
     False: the blocks' tp all-reduces only (``unit_costs``)."""
     from mpipar.analysis.memory_model import chunk_bounds
@@ -306,8 +313,8 @@ def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,  # noqa: C90
         fwd, bwd_in = fwd + floor_f, bwd_in + floor_b
         for op, val in (("F", fwd), ("B", bwd_in), ("W", wgt), ("BW", bwd_in + wgt)):
             model.per_unit[(p, chunk, op)] = val
-        # each of a block's tp all-reduces (2 in F, 2 in B, 2 more when B redoes F) spins for
-        # its partners: added after the time sharing below (a spin is wall time, not work)
+        # with ``cosched``, each tp all-reduce (2 more per block when B redoes F) spins for its
+        # partners: added after the time sharing below (a spin is wall time, not work)
         f_calls = sum(u["tp_calls"][0] for u in us)
         b_calls = sum(u["tp_calls"][1] for u in us) + (f_calls if recompute == "full" else 0)
         spins[(p, chunk)] = (f_calls * wait(tp), b_calls * wait(tp))
@@ -374,14 +381,15 @@ def _boundary(config, grid, boundary_values) -> float:
 
 
 def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | None = None,
-            with_floor: bool = True, with_share: bool = True, with_cosched: bool = True,
+            with_floor: bool = True, with_share: bool = True, with_cosched: bool = False,
             with_warm: bool = True, with_replicas: bool = True,
             with_outside_tp: bool = True) -> dict:
     """{step, bubble, bubble_step, compute[p], comm[p], overhead[p], memory[p] | None,
     memory_parts} of the run ``config`` on ``grid`` (dp, pp, tp), from the spec alone
     (``ranks_per_node``: default all ranks on one node; ``with_floor`` False: without the
     executor's in-event floor, ``action_floor``; ``with_share`` False: without the terms of
-    ranks sharing cores, ``plan.sharing``; ``with_cosched`` False: its time sharing only;
+    ranks sharing cores, ``plan.sharing``; ``with_cosched`` True: each collective also
+    waits half a slice for partners off their cores, ``cosched_wait``, not in the plan;
     ``with_warm`` False: the OPT region cold on every rank, ``opt_warm``; ``with_replicas``
     False: without the dp replicas' wait for the slowest, ``plan.replicas``;
     ``with_outside_tp`` False: the blocks' tp all-reduces only, ``unit_costs``)."""
