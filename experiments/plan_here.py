@@ -19,7 +19,8 @@ between two quiet single runs), and puts side by side:
   cores), ``slice_wait_ms`` (the plan if each collective of ranks sharing cores also waited
   half a scheduler slice for its partners, ``plan.sharing.cosched_wait``: not in the plan),
   ``blocks_tp_ms`` (with the blocks' tp all-reduces only: without the embedding's, the
-  head's and the loss's),
+  head's and the loss's), ``no_slowdown_ms`` (ranks sharing cores at their bare share, without
+  the spec's measured ``shared_slowdown``, ``plan.oversub``),
   ``runtime_mib`` (memory the MPI runtime, BLAS and allocator touch during the steps,
   measured once on the probe run), ``trace_mib`` (the timing dump's events held in memory)
   and ``cold_opt_ms`` (every rank's OPT region at its cold costs: without the warm costs a
@@ -72,8 +73,8 @@ NAME = "plan_here"
 COLUMNS = ["table", "model", "grid", "schedule", "v", "m", "recompute", "step_ms",
            "spread_pct", "mean_ms", "planned_ms", "step_err_pct", "near_ms", "near_err_pct",
            "band_lo_ms", "band_hi_ms", "in_band", "no_floor_ms", "slice_wait_ms", "blocks_tp_ms",
-           "no_share_ms", "cold_opt_ms", "no_replica_ms", "mem_mib", "planned_mib",
-           "mem_err_pct", "runtime_mib", "trace_mib", "ok"]
+           "no_slowdown_ms", "no_share_ms", "cold_opt_ms", "no_replica_ms", "mem_mib",
+           "planned_mib", "mem_err_pct", "runtime_mib", "trace_mib", "ok"]
 STEP_PCT, MEM_PCT, PICK_PCT, SPEARMAN = 10.0, 10.0, 5.0, 0.8
 MODELS = {"tiny": "tiny.toml", "gpt8": "exp_bubble.toml", "mlp": "mlp.toml"}
 STEPS, QUICK_STEPS = 16, 3
@@ -238,6 +239,7 @@ def measure_row(args, out: Path, row, specs, table: str, ranks_per_node=None) ->
     alone = planned(run.config, run.grid, cluster, ranks_per_node, with_share=False)
     spin = planned(run.config, run.grid, cluster, ranks_per_node, with_cosched=True)
     blocks_tp = planned(run.config, run.grid, cluster, ranks_per_node, with_outside_tp=False)
+    bare_share = planned(run.config, run.grid, cluster, ranks_per_node, with_slowdown=False)
     cold = planned(run.config, run.grid, cluster, ranks_per_node, with_warm=False)
     lone = planned(run.config, run.grid, cluster, ranks_per_node, with_replicas=False)
     busiest = int(np.argmax(pl["memory"])) if pl.get("memory") else None
@@ -249,6 +251,7 @@ def measure_row(args, out: Path, row, specs, table: str, ranks_per_node=None) ->
          "mean_ms": 1e3 * float(np.median(means)),
          "planned_ms": 1e3 * pl["step"], "no_floor_ms": 1e3 * bare["step"],
          "slice_wait_ms": 1e3 * spin["step"], "blocks_tp_ms": 1e3 * blocks_tp["step"],
+         "no_slowdown_ms": 1e3 * bare_share["step"],
          "no_share_ms": 1e3 * alone["step"],
          "cold_opt_ms": 1e3 * cold["step"], "no_replica_ms": 1e3 * lone["step"],
          "mem_mib": _mib(float(np.median(mems))) if mems else None,
@@ -326,7 +329,8 @@ def one_node_tables(args, out: Path, base: dict) -> tuple[list[dict], dict]:
 TERMS = ("planned = plan.here: unit floor + GEMM + k x element-wise per phase ([units]), the "
          "executor's in-event floor per compute action (no_floor_ms: without it), executor "
          "costs ([executor]), core sharing when a node runs more ranks than it has cores "
-         "(no_share_ms: without it; slice_wait_ms: with each collective also waiting half a "
+         "(no_share_ms: without it; no_slowdown_ms: the bare share, without the measured "
+         "shared_slowdown; slice_wait_ms: with each collective also waiting half a "
          "scheduler slice, not in the plan), tp all-reduces of the blocks, the embedding, "
          "the head and the loss (blocks_tp_ms: the blocks' only), the OPT region warm where a "
          "rank's optimizer state fits its core's cache (cache_mb; cold_opt_ms: cold "

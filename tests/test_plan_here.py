@@ -250,6 +250,34 @@ def test_collectives_of_ranks_sharing_cores_wait_for_their_partners(tmp_path):
     assert shared["step"] > 1.9 * alone["step"]  # the time sharing: half a core each
 
 
+def test_shared_slowdown_divides_the_share_of_ranks_beyond_the_cores(tmp_path):
+    """plan.oversub's measured factor: with more ranks than cores every CPU cost grows by it
+    on top of the time sharing; with a core per rank it changes nothing; a spec without it
+    reads as 1 (and a factor below 1 as 1: a share is never more than the cores give)."""
+    import dataclasses
+
+    from mpipar.plan.sharing import core_share
+
+    c = dataclasses.replace(_cluster(tmp_path, ""), cores_per_node=2)
+    assert c.shared_slowdown == 1.0
+    slow = dataclasses.replace(c, shared_slowdown=1.25)
+    assert core_share(slow, 4) == pytest.approx(0.5 / 1.25)
+    assert core_share(slow, 4, slowdown=False) == core_share(c, 4) == 0.5
+    assert core_share(slow, 2) == 1.0
+    gpt = {"model": {"kind": "gpt", "vocab_size": 256, "block_size": 32, "n_layer": 2,
+                     "n_embd": 32, "n_head": 2},
+           "train": {"batch_size": 8, "seq_len": 32, "dtype": "float32"},
+           "parallel": {"schedule": "1f1b", "microbatches": 2}}
+    four, two = {"dp": 4, "pp": 1, "tp": 1}, {"dp": 2, "pp": 1, "tp": 1}
+    got, bare = planned(gpt, four, slow), planned(gpt, four, slow, with_slowdown=False)
+    assert bare["step"] == pytest.approx(planned(gpt, four, c)["step"])
+    assert max(got["compute"]) == pytest.approx(1.25 * max(bare["compute"]), rel=1e-6)
+    assert planned(gpt, two, slow)["step"] == pytest.approx(planned(gpt, two, c)["step"])
+    path = tmp_path / "slow.toml"
+    path.write_text("shared_slowdown = 0.8\n" + SPEC)
+    assert load_cluster(str(path)).shared_slowdown == 1.0
+
+
 def test_tp_all_reduces_outside_the_blocks():
     """The vocab-parallel embedding all-reduces in F, the head in B (its input gradient), the
     loss three times in F (T values each); the blocks twice in F and twice in B (T d values);

@@ -28,14 +28,15 @@ tensor-parallel rank (1D Megatron cut, ``models.counts``):
   the pools, the trace): ``action_floor``, the probe run's measured mean F and backward per
   chunk (``[executor] probe_f_us`` / ``probe_b_us``, ``measure.PROBE``) less what this model
   gives that run without it; added to every chunk's F and B (backward-input, or the fused BW);
-- core sharing (CPU specs, ``cores_per_node``; ``plan.sharing``): a node running more ranks
-  than it has cores gives each rank cores / ranks of one (MPI waits poll, so an idle rank still
-  holds its core): every CPU cost (units, optimizer, executor) is divided by that share; links
-  are not. A collective's wait for a partner that is off its core is that partner's share
-  being given to another rank, already counted by the division: no wait on top (the dumps of
-  4 ranks on 2 cores: a tp rank's own compute per step is 0.9-1.3 x its compute on a core of
-  its own, its tp calls hold the rest, where a rank without tp computes 2.0-2.8 x as long); the
-  wait of half a scheduler slice per call (``cosched_wait``) is shown beside, not added;
+- core sharing (CPU specs, ``cores_per_node``; ``plan.sharing``): a node running more ranks than
+  it has cores gives each rank cores / ranks of one (MPI waits poll, so an idle rank still holds
+  its core), over the spec's measured ``shared_slowdown`` (``plan.oversub``): every CPU cost
+  (units, optimizer, executor) is divided by that share; links are not. A collective's wait for
+  a partner that is off its core is that partner's share being given to another rank, already
+  counted by the division: no wait on top (the dumps of 4 ranks on 2 cores: a tp rank's own
+  compute per step is 0.9-1.3 x its compute on a core of its own, its tp calls hold the rest,
+  where a rank without tp computes 2.0-2.8 x as long); the wait of half a scheduler slice per
+  call (``cosched_wait``) is shown beside, not added;
 - tp all-reduces: two in each block's F and two in its B (``T d`` values), and, from the
   vocab-parallel embedding and head, one in the embedding's F, one in the head's B (its input
   gradient) and the loss's three of ``T`` values in the head's F (max, sum of exps, target);
@@ -271,7 +272,7 @@ def action_floor(c: Cluster) -> tuple[float, float]:
 def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,  # noqa: C901
                ranks_per_node: int | None = None, floor: tuple | None = None,
                share: bool = True, cosched: bool = False, warm: bool = True,
-               outside_tp: bool = True):
+               outside_tp: bool = True, slowdown: bool = True):
     """The ``CostModel`` of the run's lowered schedule ``sched``, from the spec (module doc).
     ``ranks_per_node``: default every rank of the run on one node (else the axes whose groups
     span nodes cost on ``[inter_node]``, ``placement.axis_links``); ``floor``: the executor's
@@ -279,7 +280,8 @@ def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,  # noqa: C90
     terms of ranks sharing cores (``plan.sharing``), ``cosched`` True: each collective call
     also waits ``cosched_wait`` (shown beside the plan, not in it: module doc);
     ``warm`` False: every rank's OPT region at its cold costs (``opt_warm``); ``outside_tp``
-    False: the blocks' tp all-reduces only (``unit_costs``)."""
+    False: the blocks' tp all-reduces only (``unit_costs``); ``slowdown`` False: the share
+    without the spec's ``shared_slowdown`` (``plan.oversub``)."""
     from mpipar.analysis.memory_model import chunk_bounds
     from mpipar.models.counts import boundary_values
     from mpipar.parallel.pipeline.simulate import CostModel
@@ -337,7 +339,7 @@ def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,  # noqa: C90
     # the gradient-norm all-reduce
     model.sync = links["world"].latency + wait(world) if world > 1 else 0.0
     model.step_pre, model.step_post = ex.get("step_pre", 0.0), ex.get("step_post", 0.0)
-    frac = core_share(c, node) if share else 1.0
+    frac = core_share(c, node, slowdown) if share else 1.0
     if frac < 1:
         model.per_unit = {k: t / frac for k, t in model.per_unit.items()}
         model.optimizer = {k: t / frac for k, t in model.optimizer.items()}
@@ -383,7 +385,7 @@ def _boundary(config, grid, boundary_values) -> float:
 def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | None = None,
             with_floor: bool = True, with_share: bool = True, with_cosched: bool = False,
             with_warm: bool = True, with_replicas: bool = True,
-            with_outside_tp: bool = True) -> dict:
+            with_outside_tp: bool = True, with_slowdown: bool = True) -> dict:
     """{step, bubble, bubble_step, compute[p], comm[p], overhead[p], memory[p] | None,
     memory_parts} of the run ``config`` on ``grid`` (dp, pp, tp), from the spec alone
     (``ranks_per_node``: default all ranks on one node; ``with_floor`` False: without the
@@ -392,7 +394,8 @@ def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | No
     waits half a slice for partners off their cores, ``cosched_wait``, not in the plan;
     ``with_warm`` False: the OPT region cold on every rank, ``opt_warm``; ``with_replicas``
     False: without the dp replicas' wait for the slowest, ``plan.replicas``;
-    ``with_outside_tp`` False: the blocks' tp all-reduces only, ``unit_costs``)."""
+    ``with_outside_tp`` False: the blocks' tp all-reduces only, ``unit_costs``;
+    ``with_slowdown`` False: ranks sharing cores at their bare share, ``plan.oversub``)."""
     from mpipar.analysis.memory_model import chunk_bounds
     from mpipar.analysis.predict import expected_outcomes
     from mpipar.parallel.pipeline.generators import build_schedule
@@ -408,7 +411,7 @@ def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | No
     sched = lower(build_schedule(kind, pp, m, virtual_stages=v))
     model = cost_model(config, grid, cluster, sched, v, ranks_per_node,
                        None if with_floor else (0.0, 0.0), with_share, with_cosched,
-                       with_warm, with_outside_tp)
+                       with_warm, with_outside_tp, with_slowdown)
     out = expected_outcomes(sched, [[model]], [0])[0]
     # one replica simulated: the step's wait for the slowest of the dp replicas on top
     out["replica_wait"] = (replica_wait(cluster, int(grid.get("dp", 1)), max(out["compute"]))

@@ -4,9 +4,10 @@ Derived from the spec (cores per node, measured) and the run (ranks per node, kn
 here is fitted to a run:
 
 - **time sharing** (``core_share``): MPI waits poll, so every rank holds a core all the time,
-  waiting or not, and each gets ``cores / ranks`` of one: every CPU cost (units, optimizer,
-  executor) is divided by that share. Links are not (what a transfer costs is not the
-  polling rank's).
+  waiting or not, and each gets ``cores / ranks`` of one, less by the spec's measured
+  ``shared_slowdown`` (``plan.oversub``: processes sharing cores compute slower than their
+  share): every CPU cost (units, optimizer, executor) is divided by that share. Links are not
+  (what a transfer costs is not the polling rank's).
 - **co-scheduling** (``cosched_wait``; shown beside a plan, not in it): a collective completes
   only while all its members are on a core together; point-to-point messages do not need that
   (they are buffered: a sender leaves, the receiver finds the data when it next runs). The
@@ -48,11 +49,13 @@ def sched_slice(cores: int) -> float:
     return BASE_SLICE_S * (1 + int(math.log2(max(1, min(cores, 8)))))
 
 
-def core_share(c: Cluster, ranks_per_node: int) -> float:
-    """The fraction of a core each rank gets (module doc); 1 without ``cores_per_node``."""
+def core_share(c: Cluster, ranks_per_node: int, slowdown: bool = True) -> float:
+    """The fraction of a core each rank gets (module doc), over the spec's measured
+    ``shared_slowdown`` (``plan.oversub``; ``slowdown`` False: without it); 1 without
+    ``cores_per_node``."""
     if c.cores_per_node <= 0 or ranks_per_node <= c.cores_per_node:
         return 1.0
-    return c.cores_per_node / ranks_per_node
+    return c.cores_per_node / ranks_per_node / (c.shared_slowdown if slowdown else 1.0)
 
 
 def cosched_wait(c: Cluster, ranks_per_node: int, group: int) -> float:
