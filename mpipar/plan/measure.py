@@ -305,7 +305,7 @@ def measure(ranks: int = 2, inter_node: bool = False, quick: bool = False,
     cores = len(os.sched_getaffinity(0)) or os.cpu_count() or 1
     ex["sched_slice_us"] = sched_slice(cores)  # plan.sharing: a spinning rank's slice
     say(f"the reference GPT chain in 1, then {2 * cores} processes at once (plan/oversub.py) ...")
-    slowdown = shared_slowdown(cores, quick, timeout)
+    slowdown = shared_slowdown(cores, quick, timeout, dict(os.environ, **THREAD_ENV))
     say(f"  {2 * cores} processes on {cores} cores: {slowdown:.3f} x slower than their share")
     return {
         "name": "measured-" + os.uname().nodename,

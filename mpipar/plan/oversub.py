@@ -34,14 +34,10 @@ CHILD = (
 )
 
 
-def _start(repeats: int) -> subprocess.Popen:
-    import os
-
-    from .measure import THREAD_ENV
-
+def _start(repeats: int, env: dict | None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", CHILD, str(repeats)], text=True,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=dict(os.environ, **THREAD_ENV))
+                            stderr=subprocess.PIPE, env=env)
 
 
 def _median_repeat(procs: list[subprocess.Popen], timeout: float) -> list[float]:
@@ -86,13 +82,15 @@ def _tail(p: subprocess.Popen) -> str:
             else f"exit {p.returncode}: {p.stderr.read()[-800:]}")
 
 
-def shared_slowdown(cores: int, quick: bool = False, timeout: float = 300.0) -> float:
+def shared_slowdown(cores: int, quick: bool = False, timeout: float = 300.0,
+                    env: dict | None = None) -> float:
     """The factor by which ``2 cores`` processes computing at once are slower than the share
-    ``cores / (2 cores)`` of one process alone gives (module doc); >= 1."""
+    ``cores / (2 cores)`` of one process alone gives (module doc); >= 1. ``env``: the
+    children's environment (``measure.THREAD_ENV``: one BLAS thread, as a rank runs)."""
     import statistics
 
     repeats = 4 if quick else REPEATS
-    alone = _median_repeat([_start(repeats)], timeout)[0]
-    procs = [_start(repeats) for _ in range(2 * max(cores, 1))]
+    alone = _median_repeat([_start(repeats, env)], timeout)[0]
+    procs = [_start(repeats, env) for _ in range(2 * max(cores, 1))]
     shared = statistics.median(_median_repeat(procs, timeout))
     return max(shared / (alone * 2), 1.0)
