@@ -16,7 +16,11 @@ between two quiet single runs), and puts side by side:
   calibrated path's simulator and memory model, costs from FLOPs, bytes and the spec). The
   terms added to the plain model are shown on every row: ``no_floor_ms`` (without the
   executor's in-event floor), ``no_share_ms`` (without core sharing: ranks beyond the node's
-  cores), ``no_wait_ms`` (time sharing, without the collectives' co-scheduling wait),
+  cores), ``slice_wait_ms`` (the plan if each collective of ranks sharing cores also waited
+  half a scheduler slice for its partners, ``plan.sharing.cosched_wait``: not in the plan),
+  ``blocks_tp_ms`` (with the blocks' tp all-reduces only: without the embedding's, the
+  head's and the loss's), ``no_slowdown_ms`` (ranks sharing cores at their bare share, without
+  the spec's measured ``shared_slowdown``, ``plan.oversub``),
   ``runtime_mib`` (memory the MPI runtime, BLAS and allocator touch during the steps,
   measured once on the probe run), ``trace_mib`` (the timing dump's events held in memory)
   and ``cold_opt_ms`` (every rank's OPT region at its cold costs: without the warm costs a
@@ -68,9 +72,9 @@ import common  # noqa: E402
 NAME = "plan_here"
 COLUMNS = ["table", "model", "grid", "schedule", "v", "m", "recompute", "step_ms",
            "spread_pct", "mean_ms", "planned_ms", "step_err_pct", "near_ms", "near_err_pct",
-           "band_lo_ms", "band_hi_ms", "in_band", "no_floor_ms", "no_wait_ms",
-           "no_share_ms", "cold_opt_ms", "no_replica_ms", "mem_mib", "planned_mib",
-           "mem_err_pct", "runtime_mib", "trace_mib", "ok"]
+           "band_lo_ms", "band_hi_ms", "in_band", "no_floor_ms", "slice_wait_ms", "blocks_tp_ms",
+           "no_slowdown_ms", "no_share_ms", "cold_opt_ms", "no_replica_ms", "mem_mib",
+           "planned_mib", "mem_err_pct", "runtime_mib", "trace_mib", "ok"]
 STEP_PCT, MEM_PCT, PICK_PCT, SPEARMAN = 10.0, 10.0, 5.0, 0.8
 MODELS = {"tiny": "tiny.toml", "gpt8": "exp_bubble.toml", "mlp": "mlp.toml"}
 STEPS, QUICK_STEPS = 16, 3
@@ -233,7 +237,9 @@ def measure_row(args, out: Path, row, specs, table: str, ranks_per_node=None) ->
     pl = planned(run.config, run.grid, cluster, ranks_per_node)
     bare = planned(run.config, run.grid, cluster, ranks_per_node, with_floor=False)
     alone = planned(run.config, run.grid, cluster, ranks_per_node, with_share=False)
-    spin = planned(run.config, run.grid, cluster, ranks_per_node, with_cosched=False)
+    spin = planned(run.config, run.grid, cluster, ranks_per_node, with_cosched=True)
+    blocks_tp = planned(run.config, run.grid, cluster, ranks_per_node, with_outside_tp=False)
+    bare_share = planned(run.config, run.grid, cluster, ranks_per_node, with_slowdown=False)
     cold = planned(run.config, run.grid, cluster, ranks_per_node, with_warm=False)
     lone = planned(run.config, run.grid, cluster, ranks_per_node, with_replicas=False)
     busiest = int(np.argmax(pl["memory"])) if pl.get("memory") else None
@@ -244,7 +250,9 @@ def measure_row(args, out: Path, row, specs, table: str, ranks_per_node=None) ->
          "spread_pct": 100 * (max(steps) - min(steps)) / step,
          "mean_ms": 1e3 * float(np.median(means)),
          "planned_ms": 1e3 * pl["step"], "no_floor_ms": 1e3 * bare["step"],
-         "no_wait_ms": 1e3 * spin["step"], "no_share_ms": 1e3 * alone["step"],
+         "slice_wait_ms": 1e3 * spin["step"], "blocks_tp_ms": 1e3 * blocks_tp["step"],
+         "no_slowdown_ms": 1e3 * bare_share["step"],
+         "no_share_ms": 1e3 * alone["step"],
          "cold_opt_ms": 1e3 * cold["step"], "no_replica_ms": 1e3 * lone["step"],
          "mem_mib": _mib(float(np.median(mems))) if mems else None,
          "planned_mib": _mib(parts.get("total")), "runtime_mib": _mib(parts.get("runtime")),
@@ -276,6 +284,8 @@ def rank_summary(rows: list[dict]) -> dict:
     return {"top_pick": f"{rows[pick]['grid']} {rows[pick]['schedule']}",
             "measured_best": f"{rows[best]['grid']} {rows[best]['schedule']}",
             "pick_gap_pct": gap, "spearman": rho,
+            # the ranking the co-scheduling wait would give (shown beside, not in the plan)
+            "spearman_slice_wait": spearman([r["slice_wait_ms"] for r in rows], meas),
             "ok": gap <= PICK_PCT and rho >= SPEARMAN}
 
 
@@ -312,7 +322,8 @@ def one_node_tables(args, out: Path, base: dict) -> tuple[list[dict], dict]:
               f"{len(got)}")
     print(f"ranking over {len(got_ranked)} layouts: planner's pick {summary['top_pick']}, "
           f"measured best {summary['measured_best']} (pick {summary['pick_gap_pct']:+.1f} % "
-          f"slower), Spearman {summary['spearman']:.2f}; "
+          f"slower), Spearman {summary['spearman']:.2f} ({summary['spearman_slice_wait']:.2f} "
+          "with slice_wait_ms); "
           f"{'meets' if summary['ok'] else 'misses'} the bounds")
     return got + got_ranked, {"ranking": summary, "one_node_ok": ok,
                               "samples": [note(s) for s in samples]}
@@ -321,10 +332,13 @@ def one_node_tables(args, out: Path, base: dict) -> tuple[list[dict], dict]:
 TERMS = ("planned = plan.here: unit floor + GEMM + k x element-wise per phase ([units]), the "
          "executor's in-event floor per compute action (no_floor_ms: without it), executor "
          "costs ([executor]), core sharing when a node runs more ranks than it has cores "
-         "(no_share_ms: without it; no_wait_ms: time sharing without the co-scheduling wait "
-         "of collectives), the OPT region warm where a rank's optimizer state fits its "
-         "core's cache (cache_mb; cold_opt_ms: cold everywhere), the dp replicas' wait for "
-         "the slowest (step_cv; no_replica_ms: without it), p2p/collective links; "
+         "(no_share_ms: without it; no_slowdown_ms: the bare share, without the measured "
+         "shared_slowdown; slice_wait_ms: with each collective also waiting half a "
+         "scheduler slice, not in the plan), tp all-reduces of the blocks, the embedding, "
+         "the head and the loss (blocks_tp_ms: the blocks' only), the OPT region warm where a "
+         "rank's optimizer state fits its core's cache (cache_mb; cold_opt_ms: cold "
+         "everywhere), the dp replicas' wait for the slowest (step_cv; no_replica_ms: without "
+         "it), p2p/collective links; "
          "memory: the memory model + the runtime's (runtime_mb) + the trace's; one spec for "
          "every row")
 

@@ -220,9 +220,10 @@ def test_optimizer_per_value_per_tensor_and_probe_floor(tmp_path):
 
 def test_collectives_of_ranks_sharing_cores_wait_for_their_partners(tmp_path):
     """plan.sharing: the chance that all partners run beside a running member, C(R-g, C-g) /
-    C(R-1, C-1); each collective call waits (1 - it) x half a slice; none with a core per rank.
-    A tp = 2 x dp = 2 run on 2 cores: its F and B grow by the tp calls' waits, its gradient
-    reduction by the buckets', on top of the time sharing."""
+    C(R-1, C-1); each collective call would wait (1 - it) x half a slice; none with a core per
+    rank. Shown beside the plan, not in it (MPICH's waits yield: the time sharing has charged
+    the wait): a tp = 2 x dp = 2 run on 2 cores with ``with_cosched`` grows by every tp call's
+    wait (the blocks', the embedding's, the head's, the loss's), the buckets' and the norm's."""
     import dataclasses
 
     from mpipar.plan.sharing import cosched_wait
@@ -239,13 +240,65 @@ def test_collectives_of_ranks_sharing_cores_wait_for_their_partners(tmp_path):
            "train": {"batch_size": 8, "seq_len": 32, "dtype": "float32"},
            "parallel": {"schedule": "1f1b", "microbatches": 2}}
     grid = {"dp": 2, "pp": 1, "tp": 2}
-    full = planned(gpt, grid, two)
-    shared = planned(gpt, grid, two, with_cosched=False)
+    spun = planned(gpt, grid, two, with_cosched=True)
+    shared = planned(gpt, grid, two)
     alone = planned(gpt, grid, two, with_share=False)
-    # 2 blocks x (2 in F + 2 in B) x 2 micro-batches tp calls, 1 bucket, the norm's all-reduce
-    waits = (2 * 4 * 2 + 1) * cosched_wait(two, 4, 2) + cosched_wait(two, 4, 4)
-    assert full["step"] - shared["step"] == pytest.approx(waits, rel=1e-6)
+    # per micro-batch: 2 blocks x (2 in F + 2 in B), the embedding's 1, the head's 1 and the
+    # loss's 3 tp calls; 2 micro-batches; 1 bucket; the norm's all-reduce
+    waits = ((2 * 4 + 5) * 2 + 1) * cosched_wait(two, 4, 2) + cosched_wait(two, 4, 4)
+    assert spun["step"] - shared["step"] == pytest.approx(waits, rel=1e-6)
     assert shared["step"] > 1.9 * alone["step"]  # the time sharing: half a core each
+
+
+def test_shared_slowdown_divides_the_share_of_ranks_beyond_the_cores(tmp_path):
+    """plan.oversub's measured factor: with more ranks than cores every CPU cost grows by it
+    on top of the time sharing; with a core per rank it changes nothing; a spec without it
+    reads as 1 (and a factor below 1 as 1: a share is never more than the cores give)."""
+    import dataclasses
+
+    from mpipar.plan.sharing import core_share
+
+    c = dataclasses.replace(_cluster(tmp_path, ""), cores_per_node=2)
+    assert c.shared_slowdown == 1.0
+    slow = dataclasses.replace(c, shared_slowdown=1.25)
+    assert core_share(slow, 4) == pytest.approx(0.5 / 1.25)
+    assert core_share(slow, 4, slowdown=False) == core_share(c, 4) == 0.5
+    assert core_share(slow, 2) == 1.0
+    gpt = {"model": {"kind": "gpt", "vocab_size": 256, "block_size": 32, "n_layer": 2,
+                     "n_embd": 32, "n_head": 2},
+           "train": {"batch_size": 8, "seq_len": 32, "dtype": "float32"},
+           "parallel": {"schedule": "1f1b", "microbatches": 2}}
+    four, two = {"dp": 4, "pp": 1, "tp": 1}, {"dp": 2, "pp": 1, "tp": 1}
+    got, bare = planned(gpt, four, slow), planned(gpt, four, slow, with_slowdown=False)
+    assert bare["step"] == pytest.approx(planned(gpt, four, c)["step"])
+    assert max(got["compute"]) == pytest.approx(1.25 * max(bare["compute"]), rel=1e-6)
+    assert planned(gpt, two, slow)["step"] == pytest.approx(planned(gpt, two, c)["step"])
+    path = tmp_path / "slow.toml"
+    path.write_text("shared_slowdown = 0.8\n" + SPEC)
+    assert load_cluster(str(path)).shared_slowdown == 1.0
+
+
+def test_tp_all_reduces_outside_the_blocks():
+    """The vocab-parallel embedding all-reduces in F, the head in B (its input gradient), the
+    loss three times in F (T values each); the blocks twice in F and twice in B (T d values);
+    none on one tp rank, none outside the blocks with ``outside_tp`` False."""
+    c = load_cluster("dgx-a100-80gb")
+    gpt = {"model": {"kind": "gpt", "vocab_size": 256, "block_size": 32, "n_layer": 2,
+                     "n_embd": 32, "n_head": 2},
+           "train": {"batch_size": 8, "seq_len": 32, "dtype": "float32"},
+           "parallel": {"schedule": "1f1b", "microbatches": 2}}
+    two = {"dp": 1, "pp": 1, "tp": 2}
+    units = unit_costs(gpt, two, c)
+    assert [u["tp_calls"] for u in units] == [(1, 0), (2, 2), (2, 2), (3, 1)]
+    embed, block, head = units[0], units[1], units[-1]
+    assert embed["tp_f"] == pytest.approx(block["tp_f"] / 2) and embed["tp_b"] == 0.0
+    # three all-reduces of T values: each no dearer than one of T d
+    assert head["tp_b"] == pytest.approx(block["tp_b"] / 2) and 0 < head["tp_f"] < 3 * embed["tp_f"]
+    bare = unit_costs(gpt, two, c, outside_tp=False)
+    assert [u["tp_calls"] for u in bare] == [(0, 0), (2, 2), (2, 2), (0, 0)]
+    assert all(u["tp_calls"] == (0, 0) and u["tp_f"] == u["tp_b"] == 0.0
+               for u in unit_costs(gpt, {"dp": 1, "pp": 1, "tp": 1}, c))
+    assert planned(gpt, two, c)["step"] > planned(gpt, two, c, with_outside_tp=False)["step"]
 
 
 @pytest.mark.slow
@@ -278,7 +331,8 @@ def test_plan_here_quick_repeats_rows_and_reports_medians(tmp_path):
     assert len(doc["rows"]) == 3 + 3 and doc["meta"]["repeats"] == 2
     for r in doc["rows"]:
         assert r["step_ms"] > 0 and r["spread_pct"] >= 0 and r["planned_ms"] > 0
-        assert r["no_share_ms"] <= r["no_wait_ms"] <= r["planned_ms"] + 1e-9
+        assert r["no_share_ms"] <= r["planned_ms"] <= r["slice_wait_ms"] + 1e-9
+        assert r["blocks_tp_ms"] <= r["planned_ms"] + 1e-9
         assert r["trace_mib"] > 0 and r["runtime_mib"] == 0  # the spec has no runtime_mb
         # planned from the median of the samples, the nearest one, and the band of them all
         assert r["band_lo_ms"] <= r["near_ms"] <= r["band_hi_ms"]

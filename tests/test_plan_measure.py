@@ -53,6 +53,8 @@ def test_measure_writes_a_spec_that_cluster_reads(tmp_path):
     # (plan.replicas)
     assert c.cache >= 0 and 0 <= c.step_cv < 1 and "OPT region" in done.stdout
     assert (c.cache > 0) == ("opt_value_warm" in dict(c.units))
+    # processes beyond the cores: slower than their share by a measured factor (plan.oversub)
+    assert c.shared_slowdown >= 1.0 and "processes at once" in done.stdout
 
 
 def test_measure_refuses_a_missing_out(tmp_path):

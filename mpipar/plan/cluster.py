@@ -53,6 +53,7 @@ class Cluster:
     runtime: float = 0.0  # bytes a rank's runtime touches during the steps (plan.memory_terms)
     cache: float = 0.0  # bytes of a core's own cache (CPU specs; plan.here's optimizer costs)
     step_cv: float = 0.0  # a rank's compute per step: std / mean (plan.replicas)
+    shared_slowdown: float = 1.0  # ranks beyond the cores: compute this much slower (oversub)
 
     def gemm_efficiency(self, smallest_dim: float) -> float:
         """Achievable fraction of peak for a GEMM whose smallest dimension per GPU is given:
@@ -137,6 +138,7 @@ def load_cluster(spec: str) -> Cluster:
         runtime=float(data.get("runtime_mb", 0.0)) * 2**20,
         cache=float(data.get("cache_mb", 0.0)) * 2**20,
         step_cv=float(data.get("step_cv", 0.0)),
+        shared_slowdown=max(float(data.get("shared_slowdown", 1.0)), 1.0),
         units=tuple(sorted((k.removesuffix("_us"), _get(data, f"units.{k}", where) * 1e-6)
                            for k in data.get("units", {}))),
     )

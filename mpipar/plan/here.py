@@ -28,11 +28,18 @@ tensor-parallel rank (1D Megatron cut, ``models.counts``):
   the pools, the trace): ``action_floor``, the probe run's measured mean F and backward per
   chunk (``[executor] probe_f_us`` / ``probe_b_us``, ``measure.PROBE``) less what this model
   gives that run without it; added to every chunk's F and B (backward-input, or the fused BW);
-- core sharing (CPU specs, ``cores_per_node``; ``plan.sharing``): a node running more ranks
-  than it has cores gives each rank cores / ranks of one (MPI waits poll, so an idle rank still
-  holds its core): every CPU cost (units, optimizer, executor) is divided by that share; links
-  are not; and each collective call (tp's in the blocks, dp's per bucket, the gradient norm's)
-  spins half a scheduler slice for each time a partner is off its core (``cosched_wait``);
+- core sharing (CPU specs, ``cores_per_node``; ``plan.sharing``): a node running more ranks than
+  it has cores gives each rank cores / ranks of one (MPI waits poll, so an idle rank still holds
+  its core), over the spec's measured ``shared_slowdown`` (``plan.oversub``): every CPU cost
+  (units, optimizer, executor) is divided by that share; links are not. A collective's wait for
+  a partner that is off its core is that partner's share being given to another rank, already
+  counted by the division: no wait on top (the dumps of 4 ranks on 2 cores: a tp rank's own
+  compute per step is 0.9-1.3 x its compute on a core of its own, its tp calls hold the rest,
+  where a rank without tp computes 2.0-2.8 x as long); the wait of half a scheduler slice per
+  call (``cosched_wait``) is shown beside, not added;
+- tp all-reduces: two in each block's F and two in its B (``T d`` values), and, from the
+  vocab-parallel embedding and head, one in the embedding's F, one in the head's B (its input
+  gradient) and the loss's three of ``T`` values in the head's F (max, sum of exps, target);
 - dp replicas (``plan.replicas``): one replica is simulated; the step adds the wait for the
   slowest of the ``dp`` replicas, from the spec's ``step_cv`` (``replica_wait``);
 - dp: each chunk's gradients all-reduced in ``bucket_mb`` buckets (latency per bucket, ring
@@ -92,10 +99,12 @@ def _gemm(c: Cluster, peak: float, flops: float, smallest: float) -> float:
     return flops / (peak * c.gemm_efficiency(max(smallest, 1.0))) if flops else 0.0
 
 
-def unit_costs(config: dict, grid: dict, c: Cluster, links: dict | None = None) -> list[dict]:
-    """Per model unit, one micro-batch on one tp rank: {gemm, core_gemm, mem, core_mem, tp,
-    params} in seconds (``params`` in values), as the module doc counts them. ``links``:
-    ``placement.axis_links``'s, default every rank on one node."""
+def unit_costs(config: dict, grid: dict, c: Cluster, links: dict | None = None,
+               outside_tp: bool = True) -> list[dict]:
+    """Per model unit, one micro-batch on one tp rank: {gemm, core_gemm, mem, core_mem, tp_f,
+    tp_b, tp_calls, params} in seconds (``params`` in values), as the module doc counts them.
+    ``links``: ``placement.axis_links``'s, default every rank on one node; ``outside_tp``
+    False: the blocks' tp all-reduces only (not the embedding's, the head's, the loss's)."""
     from mpipar.analysis.flops import model_kind, model_section
     from mpipar.analysis.memory_model import split_of
 
@@ -109,7 +118,7 @@ def unit_costs(config: dict, grid: dict, c: Cluster, links: dict | None = None) 
         sizes = [int(x) for x in m.get("sizes", [])]
         return [{"kind": "linear", "gemm": _gemm(c, peak, 2 * a * o * b, min(b, a, o)),
                  "core_gemm": 0.0,
-                 "mem": c.hbm_time(2 * s * b * (a + 3 * o)), "core_mem": 0.0, "tp": 0.0,
+                 "mem": c.hbm_time(2 * s * b * (a + 3 * o)), "core_mem": 0.0, **NO_TP,
                  "params": a * o + o, "tensors": 2, "loss": i == len(sizes) - 2}
                 for i, (a, o) in enumerate(zip(sizes[:-1], sizes[1:], strict=True))]
     if model_kind(config) != "gpt":
@@ -127,7 +136,7 @@ def unit_costs(config: dict, grid: dict, c: Cluster, links: dict | None = None) 
     counts = gpt_counts(dims, split, seq, selective)  # embedding, blocks, head
     for i, (u, unit) in enumerate(zip(counts, gpt_units(dims), strict=True)):
         kind = "embed" if i == 0 else ("head" if i == len(counts) - 1 else "block")
-        row = {"kind": kind, "gemm": 0.0, "core_gemm": 0.0, "core_mem": 0.0, "tp": 0.0,
+        row = {"kind": kind, "gemm": 0.0, "core_gemm": 0.0, "core_mem": 0.0, **NO_TP,
                "params": u.params, "tensors": _tensors(unit),
                # the attention probabilities (``u.core``) are the core's, counted apart
                "mem": c.hbm_time(2 * s * T * (u.stored - u.core + u.work) + u.id_bytes * T)}
@@ -138,9 +147,27 @@ def unit_costs(config: dict, grid: dict, c: Cluster, links: dict | None = None) 
             row["gemm"] = _gemm(c, peak, (u.flops - core) * T / tp, min(T, d / tp))
             row["core_gemm"] = _gemm(c, peak, core * T / tp, d / heads)
             row["core_mem"] = c.hbm_time(2 * s * T * u.core)
-            row["tp"] = 2 * _allreduce(coll, s * T * d, tp)
+            row |= _tp_calls(coll, s, T, d, tp, (2, 2))
+        if kind != "block" and outside_tp:  # the vocab-parallel embedding and head
+            row |= _tp_calls(coll, s, T, d, tp, (1, 0) if kind == "embed" else (0, 1),
+                             loss=kind == "head")
         out.append(row)
     return out
+
+
+NO_TP = {"tp_f": 0.0, "tp_b": 0.0, "tp_calls": (0, 0)}
+LOSS_REDUCES = 3  # the vocab-parallel loss: the logits' max, the sum of exps, the target logit
+
+
+def _tp_calls(coll, s: int, T: int, d: int, tp: int, calls: tuple, loss: bool = False) -> dict:
+    """{tp_f, tp_b, tp_calls}: a unit's tp all-reduces of ``T d`` values, ``calls`` (in F,
+    in B), plus with ``loss`` the loss's three of ``T`` values in F; none on one tp rank."""
+    if tp <= 1:
+        return dict(NO_TP)
+    big, small = _allreduce(coll, s * T * d, tp), _allreduce(coll, s * T, tp)
+    extra = LOSS_REDUCES if loss else 0
+    return {"tp_f": calls[0] * big + extra * small, "tp_b": calls[1] * big,
+            "tp_calls": (calls[0] + extra, calls[1])}
 
 
 def _tensors(unit) -> int:
@@ -215,7 +242,7 @@ def phase_times(u: dict, cal: dict, recompute: str) -> tuple[float, float, float
         t[ph] = floor + gemm + k * mem
         if u.get("loss") and ph in "fb":  # the MLP's last unit also runs the loss
             t[ph] += cal.get(("loss", ph), (0.0, 0.0))[0]
-    f, b = t["f"] + u["tp"], t["b"] + u["tp"]
+    f, b = t["f"] + u["tp_f"], t["b"] + u["tp_b"]
     if recompute == "full":
         b += f
     elif recompute == "selective":
@@ -244,20 +271,24 @@ def action_floor(c: Cluster) -> tuple[float, float]:
 
 def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,  # noqa: C901
                ranks_per_node: int | None = None, floor: tuple | None = None,
-               share: bool = True, cosched: bool = True, warm: bool = True):
+               share: bool = True, cosched: bool = False, warm: bool = True,
+               outside_tp: bool = True, slowdown: bool = True):
     """The ``CostModel`` of the run's lowered schedule ``sched``, from the spec (module doc).
     ``ranks_per_node``: default every rank of the run on one node (else the axes whose groups
     span nodes cost on ``[inter_node]``, ``placement.axis_links``); ``floor``: the executor's
     (F, backward) in-event floor, default ``action_floor``; ``share`` False: without the
-    terms of ranks sharing cores (``plan.sharing``), ``cosched`` False: time sharing only;
-    ``warm`` False: every rank's OPT region at its cold costs (``opt_warm``)."""
+    terms of ranks sharing cores (``plan.sharing``), ``cosched`` True: each collective call
+    also waits ``cosched_wait`` (shown beside the plan, not in it: module doc);
+    ``warm`` False: every rank's OPT region at its cold costs (``opt_warm``); ``outside_tp``
+    False: the blocks' tp all-reduces only (``unit_costs``); ``slowdown`` False: the share
+    without the spec's ``shared_slowdown`` (``plan.oversub``)."""
     from mpipar.analysis.memory_model import chunk_bounds
     from mpipar.models.counts import boundary_values
     from mpipar.parallel.pipeline.simulate import CostModel
 
     # which axes cross nodes (ranks_per_node, parallel.order): their links (``placement``)
     links = axis_links(c, grid, ranks_per_node, grid.get("order") or _get(config, "order"))
-    units = unit_costs(config, grid, c, links)
+    units = unit_costs(config, grid, c, links, outside_tp)
     dp, tp = int(grid.get("dp", 1)), int(grid.get("tp", 1))
     world = dp * sched.pp * tp
     node = ranks_per_node or world
@@ -284,11 +315,11 @@ def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,  # noqa: C90
         fwd, bwd_in = fwd + floor_f, bwd_in + floor_b
         for op, val in (("F", fwd), ("B", bwd_in), ("W", wgt), ("BW", bwd_in + wgt)):
             model.per_unit[(p, chunk, op)] = val
-        # each of a block's tp all-reduces (2 in F, 2 in B, 2 more when B redoes F) spins for
-        # its partners: added after the time sharing below (a spin is wall time, not work)
-        calls = sum(1 for u in us if u["tp"])
-        spins[(p, chunk)] = (2 * calls * wait(tp), (4 if recompute == "full" else 2) * calls
-                             * wait(tp))
+        # with ``cosched``, each tp all-reduce (2 more per block when B redoes F) spins for its
+        # partners: added after the time sharing below (a spin is wall time, not work)
+        f_calls = sum(u["tp_calls"][0] for u in us)
+        b_calls = sum(u["tp_calls"][1] for u in us) + (f_calls if recompute == "full" else 0)
+        spins[(p, chunk)] = (f_calls * wait(tp), b_calls * wait(tp))
         n = sum(u["params"] for u in us)
         params[p] = params.get(p, 0.0) + n
         tensors[p] = tensors.get(p, 0) + sum(u["tensors"] for u in us)
@@ -308,7 +339,7 @@ def cost_model(config: dict, grid: dict, c: Cluster, sched, v: int,  # noqa: C90
     # the gradient-norm all-reduce
     model.sync = links["world"].latency + wait(world) if world > 1 else 0.0
     model.step_pre, model.step_post = ex.get("step_pre", 0.0), ex.get("step_post", 0.0)
-    frac = core_share(c, node) if share else 1.0
+    frac = core_share(c, node, slowdown) if share else 1.0
     if frac < 1:
         model.per_unit = {k: t / frac for k, t in model.per_unit.items()}
         model.optimizer = {k: t / frac for k, t in model.optimizer.items()}
@@ -352,15 +383,19 @@ def _boundary(config, grid, boundary_values) -> float:
 
 
 def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | None = None,
-            with_floor: bool = True, with_share: bool = True, with_cosched: bool = True,
-            with_warm: bool = True, with_replicas: bool = True) -> dict:
+            with_floor: bool = True, with_share: bool = True, with_cosched: bool = False,
+            with_warm: bool = True, with_replicas: bool = True,
+            with_outside_tp: bool = True, with_slowdown: bool = True) -> dict:
     """{step, bubble, bubble_step, compute[p], comm[p], overhead[p], memory[p] | None,
     memory_parts} of the run ``config`` on ``grid`` (dp, pp, tp), from the spec alone
     (``ranks_per_node``: default all ranks on one node; ``with_floor`` False: without the
     executor's in-event floor, ``action_floor``; ``with_share`` False: without the terms of
-    ranks sharing cores, ``plan.sharing``; ``with_cosched`` False: its time sharing only;
+    ranks sharing cores, ``plan.sharing``; ``with_cosched`` True: each collective also
+    waits half a slice for partners off their cores, ``cosched_wait``, not in the plan;
     ``with_warm`` False: the OPT region cold on every rank, ``opt_warm``; ``with_replicas``
-    False: without the dp replicas' wait for the slowest, ``plan.replicas``)."""
+    False: without the dp replicas' wait for the slowest, ``plan.replicas``;
+    ``with_outside_tp`` False: the blocks' tp all-reduces only, ``unit_costs``;
+    ``with_slowdown`` False: ranks sharing cores at their bare share, ``plan.oversub``)."""
     from mpipar.analysis.memory_model import chunk_bounds
     from mpipar.analysis.predict import expected_outcomes
     from mpipar.parallel.pipeline.generators import build_schedule
@@ -376,7 +411,7 @@ def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | No
     sched = lower(build_schedule(kind, pp, m, virtual_stages=v))
     model = cost_model(config, grid, cluster, sched, v, ranks_per_node,
                        None if with_floor else (0.0, 0.0), with_share, with_cosched,
-                       with_warm)
+                       with_warm, with_outside_tp, with_slowdown)
     out = expected_outcomes(sched, [[model]], [0])[0]
     # one replica simulated: the step's wait for the slowest of the dp replicas on top
     out["replica_wait"] = (replica_wait(cluster, int(grid.get("dp", 1)), max(out["compute"]))

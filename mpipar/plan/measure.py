@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import PlanError
+from .oversub import shared_slowdown
 from .sharing import sched_slice
 
 SIZES = (32, 64, 128, 256, 512, 768)
@@ -303,6 +304,9 @@ def measure(ranks: int = 2, inter_node: bool = False, quick: bool = False,
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     cores = len(os.sched_getaffinity(0)) or os.cpu_count() or 1
     ex["sched_slice_us"] = sched_slice(cores)  # plan.sharing: a spinning rank's slice
+    say(f"the reference GPT chain in 1, then {2 * cores} processes at once (plan/oversub.py) ...")
+    slowdown = shared_slowdown(cores, quick, timeout, dict(os.environ, **THREAD_ENV))
+    say(f"  {2 * cores} processes on {cores} cores: {slowdown:.3f} x slower than their share")
     return {
         "name": "measured-" + os.uname().nodename,
         "gpus_per_node": ranks,
@@ -312,6 +316,7 @@ def measure(ranks: int = 2, inter_node: bool = False, quick: bool = False,
         "runtime_mb": runtime / 2**20,
         "cache_mb": rates["cache"] / 2**20,
         "step_cv": cv,
+        "shared_slowdown": slowdown,
         "peak_tflops": {"fp32": peak32 / 1e12, "fp64": peak64 / 1e12},
         "hbm": {"capacity_gb": _physical_memory() / 1e9, "bandwidth_gbs": mem / 1e9,
                 "efficiency": 1.0},
@@ -355,6 +360,8 @@ def to_toml(spec: dict) -> str:
         f"runtime_mb = {spec['runtime_mb']:.4g}   # MPI, BLAS, allocator: touched during steps",
         f"cache_mb = {spec['cache_mb']:.4g}   # a core's own cache: OPT warm when state fits",
         f"step_cv = {spec['step_cv']:.4g}   # a step's compute: std / mean (replicas' wait)",
+        f"shared_slowdown = {spec['shared_slowdown']:.4g}   # 2 x cores processes: slower than "
+        "their share",
     ]
     for sec in ("peak_tflops", "hbm", "intra_node", "inter_node", "collective", "gemm",
                 "executor", "units"):

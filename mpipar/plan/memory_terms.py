@@ -5,9 +5,10 @@ prediction takes from the dump and a plan must derive.
   plan counts the events a rank records per step from the lowered schedule, as the tracer
   records them: one per compute action (F, B, W, BW), one ``LOSS`` per micro-batch on the rank
   holding the last unit, one ``pp.send`` per send, ``pp.recv`` and two ``pp.wait`` per receive,
-  two tp all-reduces in each block's F and two in its B, ``dp.allreduce`` and ``dp.wait`` per
-  gradient bucket, and four per step (the gradient norm's all-reduce where there is more than
-  one rank, ``OPT``, ``STEP``, ``mem.peak``).
+  each tp all-reduce (``here.unit_costs``' ``tp_calls``: two in each block's F and two in its B,
+  the embedding's in F, the head's in B and the loss's three in F), ``dp.allreduce`` and
+  ``dp.wait`` per gradient bucket, and four per step (the gradient norm's all-reduce where there
+  is more than one rank, ``OPT``, ``STEP``, ``mem.peak``).
 - **runtime**: what the MPI runtime, BLAS and the allocator first touch during the steps
   (``memory_model``'s runtime term, ``with_runtime``), per rank: the spec's ``runtime_mb``,
   measured once on the probe run of ``mpipar plan measure`` (its measured peak less this
@@ -44,8 +45,10 @@ def trace_events(config: dict, grid: dict, sched, bounds: dict, units: list[dict
         for chunk, (lo, hi) in bounds.items():
             if sched.rank_of(chunk) != p:
                 continue
-            blocks = sum(1 for u in units[lo:hi] if u["tp"]) if tp > 1 else 0
-            n += m * blocks * (6 if full else 4)
+            if tp > 1:  # each tp all-reduce one event; full recomputation redoes F's
+                f_calls = sum(u["tp_calls"][0] for u in units[lo:hi])
+                b_calls = sum(u["tp_calls"][1] for u in units[lo:hi])
+                n += m * (b_calls + f_calls * (2 if full else 1))
             if dp > 1:
                 n += 2 * math.ceil(s * sum(u["params"] for u in units[lo:hi]) / limit)
         out.append(float(n))
