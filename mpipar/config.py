@@ -52,7 +52,7 @@ class TrainConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     momentum: float = 0.9
-    grad_clip: float = 1.0  # 0 disables
+    grad_clip: float = 1.0  # 0 disables clipping, and the gradient norm is then not computed
     eval_interval: int = 50  # 0 disables
     eval_batches: int = 4
     dtype: str = "float32"  # float32 | float64

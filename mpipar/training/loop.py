@@ -237,8 +237,9 @@ def _steps(cfg: Config, trainer: Trainer, lead: bool, flush, checkpoint, signals
                 pending = pending or (0 if last else stop)
             # every rank stops after the same step (the last one needs no agreement); a
             # lagged run agrees in its lagged reduction (``lagged``), with no meeting here
-            if not trainer.metrics_lag:
-                pending = pending or (0 if last else signals.agree())
+            if not trainer.metrics_lag and not last and not pending:
+                agreed = trainer.take_stop()  # carried by the step's norm-and-loss reduction
+                pending = agreed if agreed is not None else signals.agree()
             if pending and trainer.drained:
                 return history, val_loss, pending
             _periodic(cfg, i + 1, last, flush, checkpoint)

@@ -2,8 +2,9 @@
 ``scancel --signal=USR1``) asks the run to stop cleanly after the current step.
 
 The launcher delivers the signal to each rank at a slightly different time, so a rank must
-not act on it alone: once per step every rank contributes its flag to one all-reduce
-(``failfast.world_max``) and all stop after the same step, then write a checkpoint, flush the
+not act on it alone: once per step every rank contributes its flag to one all-reduce (the
+step's own reduction of the loss and gradient norm, ``shares`` / ``agree_from``, or
+``failfast.world_max``) and all stop after the same step, then write a checkpoint, flush the
 dump and exit with ``failfast.EXIT_PREEMPTED``.
 
 When: ``mpipar train`` installs the handlers before ``MPI_Init`` and again right after it

@@ -53,7 +53,8 @@ class Trainer:
         self.sync = GradSync(chunk_params, grid.dp_comm, backend, self.tp, bucket_mb=p.bucket_mb,
                              overlap=p.overlap_grad_sync, zero1=p.zero1)
         self._norm_params = None  # norm_params, listed at the first step
-        self.stop_signals = None  # the run's signals.StopSignals (lagged agreement)
+        self.stop_signals = None  # the run's signals.StopSignals (agreed in a step's reduction)
+        self._stop_agreed = None  # the stop the last step's reduction agreed on (take_stop)
         self.mode = STEP_CLASSES[run.mode](self)
         self.opt = self.mode.optimizer()
         # gradients ready: the executor calls GradSync directly (PipeDream reduces per update)
@@ -101,7 +102,15 @@ class Trainer:
             _ = self.norm_params  # lists them, and makes their LocalGradNorm
         return self._norm_sq()
 
+    @property
+    def norm_wanted(self) -> bool:
+        """Whether a step computes the gradient norm: only to clip by it (``train.grad_clip``
+        > 0), as Megatron-LM does; without clipping a step's ``grad_norm`` is NaN."""
+        return self.cfg.train.grad_clip > 0
+
     def grad_norm(self) -> float:
+        if not self.norm_wanted:
+            return math.nan
         sq = self.norm_sq_local()
         if self.sync.zero1:
             sq = self.grid.dp_comm.allreduce_scalar(sq, op="sum")
@@ -120,17 +129,30 @@ class Trainer:
         return self.grid.world_comm.allreduce_scalar(self._loss_share(losses), op="sum")
 
     def norm_and_loss(self, losses: dict) -> tuple[float, float]:
-        """``grad_norm()`` and ``global_loss(losses)`` in one world all-reduce of two numbers:
+        """``grad_norm()`` and ``global_loss(losses)`` in one world all-reduce of a few numbers:
         a small model's step pays per collective, not per byte. Replicas hold the same
         gradients, so only dp rank 0 adds its squares (all do with ZeRO-1: each holds a slice)."""
         g = self.grid
-        sq = self.norm_sq_local()
-        if not self.sync.zero1 and g.dp_rank != 0:
-            sq = 0.0
-        both = np.array([sq, self._loss_share(losses)], dtype=np.float64)
+        wanted = self.norm_wanted
+        # a replica's squares would be thrown away: they are not computed
+        sq = self.norm_sq_local() if wanted and (self.sync.zero1 or g.dp_rank == 0) else 0.0
+        # the stop agreement rides on the same all-reduce (summed per-signal counts): a small
+        # model's step then meets the other ranks once, not twice (``take_stop``)
+        sig = self.stop_signals
+        both = np.array([sq, self._loss_share(losses), *(sig.shares() if sig else ())],
+                        dtype=np.float64)
         if g.world_comm.size > 1:
             g.world_comm.allreduce(both, op="sum", inplace=True)
-        return math.sqrt(float(both[0])), float(both[1])
+        if sig is not None:
+            self._stop_agreed = sig.agree_from(both[2:])
+        return math.sqrt(float(both[0])) if wanted else math.nan, float(both[1])
+
+    def take_stop(self):
+        """The stop signal every rank agreed on in the last step's norm-and-loss reduction
+        (0: none), or None when that step had no such reduction (then ``StopSignals.agree``).
+        Read once: the next step agrees again."""
+        agreed, self._stop_agreed = self._stop_agreed, None
+        return agreed
 
     def forward_backward(self, until=None) -> dict:
         """This step's gradients (``until``: continuous runs, the last step of a run opening
