@@ -275,6 +275,12 @@ class Lean:
         return out
 
 
+def world_comm():
+    """A duplicate of the world: the loop's own communicator beside another library's."""
+    from mpi4py import MPI
+    return MPI.COMM_WORLD.Dup()
+
+
 def lean_phases(clock, lean):
     """Time the lean loop's phases (the names experiments/lean_phases.py compares)."""
     mod = globals()
