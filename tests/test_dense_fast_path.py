@@ -180,18 +180,31 @@ def test_linears_without_bias_and_mixed_activations(dtype):
     _same_grads(a, b)
 
 
-def test_a_large_product_goes_through_the_pool_with_the_same_bits():
-    """Widths whose products are above the pool's size: cpu.product and cpu.matmul's
-    accumulation through the buffer pool, on the fast path as on the layers'."""
-    sizes = [300, 160, 4]
-    (m_a, a), (m_b, b) = _pair(np.float32, 0, 2, sizes=sizes)
-    for mb in range(2):
-        x = _data(np.float32, 120, sizes[0], mb)
-        t = np.arange(120) % 4
-        for m, c in ((m_a, a), (m_b, b)):
-            m.loss.forward(c.forward(x, mb), t, mb, 0.5)
-            c.backward_first(m.loss.backward(mb), mb)
-    _same_grads(a, b)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_large_product_has_the_same_bits_on_one_thread_or_shared(threads):
+    """Products above the pool's size: on the layers, cpu.product and cpu.matmul's accumulation
+    through the buffer pool; on the fast path, one allocating matmul where the product is made
+    on the calling thread (one kernel thread), and the same shared cpu.matmul where two
+    kernel threads share it. The same bits either way."""
+    from mpipar.nn import cpu
+
+    sizes, rows = [512, 256, 4], 128  # the first linear's products: 128 * 512 * 256 >= 2^23
+    before = cpu.kernel_threads()
+    cpu.set_kernel_threads(threads)
+    try:
+        (m_a, a), (m_b, b) = _pair(np.float32, 0, 2, sizes=sizes)
+        for mb in range(2):
+            x = _data(np.float32, rows, sizes[0], mb)
+            t = np.arange(rows) % 4
+            for m, c in ((m_a, a), (m_b, b)):
+                m.loss.forward(c.forward(x, mb), t, mb, 0.5)
+                c.backward_first(m.loss.backward(mb), mb)
+        _same_grads(a, b)
+        (plan,) = b._dense._plans.values()  # the chunk's own stack: one micro-batch shape
+        first = plan.forward[0]
+        assert first[3] is first[5] is (threads == 1)  # forward, weight gradient: inline?
+    finally:
+        cpu.set_kernel_threads(before)
 
 
 def test_the_fast_path_is_the_one_taken(monkeypatch):
