@@ -1,10 +1,10 @@
-"""Which operation makes the lean loop's micro-batch faster than mpipar's dense path on wide
-layers: each operation that the two write differently, switched one at a time.
+"""Which operation makes the lean loop's micro-batch faster than mpipar's on wide layers: each
+operation that the two write differently, switched one at a time.
 
 The micro-batch is the lean loop's (``mpipar/mpi/bench/lean.py``: forward, softmax
 cross-entropy, backward with no input gradient for the first linear), written here once with
-each of these operations done either the lean loop's way or mpipar's (``nn/dense.py`` and the
-``nn/cpu.py`` kernels it calls for products too large to make inline):
+each of these operations done either the lean loop's way or the way of mpipar's layer path
+(``nn/cpu.py``'s kernels and buffer pool, ``nn/functional.py``):
 
 - ``fwd``: the forward product into a pooled buffer (``cpu.matmul(out=cpu.empty(...))``) vs an
   allocating ``x @ W``;
@@ -13,13 +13,16 @@ each of these operations done either the lean loop's way or mpipar's (``nn/dense
 - ``db``: the bias gradient as ``ones @ dy`` vs ``dy.sum(axis=0)``;
 - ``dx``: the input gradient into a pooled buffer vs an allocating ``dy @ W.T``.
 
-Variants: ``lean`` (every operation the lean way), ``mpipar`` (every one mpipar's way), and
-``+OP`` (the lean loop with only OP done mpipar's way). All run in turn, ``--rounds`` times
-``--reps`` micro-batches each, so that a slow moment of the machine hits all; the table is the
-median over the rounds of the microseconds per micro-batch, and each variant against ``lean``.
-One BLAS thread (set before NumPy loads).
+Variants: ``lean`` (every operation the lean way), ``layers`` (every one the layer path's way),
+and ``+OP`` (the lean loop with only OP done the layer path's way; the dense fast path,
+``nn/dense.py``, does ``relu`` and ``db`` that way and, on one kernel thread, the products the
+lean way). All run in turn, ``--rounds`` times ``--reps`` micro-batches each, so that a slow
+moment of the machine hits all; the table is the median over the rounds of the microseconds
+per micro-batch, the median over the rounds of each variant's time over ``lean``'s in the same
+round, the minor page faults per micro-batch, and each part's time for ``lean`` and ``layers``.
+One BLAS thread and one kernel thread (set before NumPy loads).
 
-    python experiments/lean_ops.py                 # 1024-wide MLP at batch 32 (~1 min)
+    python experiments/lean_ops.py                 # 1024-wide MLP at batch 32 (~30 s)
     python experiments/lean_ops.py --quick         # a smoke test (a few seconds)
 """
 
@@ -54,8 +57,8 @@ PARTS = ("fwd", "bias", "relu", "loss", "mask", "dw", "db", "dx")
 
 
 def micro_batch(params, grads, x, t, ours, acc):
-    """One micro-batch; the operations named in ``ours`` done mpipar's way. ``acc[part]`` gains
-    each part's seconds (``PARTS``; ``mask``: the ReLU's backward)."""
+    """One micro-batch; the operations named in ``ours`` done the layer path's way.
+    ``acc[part]`` gains each part's seconds (``PARTS``; ``mask``: the ReLU's backward)."""
     clock = time.perf_counter
     saved, n = [], len(params)
     t0 = clock()
@@ -113,7 +116,7 @@ def measure(sizes, rows, rounds, reps):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((rows, sizes[0])).astype(np.float32)
     t = rng.integers(0, sizes[-1], rows)
-    variants = {"lean": (), "mpipar": OPS, **{f"+{op}": (op,) for op in OPS}}
+    variants = {"lean": (), "layers": OPS, **{f"+{op}": (op,) for op in OPS}}
     scratch = dict.fromkeys(PARTS, 0.0)
     for ours in variants.values():  # warm-up: the pool, malloc's thresholds, BLAS
         for _ in range(3):
@@ -160,9 +163,9 @@ def main(argv=None):
     print("|---|---|---|---|")
     for k, (us, ratio, faults, _) in m.items():
         print(f"| {k} | {us:.1f} | {ratio:.3f} | {faults:.1f} |")
-    print("\nus per micro-batch by part, medians over the rounds (all lean vs all mpipar)")
-    print("| part | lean | mpipar | mpipar - lean |\n|---|---|---|---|")
-    lean, ours = m["lean"][3], m["mpipar"][3]
+    print("\nus per micro-batch by part, medians over the rounds")
+    print("| part | lean | layers | layers - lean |\n|---|---|---|---|")
+    lean, ours = m["lean"][3], m["layers"][3]
     for p in PARTS:
         print(f"| {p} | {lean[p]:.1f} | {ours[p]:.1f} | {ours[p] - lean[p]:+.1f} |")
 

@@ -316,6 +316,19 @@ def test_the_microbenchmark_runs(tmp_path):
     assert len(rows) == 3 and all(len(r.split("|")) == 8 for r in rows), res.stdout
 
 
+def test_the_per_operation_microbenchmark_runs():
+    """experiments/lean_ops.py on the small MLP: every variant and every part gets a row."""
+    res = subprocess.run([sys.executable, str(REPO / "experiments" / "lean_ops.py"), "--quick",
+                          "--small"], capture_output=True, text=True, timeout=120, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    names = [line.split("|")[1].strip() for line in res.stdout.splitlines()
+             if line.startswith("| ") and not line.startswith("| variant")
+             and not line.startswith("| part")]
+    assert names == ["lean", "layers", "+fwd", "+relu", "+dw", "+db", "+dx", "fwd", "bias",
+                     "relu", "loss", "mask", "dw", "db", "dx"], res.stdout
+
+
 # ----- the whole vocabulary's cross-entropy in fewer calls ----------------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES)
