@@ -228,7 +228,8 @@ def matmul(xp, a, b, out, bias=None, accumulate=False):
     Each output element is the same dot product whatever the split, so the bits do not depend
     on the threads. ``a`` and ``out`` may be strided views (``x.T`` for a weight gradient)."""
     m = a.shape[0]
-    if xp is not np or on_calling_thread(m, a.shape[1], b.shape[1]):
+    t = (_threads or kernel_threads()) if xp is np else 1
+    if t <= 1 or m < 2 * t or m * a.shape[1] * b.shape[1] < PARALLEL_MIN_MNK:
         # one product on the calling thread, without the closures (tiny models call this a lot)
         if accumulate:
             small = xp is np and out.nbytes < POOL_MIN_BYTES  # malloc's, not the pool's
@@ -239,7 +240,7 @@ def matmul(xp, a, b, out, bias=None, accumulate=False):
         if bias is not None:
             out += bias
         return out
-    shares = split(m, _threads)
+    shares = split(m, t)
     scratch = empty(xp, out.shape, out.dtype) if accumulate else None
 
     def share(r):
@@ -272,18 +273,11 @@ def product(xp, a, b, bias=None):
 def inline_product(m, k, n, itemsize) -> bool:
     """Whether an (m, k) @ (k, n) NumPy product is made by one allocating ``matmul`` on the
     calling thread (``product``'s small branch; below the pool's size ``matmul``'s
-    single-thread accumulation too): its output under the pool's size, and made on the calling
-    thread (``on_calling_thread``)."""
-    return m * n * itemsize < POOL_MIN_BYTES and on_calling_thread(m, k, n)
-
-
-def on_calling_thread(m, k, n) -> bool:
-    """Whether ``matmul`` makes an (m, k) @ (k, n) NumPy product on the calling thread: one
-    kernel thread, or a product too small or too short to share among them. ``nn.dense``
-    makes every such product with one allocating ``matmul`` (the same BLAS call: the same
-    bits), whatever its size."""
+    single-thread accumulation too): its output under the pool's size, and too small or too
+    short to share among the kernel threads. ``nn.dense`` asks the same question."""
     t = _threads or kernel_threads()
-    return t <= 1 or m < 2 * t or m * k * n < PARALLEL_MIN_MNK
+    return (m * n * itemsize < POOL_MIN_BYTES
+            and (t <= 1 or m < 2 * t or m * k * n < PARALLEL_MIN_MNK))
 
 
 def empty(xp, shape, dtype):

@@ -76,17 +76,10 @@ def dense_steps(leaves) -> list | None:
 class _Plan:
     """For one micro-batch shape (rows, dtype) and kernel-thread count: per linear, in forward
     order, (linear, activation, kind, forward inline, input gradient inline, weight gradient
-    inline, the column sums' vector of ones or None).
-
-    A product is inline (one allocating ``matmul``) wherever ``cpu.matmul`` would make it on
-    the calling thread, also above the buffer pool's size: the same BLAS call, so the same
-    bits, and a product written into the block malloc has just freed runs faster than one
-    written into a pooled buffer, enough to show on a 1024-wide MLP's micro-batch
-    (``experiments/lean_ops.py`` times each operation both ways, in one process, and counts
-    the page faults: malloc serves these sizes again without any). Products shared among
-    kernel threads keep ``cpu.product`` / ``cpu.matmul`` and their pooled buffers."""
+    inline, the column sums' vector of ones or None)."""
 
     def __init__(self, steps, rows, dtype):
+        itemsize = np.dtype(dtype).itemsize
         # weights of another dtype than the arrays (never in a run: one backend dtype) change
         # the dtypes along the way: then nothing inline, the kernels decide as they do
         same = all(lin.w.data.dtype == dtype for lin, _, _ in steps)
@@ -95,9 +88,9 @@ class _Plan:
             k, n = lin.w.shape
             self.forward.append((
                 lin, act, kind,
-                same and cpu.on_calling_thread(rows, k, n),  # y = x @ W (+ b)
-                same and cpu.on_calling_thread(rows, n, k),  # dx = dy @ W.T
-                same and cpu.on_calling_thread(k, rows, n),  # dW += x.T @ dy
+                same and cpu.inline_product(rows, k, n, itemsize),  # y = x @ W (+ b)
+                same and cpu.inline_product(rows, n, k, itemsize),  # dx = dy @ W.T
+                same and cpu.inline_product(k, rows, n, itemsize),  # dW += x.T @ dy
                 None if lin.b is None or not same else F._ones(np, rows, dtype)))
         self.backward = self.forward[::-1]
         self.rest = self.backward[:-1]  # all but the first linear, in backward order
@@ -107,11 +100,10 @@ class DenseStack:
     """The passes of a qualifying Sequential (``dense_steps``), each in one loop. Arrays must
     be 2-D (rows, features); ``Sequential`` sends anything else down the layer path.
 
-    On NumPy a product that ``cpu.matmul`` would make on the calling thread is one allocating
-    ``matmul`` (the same BLAS call), called here (``_Plan``, made once per micro-batch shape),
-    the bias gradient the ``ones @ dy`` of ``column_sums``; every product shared among kernel
-    threads, and every array of another module (CuPy), goes through ``cpu.product`` /
-    ``cpu.matmul`` as the layers do."""
+    On NumPy a product small enough for the calling thread is the ``matmul`` that
+    ``cpu.product`` would make, called here (``_Plan``, made once per micro-batch shape), the
+    bias gradient the ``ones @ dy`` of ``column_sums``; every other product, and every array of
+    another module (CuPy), goes through ``cpu.product`` / ``cpu.matmul`` as the layers do."""
 
     def __init__(self, steps):
         self.steps = [tuple(s) for s in steps]
@@ -138,7 +130,7 @@ class DenseStack:
         for lin, act, kind, inline, _, _, _ in plan.forward:
             lin._ctx[mb] = [x, None]
             b = lin.b
-            if inline:  # cpu.product's product on the calling thread, allocating
+            if inline:  # cpu.product's small branch
                 x = matmul(x, lin.w.data)
                 if b is not None:
                     x += b.data
@@ -177,7 +169,7 @@ class DenseStack:
         g = lin.w.grad
         if g.ndim != 2:
             g = g.reshape(g.shape[0], -1)
-        if inline:  # cpu.matmul's accumulation on the calling thread (no pooled scratch)
+        if inline:  # cpu.matmul's accumulation on the calling thread, below the pool's size
             g += np.matmul(x.T, dy)
         else:
             cpu.matmul(np if type(g) is _ndarray else array_module(g), x.T, dy, g,
