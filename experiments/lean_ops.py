@@ -16,10 +16,11 @@ each of these operations done either the lean loop's way or the way of mpipar's 
 Variants: ``lean`` (every operation the lean way), ``layers`` (every one the layer path's way),
 and ``+OP`` (the lean loop with only OP done the layer path's way; the dense fast path,
 ``nn/dense.py``, does every one of them that way where a product's output is above the pool's
-size, as on the 1024-wide layers). All run in turn, ``--rounds`` times ``--reps`` micro-batches each, so that a slow
-moment of the machine hits all; the table is the median over the rounds of the microseconds
-per micro-batch, the median over the rounds of each variant's time over ``lean``'s in the same
-round, the minor page faults per micro-batch, and each part's time for ``lean`` and ``layers``.
+size, as on the 1024-wide layers). All run in turn, ``--rounds`` times ``--reps`` micro-batches
+each, so that a slow moment of the machine hits all; the table is the median over the rounds of
+the microseconds per micro-batch, the median over the rounds of each variant's time over
+``lean``'s in the same round, the minor page faults per micro-batch, and each part's time for
+``lean`` and ``layers``.
 One BLAS thread and one kernel thread (set before NumPy loads).
 
     python experiments/lean_ops.py                 # 1024-wide MLP at batch 32 (~30 s)
