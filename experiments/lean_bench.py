@@ -2,15 +2,20 @@
 the same MLP on one rank, dp = 2 and pp = 2 (naive, GPipe, 1F1B), with small and 1024-wide
 layers, plus the tiny GPT (experiments/configs/tiny.toml) at pp = 2 and dp = 2.
 
-Each case runs its implementations in interleaved pairs (the order alternates from pair to pair),
-each run its own ``mpiexec``, one BLAS thread per rank; the table gives medians over the pairs
-and the median of the per-pair ratios. ``--checkout DIR`` times the mpipar of another checkout
-(its PYTHONPATH); ``--baseline DIR`` adds a third column, the mpipar of DIR, interleaved with the
-others (before / after a change). The lean loop is run by file path and imports nothing from
-mpipar, so it is the same program whatever checkout is timed.
+By default each MLP case is one ``mpiexec`` whose ranks build both the lean loop and mpipar and
+run them in short alternating blocks (experiments/lean_samejob.py): the machine's speed drifts
+too much between separate jobs for their ratio to mean much. The table gives the median of the
+per-block-pair ratios mpipar / lean, their interquartile range, and the median samples/s of
+each. ``--separate`` runs each implementation as its own ``mpiexec`` instead, in interleaved
+pairs of runs (the GPT cases, which have no lean loop, always run that way). One BLAS thread per
+rank. ``--checkout DIR`` times the mpipar of another checkout (its PYTHONPATH); ``--baseline
+DIR`` adds the mpipar of DIR (before / after a change): same job, one more job per case, timed
+against the same lean loop; separate, a third run in each pair. The lean loop is loaded by file
+path and imports nothing from mpipar, so it is the same program whatever checkout is timed.
 
-    python experiments/lean_bench.py [--pairs 5] [--out runs/experiments/lean_bench]
-        [--checkout DIR] [--baseline DIR] [--cases mlp-dp2,gpt-pp2] [--quick]
+    python experiments/lean_bench.py [--block 20] [--block-pairs 20] [--separate [--pairs 5]]
+        [--out runs/experiments/lean_bench] [--checkout DIR] [--baseline DIR]
+        [--cases mlp-dp2,gpt-pp2] [--quick]
 
 The lean loop cycles 4 fixed batches (they stay in cache: the floor of the math and messages
 alone); ``--lean-data-rows 3686`` makes it draw each step's rows from a set as large as the MLP's
@@ -18,7 +23,8 @@ training rows, as mpipar's synthetic data is drawn (a like-for-like step with it
 
 ``--profile`` instead runs each case's mpipar once under cProfile and writes, per rank, the
 function call counts per training step (``OUT/profile/<case>.rank<R>.txt``): the fixed-cost
-budget of BENCHMARKS.md. Writes ``OUT/lean_bench.h5`` (every run) and ``OUT/results.md``.
+budget of BENCHMARKS.md. Writes ``OUT/results.md``, ``OUT/lean_bench_samejob.h5`` (every block
+time, ``case/impl/lean`` and ``case/impl/mpipar``) and ``OUT/lean_bench.h5`` (every separate run).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -180,7 +187,7 @@ def run_once(impl, case, args, path):
     else:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--case", case,
                "--steps", str(steps_of(case, args)), "--warmup", "5"]
-    env = {**__import__("os").environ, **THREADS, "PYTHONPATH": str(path)}
+    env = {**os.environ, **THREADS, "PYTHONPATH": str(path)}
     res = subprocess.run(["mpiexec", "-n", str(ranks), *cmd], capture_output=True, text=True,
                          env=env, timeout=args.timeout)
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
@@ -209,6 +216,45 @@ def bench(args):
         impls["baseline"] = Path(args.baseline).resolve()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    same = [] if args.separate else [c for c in cases if CASES[c][1]]
+    text = same_job(same, args, impls, out) if same else ""
+    rest = [c for c in cases if c not in same]
+    if rest:
+        text += separate(rest, args, impls, out)
+    took = time.perf_counter() - t_start
+    text += f"\n{took:.0f} s in all\n"
+    print(text)
+    (out / "results.md").write_text(text)
+
+
+def same_job(cases, args, impls, out):
+    """The lean loop and mpipar in one job per case, alternating blocks (lean_samejob.py)."""
+    import lean_samejob
+
+    results, rows = lean_samejob.bench(
+        cases, args, impls, lambda c: block_of(c, args), lean_split, {**os.environ, **THREADS})
+    write_h5(out / "lean_bench_samejob.h5", {c: {f"{n}/{k}": v for n, t in r.items()
+                                                   for k, v in t.items()}
+                                               for c, r in results.items()}, args, impls)
+    return (lean_samejob.HEAD + "\n" + "\n".join(rows) + f"\n\nsame job: per case "
+            f"{args.block_pairs} alternating block pairs after a warm-up block each, "
+            f"{args.block} steps per block ({max(1, args.block // 5)} for the 1024-wide MLP); "
+            f"ratios: median (IQR) of the per-pair ratios; {lean_data(args)}\n\n")
+
+
+def block_of(case, args):
+    """Steps per same-job block: a fifth for the 1024-wide MLP (each step is ~40x the work)."""
+    return max(1, args.block // 5) if CASES[case][2] == WIDE else args.block
+
+
+def lean_data(args):
+    return (f"lean data: each step's rows drawn from {args.lean_data_rows}"
+            if args.lean_data_rows else "lean data: 4 fixed batches")
+
+
+def separate(cases, args, impls, out):
+    """Each implementation its own job, in interleaved pairs of jobs."""
     results, t_start = {}, time.perf_counter()
     for case in cases:
         names = (["lean"] if CASES[case][1] else []) + list(impls)
@@ -220,12 +266,9 @@ def bench(args):
         results[case] = runs
         print(row(case, runs), flush=True)
     took = time.perf_counter() - t_start
-    data = (f"lean data: each step's rows drawn from {args.lean_data_rows}"
-            if args.lean_data_rows else "lean data: 4 fixed batches")
-    text = table(results) + f"\n{args.pairs} interleaved pairs per case, {took:.0f} s; {data}\n"
-    print(text)
-    (out / "results.md").write_text(text)
     write_h5(out / "lean_bench.h5", results, args, impls)
+    return (table(results) + f"\n\nseparate jobs: {args.pairs} interleaved pairs per case, "
+            f"{took:.0f} s; {lean_data(args)}\n")
 
 
 def _ratio(runs, a, b):
@@ -278,7 +321,7 @@ def profile(args):
                    "--microbatches", str(CASES[case][4]), "--split", lean_split(case),
                    "--profile", str(prefix)]
             subprocess.run(["mpiexec", "-n", str(ranks), *cmd], check=True, capture_output=True,
-                           env={**__import__("os").environ, **THREADS}, timeout=args.timeout)
+                           env={**os.environ, **THREADS}, timeout=args.timeout)
             for r in range(ranks):
                 dump = Path(f"{prefix}.rank{r}.prof")
                 write_counts(dump, Path(f"{prefix}.rank{r}.txt"), 20)
@@ -288,7 +331,7 @@ def profile(args):
                "--steps", "20", "--warmup", "3", "--profile", str(out / case)]
         if args.trace:
             cmd.append("--trace")
-        env = {**__import__("os").environ, **THREADS,
+        env = {**os.environ, **THREADS,
                "PYTHONPATH": str(Path(args.checkout or ROOT).resolve())}
         res = subprocess.run(["mpiexec", "-n", str(ranks), *cmd], capture_output=True,
                              text=True, env=env, timeout=args.timeout)
@@ -313,7 +356,14 @@ def main(argv=None):
     p.add_argument("--lean-data-rows", type=int, default=0,
                    help="the lean loop draws each step's rows from a set of this many, as "
                         "mpipar does (3686: the MLP's training rows); 0: 4 fixed batches")
-    p.add_argument("--quick", action="store_true", help="1 pair, 10 steps: a smoke test")
+    p.add_argument("--separate", action="store_true",
+                   help="each implementation its own job, alternating (the default: one job "
+                        "per case running both in alternating blocks; GPT cases always separate)")
+    p.add_argument("--block", type=int, default=20,
+                   help="same job: steps per block (a fifth for the 1024-wide MLP)")
+    p.add_argument("--block-pairs", type=int, default=20, help="same job: timed block pairs")
+    p.add_argument("--quick", action="store_true",
+                   help="1 pair of 10 steps, or 3 block pairs of 2 steps: a smoke test")
     p.add_argument("--profile", nargs="?", const=True, default=False,
                    help="cProfile call counts per step instead of timings")
     p.add_argument("--trace", action="store_true", help="worker/profile: tracing on")
@@ -329,6 +379,9 @@ def main(argv=None):
         sys.path.insert(0, str(ROOT))
     if args.quick:
         args.pairs, args.steps, args.gpt_steps = 1, 10, 3
+        args.block_pairs, args.block = 3, 2
+    if min(args.pairs, args.steps, args.block, args.block_pairs) < 1:
+        sys.exit("--pairs, --steps, --block and --block-pairs must each be >= 1")
     if args.profile:
         return profile(args)
     return bench(args)

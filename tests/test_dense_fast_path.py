@@ -180,18 +180,28 @@ def test_linears_without_bias_and_mixed_activations(dtype):
     _same_grads(a, b)
 
 
-def test_a_large_product_goes_through_the_pool_with_the_same_bits():
-    """Widths whose products are above the pool's size: cpu.product and cpu.matmul's
-    accumulation through the buffer pool, on the fast path as on the layers'."""
-    sizes = [300, 160, 4]
-    (m_a, a), (m_b, b) = _pair(np.float32, 0, 2, sizes=sizes)
-    for mb in range(2):
-        x = _data(np.float32, 120, sizes[0], mb)
-        t = np.arange(120) % 4
-        for m, c in ((m_a, a), (m_b, b)):
-            m.loss.forward(c.forward(x, mb), t, mb, 0.5)
-            c.backward_first(m.loss.backward(mb), mb)
-    _same_grads(a, b)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_large_product_has_the_same_bits_on_one_thread_or_shared(threads):
+    """Products above the pool's size: cpu.product and cpu.matmul's accumulation through the
+    buffer pool, on the fast path as on the layers', made on the calling thread (one kernel
+    thread) or shared by two kernel threads. The same bits either way."""
+    from mpipar.nn import cpu
+
+    sizes, rows = [512, 256, 4], 128  # the first linear's products: 128 * 512 * 256 >= 2^23
+    before = cpu.kernel_threads()
+    cpu.set_kernel_threads(threads)
+    try:
+        (m_a, a), (m_b, b) = _pair(np.float32, 0, 2, sizes=sizes)
+        for mb in range(2):
+            x = _data(np.float32, rows, sizes[0], mb)
+            t = np.arange(rows) % 4
+            for m, c in ((m_a, a), (m_b, b)):
+                m.loss.forward(c.forward(x, mb), t, mb, 0.5)
+                c.backward_first(m.loss.backward(mb), mb)
+        _same_grads(a, b)
+        assert b.path == "dense" and b._dense._plans  # the fast path made its plan
+    finally:
+        cpu.set_kernel_threads(before)
 
 
 def test_the_fast_path_is_the_one_taken(monkeypatch):
@@ -301,6 +311,19 @@ def test_the_microbenchmark_runs(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     rows = [line for line in res.stdout.splitlines() if line.startswith("| ") and "MLP" in line]
     assert len(rows) == 3 and all(len(r.split("|")) == 8 for r in rows), res.stdout
+
+
+def test_the_per_operation_microbenchmark_runs():
+    """experiments/lean_ops.py on the small MLP: every variant and every part gets a row."""
+    res = subprocess.run([sys.executable, str(REPO / "experiments" / "lean_ops.py"), "--quick",
+                          "--small"], capture_output=True, text=True, timeout=120, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    names = [line.split("|")[1].strip() for line in res.stdout.splitlines()
+             if line.startswith("| ") and not line.startswith("| variant")
+             and not line.startswith("| part")]
+    assert names == ["lean", "layers", "+fwd", "+relu", "+dw", "+db", "+dx", "fwd", "bias",
+                     "relu", "loss", "mask", "dw", "db", "dx"], res.stdout
 
 
 # ----- the whole vocabulary's cross-entropy in fewer calls ----------------------------------------

@@ -16,11 +16,10 @@ and softmax cross-entropy on the last, SGD without momentum. Layouts (``LAYOUTS`
 Each step ends with one all-reduce of the loss (every rank knows it), and the update. The math
 matches mpipar's MLP (``x @ W + b``, W of shape (d_in, d_out), the loss of a micro-batch scaled
 by 1 / microbatches, the data-parallel gradient averaged): tests/test_lean.py checks in float64
-that both give the same losses and gradients. ``python -m mpipar.mpi.bench.lean`` times it
-(experiments/lean_bench.py runs it beside mpipar).
-
-Lives in the MPI layer because it is the one place allowed to import mpi4py; it imports nothing
-else from mpipar.
+that both give the same losses and gradients. ``python -m mpipar.mpi.bench.lean`` times it;
+experiments/lean_bench.py runs it beside mpipar, in its own job or in mpipar's (``world_comm``).
+It lives in the MPI layer, the one place allowed to import mpi4py, and imports nothing else
+from mpipar.
 """
 
 from __future__ import annotations
@@ -273,6 +272,13 @@ class Lean:
             out[f"layers.{self.lo + i}.weight"] = gw
             out[f"layers.{self.lo + i}.bias"] = gb
         return out
+
+
+def world_comm():
+    """A duplicate of the world: the loop's own communicator beside another library's."""
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Dup()
 
 
 def lean_phases(clock, lean):
