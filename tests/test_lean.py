@@ -47,3 +47,6 @@ def test_lean_batches_fixed_or_drawn_per_step_from_a_set():
     assert not np.array_equal(x0, draw(1)[0])
     x_all, _ = synthetic_batch(np.random.default_rng(1), 50, sizes, np.float32)
     assert all((x_all == row).all(axis=1).any() for row in x0)  # rows of the set
+    epoch = np.concatenate([draw(s)[0] for s in range(6)])  # 48 of the 50 rows: none twice
+    assert len(np.unique(epoch, axis=0)) == 48
+    assert draw(6)[0].shape == (8, 6)  # the batch that runs into the next epoch

@@ -304,15 +304,25 @@ def synthetic_batch(rng, batch, sizes, dtype):
 
 def batches(rng, args, sizes, dtype):
     """step -> (inputs, classes). By default 4 fixed batches, cycled (they stay in cache: the
-    floor of the math alone); with ``--data-rows N`` each step gathers ``batch`` rows, drawn by
-    a generator seeded with the step, from N rows made once (what a training loop reading a
-    data set pays: mpipar's synthetic MLP data is drawn that way)."""
+    floor of the math alone); with ``--data-rows N`` each step gathers the next ``batch`` rows
+    of a shuffled order of N rows made once, a new order each epoch (what a training loop
+    reading a data set pays: mpipar reads its synthetic MLP rows that way)."""
     if args.data_rows:
         x, y = synthetic_batch(rng, args.data_rows, sizes, dtype)
+        n, k = args.data_rows, args.batch
+        if k > n:
+            raise SystemExit(f"--data-rows {n} is fewer than --batch {k}: give at least {k}")
+        order = {}
 
         def draw(step):
-            rows = np.random.default_rng([0, step, 0]).integers(0, args.data_rows,
-                                                                 size=args.batch)
+            epoch, at = divmod(step * k, n)
+            if epoch not in order:
+                order.clear()
+                order[epoch] = np.random.default_rng([0, epoch]).permutation(n)
+            rows = order[epoch][at:at + k]
+            if len(rows) < k:  # the batch runs into the next epoch
+                nxt = np.random.default_rng([0, epoch + 1]).permutation(n)
+                rows = np.concatenate([rows, nxt[:k - len(rows)]])
             return x[rows], y[rows]
         return draw
     data = [synthetic_batch(rng, args.batch, sizes, dtype) for _ in range(4)]
