@@ -47,8 +47,9 @@ def load_lean():
     return mod
 
 
-def build(args):
-    """(grid, mpipar trainer, lean loop, lean's batch of a step, lr) for ``args.case``."""
+def build(args, lean=None):
+    """(grid, mpipar trainer, lean loop, lean's batch of a step, lr) for ``args.case``
+    (``lean``: the lean module, loaded here unless given)."""
     sys.path.insert(0, str(HERE))
     import numpy as np
     from lean_bench import CASES, mpipar_config
@@ -65,7 +66,7 @@ def build(args):
     p = cfg.parallel
     grid = ProcessGrid(p.dp, p.pp, 1, backend=backend)
     trainer = Trainer(cfg, grid, Tracer(enabled=False), backend, None)
-    lean = load_lean()
+    lean = lean or load_lean()
     dtype = np.dtype(cfg.train.dtype)
     split = [int(s) for s in args.split.split(",")] if args.split else None
     loop = lean.Lean(lean.world_comm(), layout, lean.init_params(sizes, 0, 0.05, dtype),
