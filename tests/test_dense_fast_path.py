@@ -355,8 +355,12 @@ def test_cross_entropy_targets_outside_the_vocabulary_take_the_general_path():
     from mpipar.nn import losses
 
     logits = np.random.default_rng(5).standard_normal((4, 6))
-    for t in ([0, 6, 1, 2], [0, -1, 1, 2], np.array([0.0, 1.0, 2.0, 3.0])):
+    for t in ([0, 6, 1, 2], [0, -1, 1, 2], np.array([0.0, 1.0, 2.0, 3.0]),
+              np.array([0, -1, 1, 2], np.int32), np.array([0, 1, -128, 2], np.int8),
+              np.array([0, 6, 1, 2], np.uint8), np.array([[0, 1], [-3, 2]])[:, 0]):
         assert losses.cross_entropy_whole(logits.copy(), np.asarray(t)) is None
+    for t in (np.array([0, 5, 1, 2], np.int16), np.array([[0, 1], [5, 2]])[:, 0].repeat(2)):
+        assert losses.cross_entropy_whole(logits.copy(), t) is not None
     t = np.array([0, 7, 1, 2])  # the masked path: the outside target picks nothing
     loss = losses.CrossEntropyLoss().forward(logits.copy(), t)
     assert loss == losses.cross_entropy_forward(logits.copy(), t, 0, lambda x, op: x)[0]

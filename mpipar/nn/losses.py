@@ -74,6 +74,9 @@ def cross_entropy_forward(logits, targets, lo=0, reduce=_local):
 _ARANGE: dict = {}  # n -> a read-only np.arange(n): the row index of every pick
 
 
+_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
 def _rows(n):
     r = _ARANGE.get(n)
     if r is None:
@@ -97,8 +100,11 @@ def cross_entropy_whole(logits, targets):
     if t.ndim != 1:
         t = t.reshape(-1)
     n = z.shape[0]
-    if not n or t.shape[0] != n or t.dtype.kind not in "iu" or t.max() >= v or (
-            t.dtype.kind == "i" and t.min() < 0):
+    kind = t.dtype.kind
+    if not n or t.shape[0] != n or kind not in "iu":
+        return None
+    # one reduction for both ends: a negative signed target read as unsigned is above any v
+    if (t.view(_UNSIGNED[t.dtype.itemsize]) if kind == "i" else t).max() >= v:
         return None
     e = z - z.max(axis=1, keepdims=True)
     rows = _rows(n)
