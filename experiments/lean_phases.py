@@ -23,6 +23,7 @@ states, so their phases differ by a few hundred microseconds from run to run.
     python experiments/lean_phases.py --cases mlp-pp2-gpipe  # any small-MLP case of lean_bench
     python experiments/lean_phases.py --lean-data-rows 3686  # the lean loop draws its rows too
     python experiments/lean_phases.py --separate             # one mpiexec per implementation
+    python experiments/lean_phases.py --checkout DIR         # the mpipar of another checkout
     python experiments/lean_phases.py --quick                # a smoke test
 
 The lean loop's default data are 4 fixed batches that stay in cache (its ``data`` is then a list
@@ -134,6 +135,12 @@ def same_job_worker(args):
 
 
 # -- the driver
+def mpipar_path(args) -> str:
+    """Where the timed mpipar is imported from: ``--checkout DIR``, else this checkout (the
+    lean loop and these scripts always come from this one)."""
+    return str(Path(args.checkout or ROOT).resolve())
+
+
 def run_same_job(case, args) -> dict:
     """{impl: {rank: {phase: median seconds per step}}} of one same-job run."""
     ranks = CASES[case][0]
@@ -142,7 +149,7 @@ def run_same_job(case, args) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--case", case,
            "--split", lean_split(case), "--block", str(args.block), "--pairs", str(args.pairs),
            "--data-rows", str(args.lean_data_rows), "--dump", str(dump)]
-    env = {**os.environ, **THREADS, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, **THREADS, "PYTHONPATH": mpipar_path(args)}
     res = subprocess.run(["mpiexec", "-n", str(ranks), *cmd], capture_output=True, text=True,
                          env=env, timeout=args.timeout)
     if res.returncode != 0:
@@ -164,7 +171,8 @@ def run_once(impl, case, args) -> dict:
     else:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--separate",
                "--case", case, "--steps", str(args.steps), "--warmup", "5", "--dump", str(dump)]
-    env = {**os.environ, **THREADS, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, **THREADS,
+           "PYTHONPATH": mpipar_path(args) if impl == "mpipar" else str(ROOT)}
     res = subprocess.run(["mpiexec", "-n", str(ranks), *cmd], capture_output=True, text=True,
                          env=env, timeout=args.timeout)
     if res.returncode != 0:
@@ -214,7 +222,8 @@ def drive(args):
     mode = (f"{args.repeats} interleaved pairs of separate runs, {args.steps} steps each"
             if args.separate else
             f"same job, {args.pairs} block pairs of {args.block} steps")
-    tail = f"{mode}, {time.perf_counter() - t0:.0f} s; {data}"
+    timed = f"; mpipar of {mpipar_path(args)}" if args.checkout else ""
+    tail = f"{mode}, {time.perf_counter() - t0:.0f} s; {data}{timed}"
     print(tail)
     path = Path(args.out)
     path.mkdir(parents=True, exist_ok=True)
@@ -234,6 +243,8 @@ def main(argv=None):
     p.add_argument("--lean-data-rows", type=int, default=0,
                    help="the lean loop draws each step's rows from a set of this many "
                         "(3686: the MLP's training rows); 0: 4 fixed batches")
+    p.add_argument("--checkout", default="",
+                   help="time the mpipar of this checkout (default: this one)")
     p.add_argument("--out", default=str(ROOT / "runs" / "experiments" / "lean_phases"))
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per run")
     p.add_argument("--quick", action="store_true", help="1 repeat, 20 steps: a smoke test")

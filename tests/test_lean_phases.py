@@ -43,8 +43,9 @@ def test_same_job_budget_of_a_pipeline(tmp_path):
 
 
 @pytest.mark.mpi
-def test_separate_runs_budget_of_one_rank(tmp_path):
-    text, table = phases(tmp_path, "--cases", "mlp-1rank", "--separate")
+def test_separate_runs_budget_of_one_rank_of_a_given_checkout(tmp_path):
+    text, table = phases(tmp_path, "--cases", "mlp-1rank", "--separate", "--checkout", str(ROOT))
     assert set(table) == set(PHASES) and all(len(c) == 3 for c in table.values()), text
     assert table["total"][0] > 0 and table["total"][1] > 0
     assert "1 interleaved pairs of separate runs, 20 steps each" in text
+    assert f"mpipar of {ROOT}" in text
