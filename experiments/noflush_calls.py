@@ -69,6 +69,14 @@ def _run(out: Path, cfg: str, m: int, sched: str, steps: int, data: Path | None)
         sys.exit(f"{' '.join(cmd)} failed:\n{res.stderr[-3000:]}")
 
 
+# the per-step work a continuous schedule adds, by the function that does it
+WORK = {("parallel/pipeline/stash.py", "_bind"): "weight swaps (a chunk's parameters rebound)",
+        ("parallel/pipeline/stash.py", "_swapped"): "weight swaps inside F (generator resumes)",
+        ("nn/flat.py", "copy"): "weight-version copies",
+        ("~", "<method 'fill' of 'numpy.ndarray' objects>"): "gradient fills",
+        ("nn/optim.py", "block"): "optimizer blocks (13 vector passes each)"}
+
+
 def counts(path: Path, steps: int) -> dict:
     """{(file under mpipar or module, function): calls per profiled step}."""
     out = {}
@@ -108,6 +116,10 @@ def main() -> int:
     for s in SCHEDS:
         print(f"  {s:20s} " + "  ".join(f"rank {r}: {sum(c.values()):8.0f}"
                                          for r, c in enumerate(got[s])))
+    print("\nweight-version and optimizer work per step (rank 0 / rank 1)")
+    for key, what in WORK.items():
+        print(f"  {what:44s} " + "  ".join(
+            f"{s}: " + " / ".join(f"{c.get(key, 0):.1f}" for c in got[s]) for s in SCHEDS))
     for s in SCHEDS[1:]:
         for r in (0, 1):
             ref, mine = got[SCHEDS[0]][r], got[s][r]

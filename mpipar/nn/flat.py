@@ -18,9 +18,13 @@ its own arrays (no copy).
 
 from __future__ import annotations
 
+from operator import attrgetter, is_
+
 import numpy as np
 
 from ..backend import array_module
+
+_DATA, _GRAD = attrgetter("data"), attrgetter("grad")
 
 
 def _address(a) -> int:
@@ -89,7 +93,7 @@ class FlatGroup:
         self.data = self._pack([p.data for p in params], n, "data")
         self.state = {b: self._pack([state[p.name][b] for p in params], n, None, state, b)
                       for b in buffers}
-        self.views = [(p.data, p.grad) for p in params]
+        self._datas, self._grads = [p.data for p in params], [p.grad for p in params]
         # decaying elements as (start, stop) runs of the flat arrays, adjacent ones merged
         self.decay_runs = []
         off = 0
@@ -123,8 +127,11 @@ class FlatGroup:
         return flat
 
     def valid(self) -> bool:
-        """Whether every parameter still holds the views this group was laid out with."""
-        return all(p.data is d and p.grad is g for p, (d, g) in zip(self.params, self.views))
+        """Whether every parameter still holds the views this group was laid out with (asked
+        before every update: PipeDream's are per micro-batch, so the check runs in C, with no
+        Python frame per parameter)."""
+        return (all(map(is_, map(_DATA, self.params), self._datas))
+                and all(map(is_, map(_GRAD, self.params), self._grads)))
 
     def runs_in(self, lo: int, hi: int) -> list:
         """The decaying elements within [lo, hi), as slices relative to ``lo``."""
@@ -176,7 +183,7 @@ class PackedCopier:
 
     def copy(self, arrays) -> list:
         if self._key is None or len(self._key) != len(arrays) or \
-                any(a is not b for a, b in zip(arrays, self._key)):
+                not all(map(is_, arrays, self._key)):
             self._key, self._plan = list(arrays), self._make(arrays)
         out = [None] * len(arrays)
         for flat, offs in self._plan:

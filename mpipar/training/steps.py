@@ -298,6 +298,7 @@ class ContinuousTwoBW(Continuous):
     def __init__(self, trainer):
         super().__init__(trainer)
         self.older = OlderBuffer(trainer.params)
+        self._slot_cache = {}
 
     def _older_by_chunk(self):
         self.older.ensure()
@@ -308,12 +309,21 @@ class ContinuousTwoBW(Continuous):
         current weights, which first become the chunk's older buffer: the stash's copy of them
         when the next step's forwards kept one (never written to: a stashed version is only
         swapped in), else a copy."""
-        ps = self.t.chunks[c].params()
         stash = self.segment.st.stash if self.segment is not None else None
+        ps = stash.params[c] if stash is not None else self.t.chunks[c].params()
         kept = stash.kept.get((c, stash.current[c] - 1)) if stash is not None else None
-        keep = {id(q): w for q, w in zip(ps, kept or [q.data.copy() for q in ps])}
-        self.older.arrays = [keep.get(id(q), w) for q, w in zip(self.t.params, self.older.arrays)]
+        arrays = self.older.arrays
+        for i, w in zip(self._slots(c, ps), kept or [q.data.copy() for q in ps]):
+            arrays[i] = w
         super().apply_update(mb, c)  # the gradients zeroed by the optimizer (``Continuous``)
+
+    def _slots(self, c, ps) -> list:
+        """Where chunk c's parameters ``ps`` sit in the trainer's list (found once)."""
+        slots = self._slot_cache.get(c)
+        if slots is None:
+            at = {id(q): i for i, q in enumerate(self.t.params)}
+            slots = self._slot_cache[c] = [at[id(q)] for q in ps]
+        return slots
 
 
 STEP_CLASSES = {"synchronous": Synchronous, "2bw": TwoBW, "pipedream": PipeDream,
