@@ -224,7 +224,7 @@ def test_packed_copier_reuses_a_copy_only_once_nothing_holds_it():
     other = cp.copy(arrays)
     assert np.array_equal(held, before) and not np.shares_memory(other[3], held)
     derived = other[5].T  # a view derived from one of its arrays (its base: the buffer)
-    del other, held
+    del other  # (``held`` still keeps the first copy)
     before = derived.copy()
     for p in ps:
         p.data += 1

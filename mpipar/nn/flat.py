@@ -228,8 +228,9 @@ class PackedCopier:
             # a free array's references: the pool's list, ``a`` and getrefcount's argument
             if not all(getrefcount(a) <= _FREE_REFS for a in arrays):
                 continue
-            # a free buffer's: the same three and one per array of the copy made from it
-            if all(getrefcount(bufs[k]) <= _FREE_REFS + len(self._plan[k][1])
+            # a free buffer's: the pool's list, getrefcount's argument and one per array of
+            # the copy made from it (each array's base)
+            if all(getrefcount(bufs[k]) <= 2 + len(self._plan[k][1])
                    for k in range(len(bufs))):
                 return bufs, arrays
         return None
