@@ -73,6 +73,7 @@ def _run(out: Path, cfg: str, m: int, sched: str, steps: int, data: Path | None)
 WORK = {("parallel/pipeline/stash.py", "_bind"): "weight swaps (a chunk's parameters rebound)",
         ("parallel/pipeline/stash.py", "_swapped"): "weight swaps inside F (generator resumes)",
         ("nn/flat.py", "copy"): "weight-version copies",
+        ("~", "<method 'copy' of 'numpy.ndarray' objects>"): "arrays copied into new memory",
         ("~", "<method 'fill' of 'numpy.ndarray' objects>"): "gradient fills",
         ("nn/optim.py", "block"): "optimizer blocks (13 vector passes each)"}
 
