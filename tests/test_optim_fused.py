@@ -169,3 +169,65 @@ def test_packed_copier_copies_each_packed_run_once():
     got = cp.copy(loose)
     assert all(np.array_equal(g, a) for g, a in zip(got, loose))
     assert not np.shares_memory(got[0], got[1]) and not np.shares_memory(got[0], loose[0])
+
+
+@pytest.mark.parametrize("blocks", [None, 8])
+@pytest.mark.parametrize("name", sorted(OPTS))
+def test_zero_grad_step_is_the_same_update_and_leaves_the_gradients_zero(name, blocks,
+                                                                         monkeypatch):
+    """``step(zero_grad=True)`` (a continuous PipeDream run's UPDATE: each block's gradient
+    zeroed after its last read) updates with the same bits as a step followed by a zeroing,
+    in one block and in blocks cut through the tensors."""
+    if blocks is not None:
+        monkeypatch.setattr(optim, "OPT_BLOCK_ELEMENTS", blocks)
+    b = Backend("cpu", "float32")
+    zeroed, plain = make(b, packed=True), make(b, packed=True)
+    zo, po = OPTS[name](zeroed, True), OPTS[name](plain, True)
+    rng_z, rng_p = np.random.default_rng(4), np.random.default_rng(4)
+    for lr in (0.01, 0.02, 0.005):
+        for ps, rng in ((zeroed, rng_z), (plain, rng_p)):
+            for p in ps:
+                p.grad += rng.normal(size=p.shape)  # accumulates, as a backward does
+        zo.step(lr, zero_grad=True)
+        po.step(lr)
+        assert all(not p.grad.any() for p in zeroed)
+        assert all(p.grad.any() for p in plain)
+        po.zero_grad()
+        assert same_bits(zeroed, plain)
+
+
+def test_packed_copier_reuses_a_copy_only_once_nothing_holds_it():
+    """A released copy's memory takes the next copy (the same addresses, the new values); one
+    still referenced by any of its arrays, or by a view derived from one, is never written."""
+    from mpipar.nn.flat import PackedCopier
+
+    def addresses(arrays):
+        return [a.__array_interface__["data"][0] for a in arrays]
+
+    b = Backend("cpu", "float32")
+    ps = make(b, packed=True)
+    AdamW(ps, 1e-2)
+    arrays = [p.data for p in ps] + [np.arange(12.0, dtype=np.float32).reshape(3, 4).T]
+    cp = PackedCopier()
+    first = cp.copy(arrays)
+    at = addresses(first)
+    del first
+    ps[0].data += 1
+    again = cp.copy(arrays)
+    assert addresses(again) == at  # reused
+    assert all(np.array_equal(g, a) for g, a in zip(again, arrays))  # with the new values
+    held = again[3]  # one of its arrays still held
+    del again
+    before = held.copy()
+    for p in ps:
+        p.data += 1
+    other = cp.copy(arrays)
+    assert np.array_equal(held, before) and not np.shares_memory(other[3], held)
+    derived = other[5].T  # a view derived from one of its arrays (its base: the buffer)
+    del other  # (``held`` still keeps the first copy)
+    before = derived.copy()
+    for p in ps:
+        p.data += 1
+    last = cp.copy(arrays)
+    assert np.array_equal(derived, before) and not np.shares_memory(last[5], derived)
+    assert len(cp._pool) <= cp.POOL

@@ -18,9 +18,14 @@ its own arrays (no copy).
 
 from __future__ import annotations
 
+from operator import attrgetter, is_
+from sys import getrefcount
+
 import numpy as np
 
 from ..backend import array_module
+
+_DATA, _GRAD = attrgetter("data"), attrgetter("grad")
 
 
 def _address(a) -> int:
@@ -89,7 +94,7 @@ class FlatGroup:
         self.data = self._pack([p.data for p in params], n, "data")
         self.state = {b: self._pack([state[p.name][b] for p in params], n, None, state, b)
                       for b in buffers}
-        self.views = [(p.data, p.grad) for p in params]
+        self._datas, self._grads = [p.data for p in params], [p.grad for p in params]
         # decaying elements as (start, stop) runs of the flat arrays, adjacent ones merged
         self.decay_runs = []
         off = 0
@@ -123,8 +128,11 @@ class FlatGroup:
         return flat
 
     def valid(self) -> bool:
-        """Whether every parameter still holds the views this group was laid out with."""
-        return all(p.data is d and p.grad is g for p, (d, g) in zip(self.params, self.views))
+        """Whether every parameter still holds the views this group was laid out with (asked
+        before every update: PipeDream's are per micro-batch, so the check runs in C, with no
+        Python frame per parameter)."""
+        return (all(map(is_, map(_DATA, self.params), self._datas))
+                and all(map(is_, map(_GRAD, self.params), self._grads)))
 
     def runs_in(self, lo: int, hi: int) -> list:
         """The decaying elements within [lo, hi), as slices relative to ``lo``."""
@@ -143,11 +151,22 @@ class PackedCopier:
     """Copies of a list of arrays (one chunk's weights, for a stashed version) made with one
     copy per run of them lying back to back in memory (``FlatGroup`` packs them so) instead of
     one per array; each copy a view of the run's copy, in the arrays' shapes. The plan is made
-    once and kept while the arrays are the same objects."""
+    once and kept while the arrays are the same objects.
+
+    A copy's memory is kept for the next copy once nothing holds any of its arrays any more
+    (the stash dropped the version, no parameter or older buffer points at it): PipeDream's
+    first stage copies a version per micro-batch, into the same few buffers and views instead
+    of a fresh array (new pages to fault in, new views) each time. Whether anything holds a
+    copy is its arrays' and buffers' reference counts: exact in CPython, and a copy still
+    referenced anywhere (a layer's saved context, a checkpoint being written) is simply not
+    reused. NumPy only (a CuPy view holds its memory, not its base array)."""
+
+    POOL = 4  # copies kept for reuse (PipeDream at pp = 2 cycles through two)
 
     def __init__(self):
         self._key = None  # the arrays the plan was made for
         self._plan = None  # [(flat view of a run, [(index, first, end, shape)])]
+        self._pool = []  # [(each run's copy buffer, the copy's arrays)] made by earlier copies
 
     def _make(self, arrays):
         order = sorted(range(len(arrays)), key=lambda i: _address(arrays[i]))
@@ -176,15 +195,45 @@ class PackedCopier:
 
     def copy(self, arrays) -> list:
         if self._key is None or len(self._key) != len(arrays) or \
-                any(a is not b for a, b in zip(arrays, self._key)):
+                not all(map(is_, arrays, self._key)):
             self._key, self._plan = list(arrays), self._make(arrays)
-        out = [None] * len(arrays)
+            self._pool = []  # other arrays: other shapes
+        entry = self._free()
+        if entry is not None:  # the same plan: each run's buffer takes the run again
+            bufs, views = entry
+            for (flat, offs), buf in zip(self._plan, bufs):
+                buf[...] = arrays[offs[0][0]] if flat is None else flat
+            return list(views)  # a list of its own: the pool's holds no extra reference
+        out, bufs = [None] * len(arrays), []
         for flat, offs in self._plan:
             if flat is None:  # not contiguous: a copy of its own
                 (i, _, _, _), = offs
-                out[i] = arrays[i].copy()
-                continue
-            buf = flat.copy()
-            for i, lo, hi, shape in offs:
-                out[i] = buf[lo:hi].reshape(shape)
+                buf = arrays[i].copy()
+                out[i] = buf.view()  # (the buffer and the array handed out: two objects)
+            else:
+                buf = flat.copy()
+                for i, lo, hi, shape in offs:
+                    out[i] = buf[lo:hi].reshape(shape)
+            bufs.append(buf)
+        if len(self._pool) < self.POOL and all(type(b) is np.ndarray for b in bufs):
+            self._pool.append((bufs, out))
+            return list(out)
         return out
+
+    def _free(self):
+        """A copy of the pool none of whose memory is referenced outside it, or None: neither
+        its arrays (a parameter, a stash's list) nor its buffers (any view derived from its
+        arrays, ``w.T`` say, refers to the buffer that owns the memory)."""
+        for bufs, arrays in self._pool:
+            # a free array's references: the pool's list, ``a`` and getrefcount's argument
+            if not all(getrefcount(a) <= _FREE_REFS for a in arrays):
+                continue
+            # a free buffer's: the pool's list, getrefcount's argument and one per array of
+            # the copy made from it (each array's base)
+            if all(getrefcount(bufs[k]) <= 2 + len(self._plan[k][1])
+                   for k in range(len(bufs))):
+                return bufs, arrays
+        return None
+
+
+_FREE_REFS = 3

@@ -101,11 +101,16 @@ class Optimizer:
         for p in self.params:
             p.zero_grad()
 
-    def step(self, lr: float | None = None) -> None:
-        """One update from the current ``.grad``; ``lr`` overrides the base lr for this step."""
+    def step(self, lr: float | None = None, zero_grad: bool = False) -> None:
+        """One update from the current ``.grad``; ``lr`` overrides the base lr for this step.
+        ``zero_grad``: the gradients are zero afterwards, each part zeroed right after the
+        update last reads it, while it is in cache (an update per micro-batch, PipeDream,
+        would otherwise zero them in a pass of its own before the next backward)."""
         lr = self._begin_step(lr)
         for g in self.groups():
             self._update(g, lr)
+            if zero_grad:
+                g.grad.fill(0)
 
     def _begin_step(self, lr) -> float:
         lr = self.lr if lr is None else _positive_float(lr, "lr", allow_zero=True)
@@ -232,13 +237,14 @@ class AdamW(Optimizer):
         self._local = threading.local()  # per kernel thread scratch (``_thread_scratch``)
         super().__init__(params, lr, fused)
 
-    def step(self, lr: float | None = None) -> None:
+    def step(self, lr: float | None = None, zero_grad: bool = False) -> None:
         """One update of every parameter: the blocks of all groups go to the kernel threads in
         one batch (small groups would each pay a hand-off to the threads otherwise), unless
-        all of them together are below ``cpu.PARALLEL_MIN_ELEMENTS``."""
+        all of them together are below ``cpu.PARALLEL_MIN_ELEMENTS``. ``zero_grad``: as
+        ``Optimizer.step``, each block's gradient zeroed after its last read (in cache)."""
         lr = self._begin_step(lr)
         groups = self.groups()
-        blocks = [blk for g in groups for blk in self._blocks(g, lr)]
+        blocks = [blk for g in groups for blk in self._blocks(g, lr, zero_grad)]
         if sum(g.size for g in groups) < cpu.PARALLEL_MIN_ELEMENTS:  # (a few groups, not tensors)
             # a small model's whole update is shorter than handing blocks to the threads and
             # waking them (15-50 us each): the calling thread does it, block by block
@@ -253,8 +259,9 @@ class AdamW(Optimizer):
             self._local.scratch = _Scratch()
         return self._local.scratch.like(like)
 
-    def _blocks(self, group, lr: float) -> list:
-        """[(update of one block, its slice)] for a ``flat.FlatGroup``."""
+    def _blocks(self, group, lr: float, zero_grad: bool = False) -> list:
+        """[(update of one block, its slice)] for a ``flat.FlatGroup`` (``zero_grad``: the
+        block's gradient zeroed after its last read)."""
         w, g = group.data, group.grad
         xp = np if type(w) is np.ndarray else array_module(w)
         b1, b2 = self.betas
@@ -284,6 +291,8 @@ class AdamW(Optimizer):
             # v = b2 v + (1 - b2) g^2
             vb *= b2
             xp.multiply(gb, gb, out=tb)
+            if zero_grad:  # its last read: zeroed while in cache, not in a pass of its own
+                gb.fill(0)
             tb *= 1.0 - b2
             vb += tb
             # lr / (1 - b1^t) * m / (sqrt(v) c2 + eps) with c2 = 1 / sqrt(1 - b2^t), as

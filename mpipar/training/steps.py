@@ -176,12 +176,15 @@ class PipeDream(Step):
         """The training step of micro-batch ``mb`` of the running lists."""
         return self.t.step
 
+    zero_after_update = False  # the optimizer zeroes the gradients it read (``Continuous``)
+
     def apply_update(self, mb, c):
         """Apply micro-batch mb's gradient to chunk c now (synchronised over tp, dp)."""
         t = self.t
         t.sync.reduce_now(c)
         with t.tracer.region("OPT", mb=mb % t.run.microbatches, chunk=c):
-            t.opt.chunks[c].step(step_lr(t.cfg, self.step_of(mb)))
+            t.opt.chunks[c].step(step_lr(t.cfg, self.step_of(mb)),
+                                 zero_grad=self.zero_after_update)
 
     def update(self, losses=None):
         raise RuntimeError(f"a {self.t.run.mode} run updates from its UPDATE actions: there is "
@@ -197,6 +200,9 @@ class Continuous(PipeDream):
     are read ``lagged.LAG`` steps late, never in a per-step meeting (``lagged``)."""
 
     metrics_lag = LAG
+    # each UPDATE zeroes the gradients as it reads them (in cache), and the stash skips the
+    # zeroing before the chunk's next backward (``VersionStash.cleaned``): no pass of its own
+    zero_after_update = True
 
     def __init__(self, trainer):
         super().__init__(trainer)
@@ -232,6 +238,11 @@ class Continuous(PipeDream):
     @property
     def drained(self) -> bool:
         return self.segment is None
+
+    def apply_update(self, mb, c):
+        super().apply_update(mb, c)
+        if self.segment is not None:  # (UPDATEs run inside a segment's calls)
+            self.segment.st.stash.cleaned(c)
 
     def forward_backward(self, until=None) -> dict:
         """Step ``t.step`` of a continuous run, opening one (lists up to step ``until``, default
@@ -287,6 +298,7 @@ class ContinuousTwoBW(Continuous):
     def __init__(self, trainer):
         super().__init__(trainer)
         self.older = OlderBuffer(trainer.params)
+        self._slot_cache = {}
 
     def _older_by_chunk(self):
         self.older.ensure()
@@ -297,13 +309,21 @@ class ContinuousTwoBW(Continuous):
         current weights, which first become the chunk's older buffer: the stash's copy of them
         when the next step's forwards kept one (never written to: a stashed version is only
         swapped in), else a copy."""
-        ps = self.t.chunks[c].params()
         stash = self.segment.st.stash if self.segment is not None else None
+        ps = stash.params[c] if stash is not None else self.t.chunks[c].params()
         kept = stash.kept.get((c, stash.current[c] - 1)) if stash is not None else None
-        keep = {id(q): w for q, w in zip(ps, kept or [q.data.copy() for q in ps])}
-        self.older.arrays = [keep.get(id(q), w) for q, w in zip(self.t.params, self.older.arrays)]
-        super().apply_update(mb, c)
-        self._zero_chunk(c)
+        arrays = self.older.arrays
+        for i, w in zip(self._slots(c, ps), kept or [q.data.copy() for q in ps]):
+            arrays[i] = w
+        super().apply_update(mb, c)  # the gradients zeroed by the optimizer (``Continuous``)
+
+    def _slots(self, c, ps) -> list:
+        """Where chunk c's parameters ``ps`` sit in the trainer's list (found once)."""
+        slots = self._slot_cache.get(c)
+        if slots is None:
+            at = {id(q): i for i, q in enumerate(self.t.params)}
+            slots = self._slot_cache[c] = [at[id(q)] for q in ps]
+        return slots
 
 
 STEP_CLASSES = {"synchronous": Synchronous, "2bw": TwoBW, "pipedream": PipeDream,

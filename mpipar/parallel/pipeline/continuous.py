@@ -3,10 +3,12 @@
 ``ContinuousRun``: step k's call runs this rank's actions up to the last one of a micro-batch
 of step k (``actions.step_cuts``; the forwards of later steps' micro-batches that 1F1B starts
 early included), keeping every activation, gradient, posted receive and weight version
-(``stash.VersionStash``) between calls. ``fetch(step)`` hands over that step's micro-batches
-when a forward first needs them: the trainer feeds step k+1 while step k's micro-batches are
-still in flight; ``run_step(k)`` reads steps k and k + 1 before its first action (the call
-may start step k + 1's forwards), so a batch read is never timed as a forward or a loss.
+(``stash.VersionStash``, lazy: the version in a chunk's parameters stays there between
+actions and calls, the current weights back at the drain) between calls. ``fetch(step)``
+hands over that step's micro-batches when a forward first needs them: the trainer feeds step
+k+1 while step k's micro-batches are still in flight; ``run_step(k)`` reads steps k and k + 1
+before its first action (the call may start step k + 1's forwards), so a batch read is never
+timed as a forward or a loss.
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ class ContinuousRun:
         x0 = fetch(0)[0][0]
         self.st = StepState(_Lazy(fetch, self.m, 0), _Lazy(fetch, self.m, 1), False, scale,
                             executor._receives(x0))
+        # lazy: a version stays in the parameters across actions (2BW: a few swaps per step)
         self.st.stash = VersionStash(s, executor.chunks, older,
-                                     zero_each=s.kind != "pipedream-2bw" and zero)
+                                     zero_each=s.kind != "pipedream-2bw" and zero, lazy=True)
 
     @property
     def done(self) -> bool:
@@ -71,6 +74,7 @@ class ContinuousRun:
         self.pos, self.next_step = self.cuts[k], k + 1
         if self.done:
             ex.finish(st)
+            st.stash.home()  # the drain reads the current weights (evaluation, checkpoints)
         lo = k * self.m
         return {mb - lo: st.losses.pop(mb) for mb in range(lo, lo + self.m) if mb in st.losses}
 
