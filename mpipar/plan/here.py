@@ -68,6 +68,7 @@ from .opt_region import _optimizer, opt_fixed, opt_warm
 from .placement import axis_links
 from .replicas import replica_wait
 from .sharing import core_share, cosched_wait
+from .unit_fit import calibration, phase_times  # noqa: F401 (re-exported: the plan's API)
 
 DTYPE_KEYS = {"float32": ("fp32", 4), "float64": ("fp64", 8), "bfloat16": ("bf16", 2),
               "float16": ("fp16", 2)}
@@ -184,70 +185,6 @@ def _tensors(unit) -> int:
         elif isinstance(part, (spec.TokenEmbedding, spec.PositionEmbedding)):
             n += 1
     return n
-
-
-# without a measured [units] section (the bundled GPU specs): no floor, the backward-input's
-# element-wise traffic twice the forward's, none in the weight pass (``costs.layer_cost``'s rule)
-DEFAULT_K = {"f": 1.0, "b": 2.0, "w": 0.0}
-
-
-def _phase_parts(u: dict) -> dict:
-    """{phase: (GEMM seconds, element-wise seconds)} of a unit: the backward-input redoes the
-    forward's GEMMs (attention core included), the weight pass only the weights' GEMMs."""
-    return {"f": (u["gemm"] + u["core_gemm"], u["mem"] + u["core_mem"]),
-            "b": (u["gemm"] + u["core_gemm"], u["mem"] + u["core_mem"]),
-            "w": (u["gemm"], u["mem"])}
-
-
-def calibration(c: Cluster) -> dict:
-    """{(unit kind, phase): (floor s, k)} from the spec's ``[units]`` (``plan.unit_bench``): k
-    makes the reference shape's phase come out as measured there. {} without that section."""
-    from .unit_bench import REF
-
-    got = dict(c.units)
-    if not got:
-        return {}
-    d, heads, seq, b = REF["gpt"]
-    width, rows = REF["mlp"]
-    ref_cfg = {"gpt": {"model": {"kind": "gpt", "vocab_size": 256, "block_size": seq,
-                                 "n_layer": 1, "n_embd": d, "n_head": heads},
-                       "train": {"batch_size": b, "seq_len": seq, "dtype": "float32"}},
-               "mlp": {"model": {"kind": "mlp", "sizes": [width, width, width]},
-                       "train": {"batch_size": rows, "dtype": "float32"}}}
-    ref = {}
-    for cfg in ref_cfg.values():
-        for u in unit_costs(cfg, {"dp": 1, "pp": 1, "tp": 1}, c):
-            ref.setdefault(u["kind"], u)
-    out = {}
-    for kind, u in ref.items():
-        for ph, (gemm, mem) in _phase_parts(u).items():
-            floor = got.get(f"floor_{kind}_{ph}", 0.0)
-            measured = got.get(f"ref_{kind}_{ph}")
-            if measured is None:
-                continue
-            k = max(measured - floor - gemm, 0.0) / mem if mem > 0 else 0.0
-            out[(kind, ph)] = (floor, k)
-    for ph in ("f", "b"):  # the MLP's loss: a per-call cost at its sizes (unit_bench)
-        if f"floor_loss_{ph}" in got:
-            out[("loss", ph)] = (got[f"floor_loss_{ph}"], 0.0)
-    return out
-
-
-def phase_times(u: dict, cal: dict, recompute: str) -> tuple[float, float, float]:
-    """(F, B, W) of one unit: floor + GEMM + k x element-wise per phase, tp collectives in F
-    and B, recomputation in B (full: the forward again; selective: the attention core's)."""
-    t = {}
-    for ph, (gemm, mem) in _phase_parts(u).items():
-        floor, k = cal.get((u["kind"], ph), (0.0, DEFAULT_K[ph]))
-        t[ph] = floor + gemm + k * mem
-        if u.get("loss") and ph in "fb":  # the MLP's last unit also runs the loss
-            t[ph] += cal.get(("loss", ph), (0.0, 0.0))[0]
-    f, b = t["f"] + u["tp_f"], t["b"] + u["tp_b"]
-    if recompute == "full":
-        b += f
-    elif recompute == "selective":
-        b += u["core_gemm"] + cal.get((u["kind"], "f"), (0.0, 1.0))[1] * u["core_mem"]
-    return f, b, t["w"]
 
 
 def action_floor(c: Cluster) -> tuple[float, float]:

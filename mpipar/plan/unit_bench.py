@@ -28,6 +28,10 @@ import numpy as np
 # (GPT: n_embd, n_head, seq, batch; MLP: width, batch)
 FLOOR = {"gpt": (8, 2, 8, 1), "mlp": (8, 1)}
 REF = {"gpt": (96, 4, 48, 4), "mlp": (192, 48)}
+# more GPT shapes around the reference (n_embd, n_head, seq, batch): half and twice the width,
+# head sizes 12 and 48, sequences 96 and 24 (192 tokens each), so that a unit's GEMM, attention
+# core and element-wise weights are each pinned (``plan.unit_fit``)
+SHAPES = ((48, 4, 48, 4), (192, 4, 48, 4), (96, 8, 96, 2), (96, 2, 24, 8))
 PHASES = ("f", "b", "w")
 
 
@@ -262,11 +266,15 @@ def measure_units(quick: bool, cache_bytes: float = 0.0) -> dict:
 
 
 def unit_times(budget: float) -> dict:
-    """{"floor_<unit>_<phase>": s, "ref_<unit>_<phase>": s, "floor_loss_f": s, ...}: every
-    unit chain at the tiny and the reference shape (``plan.resample`` re-times these beside
-    the runs)."""
+    """{"floor_<unit>_<phase>": s, "ref_<unit>_<phase>": s, "floor_loss_f": s, ...,
+    "shape<i>_<unit>_<phase>": s}: every unit chain at the tiny and the reference shape, and
+    the GPT units at each of ``SHAPES`` (i from 1), with the reference shape and the tiny one
+    timed again among them (``shape0``, ``shapefloor``: the fit's own floor, ``plan.unit_fit``);
+    ``plan.resample`` re-times these beside the runs."""
     out = {}
     for tag, shapes in (("floor", FLOOR), ("ref", REF)):
         got = gpt_units(*shapes["gpt"], budget) | mlp_units(*shapes["mlp"], budget)
         out.update({f"{tag}_{k}": v for k, v in got.items()})
+    for i, shape in [("floor", FLOOR["gpt"])] + list(enumerate((REF["gpt"], *SHAPES))):
+        out.update({f"shape{i}_{k}": v for k, v in gpt_units(*shape, budget).items()})
     return out

@@ -1,0 +1,94 @@
+"""``mpipar.plan.unit_fit``: a unit's phase from its counted work, fitted over measured shapes."""
+
+from __future__ import annotations
+
+import pytest
+from spec_util import spec_text
+
+from mpipar.plan import load_cluster
+from mpipar.plan.unit_bench import REF, SHAPES
+from mpipar.plan.unit_fit import (
+    _gpt_config,
+    _parts_by_kind,
+    calibration,
+    fit_weights,
+    phase_parts,
+    phase_times,
+)
+
+SPEC = spec_text(intra=(1e9, 0.001), inter=(1.0, 50.0))
+KINDS = ("embed", "block", "head")
+
+
+def _cluster(tmp_path, units: dict):
+    path = tmp_path / "spec.toml"
+    path.write_text(SPEC + "\n[units]\n" + "".join(f"{k}_us = {v!r}\n" for k, v in units.items()))
+    return load_cluster(str(path))
+
+
+def _shape_times(c, weights: dict, floor: float, scale: float = 1.0) -> dict:
+    """Times of every GPT unit and phase at REF and SHAPES made by known weights (a, c, k)."""
+    out = {}
+    for i, shape in [("ref", REF["gpt"])] + [(f"shape{j}", s) for j, s in enumerate(SHAPES, 1)]:
+        parts = _parts_by_kind(_gpt_config(*shape), c)
+        for kind in KINDS:
+            for ph, (g, h, m) in phase_parts(parts[kind]).items():
+                a, cc, k = weights[ph]
+                out[f"{i}_{kind}_{ph}"] = 1e6 * (floor + a * g + cc * h + k * m) * (
+                    1.0 if i == "ref" else scale)
+    return out
+
+
+def test_one_row_keeps_the_single_shape_rule():
+    """Only the reference shape: the GEMMs at the curve (a = c = 1), k solves that shape."""
+    assert fit_weights([(2.0, 1.0, 4.0, 15.0)], 1.0) == pytest.approx((1.0, 1.0, 2.75))
+    assert fit_weights([(2.0, 1.0, 4.0, 3.0)], 1.0) == (1.0, 1.0, 0.0)  # never negative
+
+
+def test_weights_are_recovered_from_the_shapes(tmp_path):
+    """Times made by known weights at every shape: the fit finds them, and a unit of another
+    shape (the tiny GPT's) is priced as those weights price it; the single-shape rule does not."""
+    weights = {"f": (1.1, 1.8, 1.2), "b": (1.5, 1.6, 0.4), "w": (1.3, 0.0, 0.3)}
+    floor = 50e-6
+    probe = _cluster(tmp_path, {"ref_block_f": 1.0})
+    times = _shape_times(probe, weights, floor)
+    units = {f"floor_{k}_{p}": floor * 1e6 for k in KINDS for p in "fbw"}
+    units |= times | {f"shape0_{k.removeprefix('ref_')}": v for k, v in times.items()
+                      if k.startswith("ref_")}
+    c = _cluster(tmp_path, units)
+    cal = calibration(c)
+    for ph, w in weights.items():
+        assert cal[("block", ph)][1] == pytest.approx(w, rel=1e-6, abs=1e-9)
+    tiny = _parts_by_kind(_gpt_config(64, 4, 64, 4), c)["block"]
+    want = [floor + sum(x * y for x, y in zip(weights[p], phase_parts(tiny)[p], strict=True))
+            for p in "fbw"]
+    assert phase_times(tiny, cal, "none") == pytest.approx(want, rel=1e-6)
+    one = _cluster(tmp_path, {k: v for k, v in units.items() if not k.startswith("shape")})
+    assert phase_times(tiny, calibration(one), "none")[1] != pytest.approx(want[1], rel=0.01)
+
+
+def test_shapes_take_their_level_from_the_reference(tmp_path):
+    """Shapes timed when the machine ran 30 % slower (their own floor and reference 30 % above
+    floor_ and ref_): scaled to ref_'s level, the same weights come out."""
+    weights = {"f": (1.1, 1.8, 1.2), "b": (1.5, 1.6, 0.4), "w": (1.3, 0.0, 0.3)}
+    floor = 50e-6
+    probe = _cluster(tmp_path, {"ref_block_f": 1.0})
+    times = _shape_times(probe, weights, floor, scale=1.3)
+    units = {f"floor_{k}_{p}": floor * 1e6 for k in KINDS for p in "fbw"} | times
+    units |= {f"shapefloor_{k}_{p}": 1.3 * floor * 1e6 for k in KINDS for p in "fbw"}
+    units |= {f"shape0_{k.removeprefix('ref_')}": 1.3 * v for k, v in times.items()
+              if k.startswith("ref_")}
+    cal = calibration(_cluster(tmp_path, units))
+    for ph, w in weights.items():
+        assert cal[("block", ph)][1] == pytest.approx(w, rel=1e-6, abs=1e-9)
+
+
+def test_unit_times_hold_every_shape():
+    """``unit_times`` writes the floor, the reference and each of SHAPES (with the reference
+    again as shape0) for every GPT unit and phase (minimal budget)."""
+    from mpipar.plan.unit_bench import unit_times
+
+    got = unit_times(0.0)
+    for i in ["floor"] + list(range(len(SHAPES) + 1)):
+        assert all(f"shape{i}_{k}_{p}" in got for k in KINDS for p in "fbw")
+    assert "ref_linear_f" in got and "floor_loss_f" in got
