@@ -130,11 +130,16 @@ def unit_costs(config: dict, grid: dict, c: Cluster, links: dict | None = None,
     seq = int(_get(config, "seq_len", 0) or m.get("block_size"))
     dims = GPTDims.of({"block_size": seq, **m})
     split = split_of(config, grid)
-    selective = str(_get(config, "recompute", "none")).lower() == "selective"
     T, d, heads = b * seq, dims.n_embd, dims.n_head
     parts = block_flops(dims, seq)
     out = []
-    counts = gpt_counts(dims, split, seq, selective)  # embedding, blocks, head
+    # embedding, blocks, head; counted without selective recomputation whatever the run does:
+    # the forward computes and writes the attention probabilities either way (selective only
+    # frees them after it, the memory model's business), so its traffic is the same; the
+    # recomputation's own cost is added to B (``unit_fit.phase_times``). Counted with it, the
+    # 8-block GPT's F came out 3.6 % longer and the recomputation about twice what its dumps
+    # show (B +0.23-0.34 ms per block and micro-batch, F unchanged)
+    counts = gpt_counts(dims, split, seq)
     for i, (u, unit) in enumerate(zip(counts, gpt_units(dims), strict=True)):
         kind = "embed" if i == 0 else ("head" if i == len(counts) - 1 else "block")
         row = {"kind": kind, "gemm": 0.0, "core_gemm": 0.0, "core_mem": 0.0, **NO_TP,
