@@ -68,7 +68,7 @@ from .opt_region import _optimizer, opt_fixed, opt_warm
 from .placement import axis_links
 from .replicas import replica_wait
 from .sharing import core_share, cosched_wait
-from .unit_fit import calibration, phase_times  # noqa: F401 (re-exported: the plan's API)
+from .unit_fit import calibration, one_shape, phase_times
 
 DTYPE_KEYS = {"float32": ("fp32", 4), "float64": ("fp64", 8), "bfloat16": ("bf16", 2),
               "float16": ("fp16", 2)}
@@ -327,7 +327,8 @@ def _boundary(config, grid, boundary_values) -> float:
 def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | None = None,
             with_floor: bool = True, with_share: bool = True, with_cosched: bool = False,
             with_warm: bool = True, with_replicas: bool = True,
-            with_outside_tp: bool = True, with_slowdown: bool = True) -> dict:
+            with_outside_tp: bool = True, with_slowdown: bool = True,
+            with_shapes: bool = True) -> dict:
     """{step, bubble, bubble_step, compute[p], comm[p], overhead[p], memory[p] | None,
     memory_parts} of the run ``config`` on ``grid`` (dp, pp, tp), from the spec alone
     (``ranks_per_node``: default all ranks on one node; ``with_floor`` False: without the
@@ -337,7 +338,8 @@ def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | No
     ``with_warm`` False: the OPT region cold on every rank, ``opt_warm``; ``with_replicas``
     False: without the dp replicas' wait for the slowest, ``plan.replicas``;
     ``with_outside_tp`` False: the blocks' tp all-reduces only, ``unit_costs``;
-    ``with_slowdown`` False: ranks sharing cores at their bare share, ``plan.oversub``)."""
+    ``with_slowdown`` False: ranks sharing cores at their bare share, ``plan.oversub``;
+    ``with_shapes`` False: the units priced from the reference shape alone, ``unit_fit``)."""
     from mpipar.analysis.memory_model import chunk_bounds
     from mpipar.analysis.predict import expected_outcomes
     from mpipar.parallel.pipeline.generators import build_schedule
@@ -351,6 +353,8 @@ def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | No
         raise PlanError("planned: a continuous (no flush) run is not planned; the calibrated "
                         "column covers it")
     sched = lower(build_schedule(kind, pp, m, virtual_stages=v))
+    if not with_shapes:
+        cluster = one_shape(cluster)
     model = cost_model(config, grid, cluster, sched, v, ranks_per_node,
                        None if with_floor else (0.0, 0.0), with_share, with_cosched,
                        with_warm, with_outside_tp, with_slowdown)

@@ -144,6 +144,15 @@ def _weights(got: dict, kind: str, ph: str, shapes: list, parts: tuple, measured
     return a * scale, c * scale, k * scale
 
 
+def one_shape(c):
+    """The spec ``c`` without its other shapes' times: its units priced by the single-shape
+    rule (the column beside the plan that shows what the shapes change)."""
+    import dataclasses
+
+    return dataclasses.replace(c, units=tuple((k, v) for k, v in c.units
+                                              if not k.startswith("shape")))
+
+
 def phase_times(u: dict, cal: dict, recompute: str) -> tuple[float, float, float]:
     """(F, B, W) of one unit: floor + a GEMM + c core GEMM + k element-wise per phase, tp
     collectives in F and B, recomputation in B (full: the forward again; selective: the
