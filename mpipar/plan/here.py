@@ -18,6 +18,9 @@ tensor-parallel rank (1D Megatron cut, ``models.counts``):
 - the MLP's loss (its own LOSS region, in no unit): the measured per-call floor
   (``[units] floor_loss_f_us`` / ``floor_loss_b_us``) added to its last unit's F and B (the
   GPT's loss is in the head's measured times);
+- what a unit's phase costs from these (``plan.unit_fit``): the measured floor plus the GEMM,
+  attention-core GEMM and element-wise times, each weighed by what the spec's measured shapes
+  give (``[units]``);
 - backward: input gradients (the forward's GEMM time again, twice its traffic, its two
   all-reduces) and weight gradients (the GEMM time again); ``full`` recomputation adds the
   whole forward to B, ``selective`` the attention core's GEMM time and traffic;

@@ -1,16 +1,18 @@
-"""The time of mpipar's own model units on this machine, at two fixed reference shapes.
+"""The time of mpipar's own model units on this machine, at a few fixed shapes.
 
 A FLOP count and a memory rate miss what NumPy costs around them: a call's dispatch (a GPT block
 makes dozens), the element-wise work of the backward (LayerNorm, GELU and softmax gradients
 move more bytes than the forward), the strided products of the weight pass. So ``mpipar plan
 measure`` times a real GPT block, the GPT head and embedding, and an MLP unit (their
 forward, backward-input and weight pass, through ``mpipar.models`` on one thread) at a tiny shape
-(``FLOOR``: the per-call floor) and at a reference shape (``REF``: work well above the floor),
-and writes the times to the spec's ``[units]`` section. The units run as a step runs them
-(``_chain``: ``CHAIN`` distinct blocks, ``CHAIN`` micro-batches forward, then backward), not one
-unit over and over with its data in cache. ``mpipar.plan.here`` reads them as: a
-unit's phase costs its floor, plus its GEMM time, plus ``k`` times its element-wise time, with
-``k`` the one factor per (unit kind, phase) that makes the reference shape come out as measured.
+(``FLOOR``: the per-call floor), at a reference shape (``REF``: work well above the floor) and,
+for the GPT units, at the other shapes of ``SHAPES`` (widths, head sizes and sequence lengths
+around the reference), and writes the times to the spec's ``[units]`` section. The units run
+as a step runs them (``_chain``: ``CHAIN`` distinct blocks, ``CHAIN`` micro-batches forward,
+then backward), not one unit over and over with its data in cache. ``mpipar.plan.unit_fit``
+reads them as: a unit's phase costs its floor, plus weighted GEMM, attention-core GEMM and
+element-wise times, the weights per (unit kind, phase) fitted over the shapes and set to the
+reference shape's level.
 Also measured: the MLP's loss (a per-call cost) and the OPT region (gradient norm, clipping,
 AdamW) per parameter tensor and per value twice: with cold caches (``_evict``), as in a step
 whose parameters, gradients and moments do not fit the core's cache, and warm, on models whose
