@@ -6,8 +6,9 @@ interleaved), it takes what ``mpipar plan measure`` takes for ``[units]``
 (``unit_bench.unit_times``: the floor, the reference shape and the other GPT shapes) and, with
 the same chain and budget, the GPT units at the shapes of the models ``plan_here.py`` runs (the
 tiny GPT and the 8-block one: one micro-batch of 4 sequences of 64 tokens). Then each unit
-and phase of those models is priced from the medians (``plan.unit_fit``: fitted over the
-shapes, and from the reference shape alone) and set beside its measured chain time: the
+and phase of those models is priced from the medians (``plan.unit_fit``: as the plan prices
+it, from the reference shape alone, and fitted over the shapes) and set beside its measured
+chain time: the
 planner's form against the machine at one moment, with no run and no drift between them.
 Nothing here feeds the spec or the plan.
 
@@ -35,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 NAME = "plan_here_shapes"
-COLUMNS = ["model", "unit", "phase", "measured_us", "planned_us", "err_pct", "one_shape_us",
-           "one_shape_err_pct"]
+COLUMNS = ["model", "unit", "phase", "measured_us", "planned_us", "err_pct", "shapes_us",
+           "shapes_err_pct"]
 # the models plan_here.py runs (experiments/configs/tiny.toml, exp_bubble.toml): n_embd,
 # n_head, seq, rows per micro-batch (batch 16 / 4 micro-batches)
 MODELS = {"tiny": (64, 4, 64, 4), "gpt8": (128, 4, 64, 4)}
@@ -77,8 +78,8 @@ def rows_of(cluster, units: dict, models: dict) -> list[dict]:
                 meas = models[m][f"{unit}_{ph}"] * 1e6
                 fit, one = got["fit"][ph] * 1e6, got["one"][ph] * 1e6
                 out.append({"model": m, "unit": unit, "phase": ph, "measured_us": meas,
-                            "planned_us": fit, "err_pct": 100 * (fit / meas - 1),
-                            "one_shape_us": one, "one_shape_err_pct": 100 * (one / meas - 1)})
+                            "planned_us": one, "err_pct": 100 * (one / meas - 1),
+                            "shapes_us": fit, "shapes_err_pct": 100 * (fit / meas - 1)})
     return out
 
 

@@ -92,3 +92,27 @@ def test_unit_times_hold_every_shape():
     for i in ["floor"] + list(range(len(SHAPES) + 1)):
         assert all(f"shape{i}_{k}_{p}" in got for k in KINDS for p in "fbw")
     assert "ref_linear_f" in got and "floor_loss_f" in got
+
+
+def test_the_plan_uses_the_shapes_only_when_asked(tmp_path):
+    """``planned`` prices by the reference shape alone (the spec's shapes ignored) unless
+    ``with_shapes``; with them (a GEMM weight of 2 at every shape) the step changes."""
+    from mpipar.plan.here import planned
+    from mpipar.plan.unit_fit import one_shape
+
+    weights = {"f": (2.0, 1.0, 1.0), "b": (2.0, 1.0, 1.0), "w": (2.0, 0.0, 1.0)}
+    floor = 50e-6
+    probe = _cluster(tmp_path, {"ref_block_f": 1.0})
+    times = _shape_times(probe, weights, floor)
+    units = {f"floor_{k}_{p}": floor * 1e6 for k in KINDS for p in "fbw"} | times
+    units |= {f"shape0_{k.removeprefix('ref_')}": v for k, v in times.items()
+              if k.startswith("ref_")}
+    c = _cluster(tmp_path, units)
+    cfg = {"model": {"kind": "gpt", "vocab_size": 256, "block_size": 64, "n_layer": 2,
+                     "n_embd": 64, "n_head": 4},
+           "train": {"batch_size": 8, "seq_len": 64, "dtype": "float32"},
+           "parallel": {"schedule": "1f1b", "microbatches": 2}}
+    grid = {"dp": 1, "pp": 1, "tp": 1}
+    assert planned(cfg, grid, c)["step"] == planned(cfg, grid, one_shape(c))["step"]
+    assert planned(cfg, grid, c, with_shapes=True)["step"] != pytest.approx(
+        planned(cfg, grid, c)["step"], rel=1e-3)

@@ -18,9 +18,10 @@ tensor-parallel rank (1D Megatron cut, ``models.counts``):
 - the MLP's loss (its own LOSS region, in no unit): the measured per-call floor
   (``[units] floor_loss_f_us`` / ``floor_loss_b_us``) added to its last unit's F and B (the
   GPT's loss is in the head's measured times);
-- what a unit's phase costs from these (``plan.unit_fit``): the measured floor plus the GEMM,
-  attention-core GEMM and element-wise times, each weighed by what the spec's measured shapes
-  give (``[units]``);
+- what a unit's phase costs from these (``plan.unit_fit``): the measured floor plus the GEMM
+  time plus ``k`` times the element-wise time, ``k`` what makes the reference shape come out
+  as measured (``[units]``); with ``with_shapes``, the GEMM, attention-core GEMM and
+  element-wise times weighed by the fit over the spec's other GPT shapes (beside the plan);
 - backward: input gradients (the forward's GEMM time again, twice its traffic, its two
   all-reduces) and weight gradients (the GEMM time again); ``full`` recomputation adds the
   whole forward to B, ``selective`` the attention core's GEMM time and traffic;
@@ -331,7 +332,7 @@ def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | No
             with_floor: bool = True, with_share: bool = True, with_cosched: bool = False,
             with_warm: bool = True, with_replicas: bool = True,
             with_outside_tp: bool = True, with_slowdown: bool = True,
-            with_shapes: bool = True) -> dict:
+            with_shapes: bool = False) -> dict:
     """{step, bubble, bubble_step, compute[p], comm[p], overhead[p], memory[p] | None,
     memory_parts} of the run ``config`` on ``grid`` (dp, pp, tp), from the spec alone
     (``ranks_per_node``: default all ranks on one node; ``with_floor`` False: without the
@@ -342,7 +343,8 @@ def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | No
     False: without the dp replicas' wait for the slowest, ``plan.replicas``;
     ``with_outside_tp`` False: the blocks' tp all-reduces only, ``unit_costs``;
     ``with_slowdown`` False: ranks sharing cores at their bare share, ``plan.oversub``;
-    ``with_shapes`` False: the units priced from the reference shape alone, ``unit_fit``)."""
+    ``with_shapes`` True: the units' parts weighed by the fit over the spec's GPT shapes,
+    ``unit_fit``; default the reference shape alone: shown beside the plan, not in it)."""
     from mpipar.analysis.memory_model import chunk_bounds
     from mpipar.analysis.predict import expected_outcomes
     from mpipar.parallel.pipeline.generators import build_schedule

@@ -31,9 +31,11 @@ import numpy as np
 FLOOR = {"gpt": (8, 2, 8, 1), "mlp": (8, 1)}
 REF = {"gpt": (96, 4, 48, 4), "mlp": (192, 48)}
 # more GPT shapes around the reference (n_embd, n_head, seq, batch): half and twice the width,
-# head sizes 12 and 48, sequences 96 and 24 (192 tokens each), so that a unit's GEMM, attention
-# core and element-wise weights are each pinned (``plan.unit_fit``)
-SHAPES = ((48, 4, 48, 4), (192, 4, 48, 4), (96, 8, 96, 2), (96, 2, 24, 8), (96, 4, 96, 4), (48, 2, 64, 8))
+# head sizes 12 and 48, sequences 96 and 24 (192 tokens each), then 384 and 512 tokens a
+# micro-batch, so that a unit's GEMM, attention core and element-wise weights are each pinned
+# (``plan.unit_fit``); fixed here, never a validation run's
+SHAPES = ((48, 4, 48, 4), (192, 4, 48, 4), (96, 8, 96, 2), (96, 2, 24, 8), (96, 4, 96, 4),
+          (48, 2, 64, 8))
 PHASES = ("f", "b", "w")
 
 

@@ -20,6 +20,12 @@ more shapes (``unit_bench.SHAPES``: other widths, head sizes and sequence length
 never a validation run's), and (a, c, k) are the non-negative least-squares fit over all the
 shapes, each weighed by its own time (relative error).
 
+``plan.here.planned`` prices units by the single-shape rule and shows the fit beside it
+(``with_shapes``; ``experiments/plan_here.py``'s ``shapes_ms``): on this machine's stored
+runs the fit priced the tiny GPT's backward and head 5-10 % lower and the 8-block GPT's units
+4-7 % higher, and the runs were then 10-15 % faster than the samples at both sizes (the
+samples' level, not the form), so the column waits for quiet runs to decide.
+
 The shapes' level: the machine drifts (``plan.resample``), and a sample taken beside the runs
 may re-time the floor and the reference shape without the other shapes (older samples). So
 (a, c, k) are fitted over the shapes against the floor timed with them (``shapefloor_*``; the
