@@ -58,10 +58,10 @@ def measure(rounds: int, budget: float) -> tuple[dict, dict]:
 
 
 def rows_of(cluster, units: dict, models: dict) -> list[dict]:
+    from mpipar.plan.here import calibration, unit_costs
     from mpipar.plan.unit_fit import (
         _gpt_config,
         _parts_by_kind,
-        calibration,
         one_shape,
         phase_times,
     )
@@ -70,7 +70,7 @@ def rows_of(cluster, units: dict, models: dict) -> list[dict]:
     cals = {"fit": calibration(c), "one": calibration(one_shape(c))}
     out = []
     for m, shape in MODELS.items():
-        parts = _parts_by_kind(_gpt_config(*shape), c)
+        parts = _parts_by_kind(_gpt_config(*shape), c, unit_costs)
         for unit in ("embed", "block", "head"):
             got = {k: dict(zip("fbw", phase_times({**parts[unit], "loss": False}, cal, "none"),
                                strict=True)) for k, cal in cals.items()}

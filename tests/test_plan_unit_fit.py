@@ -6,11 +6,11 @@ import pytest
 from spec_util import spec_text
 
 from mpipar.plan import load_cluster
+from mpipar.plan.here import calibration, unit_costs
 from mpipar.plan.unit_bench import REF, SHAPES
 from mpipar.plan.unit_fit import (
     _gpt_config,
     _parts_by_kind,
-    calibration,
     fit_weights,
     phase_parts,
     phase_times,
@@ -30,7 +30,7 @@ def _shape_times(c, weights: dict, floor: float, scale: float = 1.0) -> dict:
     """Times of every GPT unit and phase at REF and SHAPES made by known weights (a, c, k)."""
     out = {}
     for i, shape in [("ref", REF["gpt"])] + [(f"shape{j}", s) for j, s in enumerate(SHAPES, 1)]:
-        parts = _parts_by_kind(_gpt_config(*shape), c)
+        parts = _parts_by_kind(_gpt_config(*shape), c, unit_costs)
         for kind in KINDS:
             for ph, (g, h, m) in phase_parts(parts[kind]).items():
                 a, cc, k = weights[ph]
@@ -59,7 +59,7 @@ def test_weights_are_recovered_from_the_shapes(tmp_path):
     cal = calibration(c)
     for ph, w in weights.items():
         assert cal[("block", ph)][1] == pytest.approx(w, rel=1e-6, abs=1e-9)
-    tiny = _parts_by_kind(_gpt_config(64, 4, 64, 4), c)["block"]
+    tiny = _parts_by_kind(_gpt_config(64, 4, 64, 4), c, unit_costs)["block"]
     want = [floor + sum(x * y for x, y in zip(weights[p], phase_parts(tiny)[p], strict=True))
             for p in "fbw"]
     assert phase_times(tiny, cal, "none") == pytest.approx(want, rel=1e-6)

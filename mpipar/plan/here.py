@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import math
 
+from . import unit_fit
 from .cluster import Cluster
 from .errors import PlanError
 from .memory_terms import planned_memory
@@ -72,7 +73,7 @@ from .opt_region import _optimizer, opt_fixed, opt_warm
 from .placement import axis_links
 from .replicas import replica_wait
 from .sharing import core_share, cosched_wait
-from .unit_fit import calibration, one_shape, phase_times
+from .unit_fit import one_shape, phase_times
 
 DTYPE_KEYS = {"float32": ("fp32", 4), "float64": ("fp64", 8), "bfloat16": ("bf16", 2),
               "float16": ("fp16", 2)}
@@ -194,6 +195,11 @@ def _tensors(unit) -> int:
         elif isinstance(part, (spec.TokenEmbedding, spec.PositionEmbedding)):
             n += 1
     return n
+
+
+def calibration(c: Cluster) -> dict:
+    """``unit_fit.calibration`` of the spec ``c`` with this module's unit counts."""
+    return unit_fit.calibration(c, unit_costs)
 
 
 def action_floor(c: Cluster) -> tuple[float, float]:

@@ -95,19 +95,18 @@ def _gpt_config(d: int, heads: int, seq: int, b: int) -> dict:
             "train": {"batch_size": b, "seq_len": seq, "dtype": "float32"}}
 
 
-def _parts_by_kind(cfg: dict, c) -> dict:
-    from .here import unit_costs
-
+def _parts_by_kind(cfg: dict, c, unit_costs) -> dict:
     out = {}
     for u in unit_costs(cfg, {"dp": 1, "pp": 1, "tp": 1}, c):
         out.setdefault(u["kind"], u)
     return out
 
 
-def calibration(c) -> dict:
+def calibration(c, unit_costs) -> dict:
     """{(unit kind, phase): (floor s, (a, c, k))} from the spec's ``[units]``
     (``plan.unit_bench``; module doc), and {("loss", phase): (floor s, (0, 0, 0))} for the
-    MLP's loss; {} without that section."""
+    MLP's loss; {} without that section. ``unit_costs``: ``plan.here.unit_costs`` (passed
+    in: ``here`` imports this module)."""
     from .unit_bench import REF, SHAPES
 
     got = dict(c.units)
@@ -115,8 +114,8 @@ def calibration(c) -> dict:
         return {}
     ref = {}
     for cfg in _ref_configs(REF).values():
-        ref |= _parts_by_kind(cfg, c)
-    others = [(i, _parts_by_kind(_gpt_config(*shape), c))
+        ref |= _parts_by_kind(cfg, c, unit_costs)
+    others = [(i, _parts_by_kind(_gpt_config(*shape), c, unit_costs))
               for i, shape in enumerate((REF["gpt"], *SHAPES))
               if any(k.startswith(f"shape{i}_") for k in got)]
     out = {}
