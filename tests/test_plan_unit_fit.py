@@ -83,6 +83,7 @@ def test_shapes_take_their_level_from_the_reference(tmp_path):
         assert cal[("block", ph)][1] == pytest.approx(w, rel=1e-6, abs=1e-9)
 
 
+@pytest.mark.slow  # every chain of plan measure, at a minimal budget: seconds
 def test_unit_times_hold_every_shape():
     """``unit_times`` writes the floor, the reference and each of SHAPES (with the reference
     again as shape0) for every GPT unit and phase (minimal budget)."""
@@ -116,3 +117,32 @@ def test_the_plan_uses_the_shapes_only_when_asked(tmp_path):
     assert planned(cfg, grid, c)["step"] == planned(cfg, grid, one_shape(c))["step"]
     assert planned(cfg, grid, c, with_shapes=True)["step"] != pytest.approx(
         planned(cfg, grid, c)["step"], rel=1e-3)
+
+
+@pytest.mark.slow  # a subprocess timing every chain: seconds
+def test_plan_here_shapes_runs_and_writes_every_unit_and_phase(tmp_path):
+    """experiments/plan_here_shapes.py at a minimal budget: a row per model, unit and phase,
+    each with the plan's and the fit's price; a missing spec is one clear line."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SPEC)
+    env = dict(os.environ, PYTHONPATH=str(repo))
+    script = str(repo / "experiments" / "plan_here_shapes.py")
+    done = subprocess.run([sys.executable, script, "--spec", str(spec), "--out",
+                           str(tmp_path / "out"), "--rounds", "1", "--budget", "0"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads((tmp_path / "out" / "results.json").read_text())["rows"]
+    assert {(r["model"], r["unit"], r["phase"]) for r in rows} == {
+        (m, u, p) for m in ("tiny", "gpt8") for u in KINDS for p in "fbw"}
+    assert all(r["measured_us"] > 0 and r["planned_us"] > 0 and r["shapes_us"] > 0
+               for r in rows if r["unit"] != "embed")
+    bad = subprocess.run([sys.executable, script, "--spec", str(tmp_path / "none.toml")],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert bad.returncode == 2 and "plan_here_shapes:" in bad.stderr
