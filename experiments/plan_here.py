@@ -25,7 +25,10 @@ between two quiet single runs), and puts side by side:
   measured once on the probe run), ``trace_mib`` (the timing dump's events held in memory)
   and ``cold_opt_ms`` (every rank's OPT region at its cold costs: without the warm costs a
   rank gets when its optimizer state fits its core's cache, ``plan.opt_region.opt_warm``)
-  and ``no_replica_ms`` (without the dp replicas' wait for the slowest, ``plan.replicas``).
+  and ``no_replica_ms`` (without the dp replicas' wait for the slowest, ``plan.replicas``)
+  and ``shapes_ms`` (the units' GEMM, attention-core and element-wise parts weighed by the
+  fit over the spec's other GPT shapes, ``plan.unit_fit``: beside the plan, not in it; the
+  plan itself where the spec has no shapes).
 
 The spec beside the runs (``plan.resample``): before each round of rows and after the last, a
 short sample (~10 s alone: the fp32 GEMM curve, the element-wise rate, the unit chains, p2p and
@@ -73,7 +76,8 @@ NAME = "plan_here"
 COLUMNS = ["table", "model", "grid", "schedule", "v", "m", "recompute", "step_ms",
            "spread_pct", "mean_ms", "planned_ms", "step_err_pct", "near_ms", "near_err_pct",
            "band_lo_ms", "band_hi_ms", "in_band", "no_floor_ms", "slice_wait_ms", "blocks_tp_ms",
-           "no_slowdown_ms", "no_share_ms", "cold_opt_ms", "no_replica_ms", "mem_mib",
+           "no_slowdown_ms", "no_share_ms", "cold_opt_ms", "no_replica_ms", "shapes_ms",
+           "mem_mib",
            "planned_mib", "mem_err_pct", "runtime_mib", "trace_mib", "ok"]
 STEP_PCT, MEM_PCT, PICK_PCT, SPEARMAN = 10.0, 10.0, 5.0, 0.8
 MODELS = {"tiny": "tiny.toml", "gpt8": "exp_bubble.toml", "mlp": "mlp.toml"}
@@ -242,6 +246,7 @@ def measure_row(args, out: Path, row, specs, table: str, ranks_per_node=None) ->
     bare_share = planned(run.config, run.grid, cluster, ranks_per_node, with_slowdown=False)
     cold = planned(run.config, run.grid, cluster, ranks_per_node, with_warm=False)
     lone = planned(run.config, run.grid, cluster, ranks_per_node, with_replicas=False)
+    shaped = planned(run.config, run.grid, cluster, ranks_per_node, with_shapes=True)
     busiest = int(np.argmax(pl["memory"])) if pl.get("memory") else None
     parts = pl["memory_parts"][busiest] if busiest is not None else {}
     model, dp, pp, tp, sched, v, m, rec = row
@@ -254,6 +259,7 @@ def measure_row(args, out: Path, row, specs, table: str, ranks_per_node=None) ->
          "no_slowdown_ms": 1e3 * bare_share["step"],
          "no_share_ms": 1e3 * alone["step"],
          "cold_opt_ms": 1e3 * cold["step"], "no_replica_ms": 1e3 * lone["step"],
+         "shapes_ms": 1e3 * shaped["step"],
          "mem_mib": _mib(float(np.median(mems))) if mems else None,
          "planned_mib": _mib(parts.get("total")), "runtime_mib": _mib(parts.get("runtime")),
          "trace_mib": _mib(parts.get("trace"))}
@@ -329,7 +335,9 @@ def one_node_tables(args, out: Path, base: dict) -> tuple[list[dict], dict]:
                               "samples": [note(s) for s in samples]}
 
 
-TERMS = ("planned = plan.here: unit floor + GEMM + k x element-wise per phase ([units]), the "
+TERMS = ("planned = plan.here: unit floor + GEMM + k x element-wise per phase ([units]; "
+         "shapes_ms: a x GEMM + c x core GEMM + k x element-wise fitted over the spec's GPT "
+         "shapes, not in the plan), the "
          "executor's in-event floor per compute action (no_floor_ms: without it), executor "
          "costs ([executor]), core sharing when a node runs more ranks than it has cores "
          "(no_share_ms: without it; no_slowdown_ms: the bare share, without the measured "

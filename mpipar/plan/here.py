@@ -18,6 +18,10 @@ tensor-parallel rank (1D Megatron cut, ``models.counts``):
 - the MLP's loss (its own LOSS region, in no unit): the measured per-call floor
   (``[units] floor_loss_f_us`` / ``floor_loss_b_us``) added to its last unit's F and B (the
   GPT's loss is in the head's measured times);
+- what a unit's phase costs from these (``plan.unit_fit``): the measured floor plus the GEMM
+  time plus ``k`` times the element-wise time, ``k`` what makes the reference shape come out
+  as measured (``[units]``); with ``with_shapes``, the GEMM, attention-core GEMM and
+  element-wise times weighed by the fit over the spec's other GPT shapes (beside the plan);
 - backward: input gradients (the forward's GEMM time again, twice its traffic, its two
   all-reduces) and weight gradients (the GEMM time again); ``full`` recomputation adds the
   whole forward to B, ``selective`` the attention core's GEMM time and traffic;
@@ -61,6 +65,7 @@ from __future__ import annotations
 
 import math
 
+from . import unit_fit
 from .cluster import Cluster
 from .errors import PlanError
 from .memory_terms import planned_memory
@@ -68,6 +73,7 @@ from .opt_region import _optimizer, opt_fixed, opt_warm
 from .placement import axis_links
 from .replicas import replica_wait
 from .sharing import core_share, cosched_wait
+from .unit_fit import one_shape, phase_times
 
 DTYPE_KEYS = {"float32": ("fp32", 4), "float64": ("fp64", 8), "bfloat16": ("bf16", 2),
               "float16": ("fp16", 2)}
@@ -129,11 +135,16 @@ def unit_costs(config: dict, grid: dict, c: Cluster, links: dict | None = None,
     seq = int(_get(config, "seq_len", 0) or m.get("block_size"))
     dims = GPTDims.of({"block_size": seq, **m})
     split = split_of(config, grid)
-    selective = str(_get(config, "recompute", "none")).lower() == "selective"
     T, d, heads = b * seq, dims.n_embd, dims.n_head
     parts = block_flops(dims, seq)
     out = []
-    counts = gpt_counts(dims, split, seq, selective)  # embedding, blocks, head
+    # embedding, blocks, head; counted without selective recomputation whatever the run does:
+    # the forward computes and writes the attention probabilities either way (selective only
+    # frees them after it, the memory model's business), so its traffic is the same; the
+    # recomputation's own cost is added to B (``unit_fit.phase_times``). Counted with it, the
+    # 8-block GPT's F came out 3.6 % longer and the recomputation about twice what its dumps
+    # show (B +0.23-0.34 ms per block and micro-batch, F unchanged)
+    counts = gpt_counts(dims, split, seq)
     for i, (u, unit) in enumerate(zip(counts, gpt_units(dims), strict=True)):
         kind = "embed" if i == 0 else ("head" if i == len(counts) - 1 else "block")
         row = {"kind": kind, "gemm": 0.0, "core_gemm": 0.0, "core_mem": 0.0, **NO_TP,
@@ -186,68 +197,9 @@ def _tensors(unit) -> int:
     return n
 
 
-# without a measured [units] section (the bundled GPU specs): no floor, the backward-input's
-# element-wise traffic twice the forward's, none in the weight pass (``costs.layer_cost``'s rule)
-DEFAULT_K = {"f": 1.0, "b": 2.0, "w": 0.0}
-
-
-def _phase_parts(u: dict) -> dict:
-    """{phase: (GEMM seconds, element-wise seconds)} of a unit: the backward-input redoes the
-    forward's GEMMs (attention core included), the weight pass only the weights' GEMMs."""
-    return {"f": (u["gemm"] + u["core_gemm"], u["mem"] + u["core_mem"]),
-            "b": (u["gemm"] + u["core_gemm"], u["mem"] + u["core_mem"]),
-            "w": (u["gemm"], u["mem"])}
-
-
 def calibration(c: Cluster) -> dict:
-    """{(unit kind, phase): (floor s, k)} from the spec's ``[units]`` (``plan.unit_bench``): k
-    makes the reference shape's phase come out as measured there. {} without that section."""
-    from .unit_bench import REF
-
-    got = dict(c.units)
-    if not got:
-        return {}
-    d, heads, seq, b = REF["gpt"]
-    width, rows = REF["mlp"]
-    ref_cfg = {"gpt": {"model": {"kind": "gpt", "vocab_size": 256, "block_size": seq,
-                                 "n_layer": 1, "n_embd": d, "n_head": heads},
-                       "train": {"batch_size": b, "seq_len": seq, "dtype": "float32"}},
-               "mlp": {"model": {"kind": "mlp", "sizes": [width, width, width]},
-                       "train": {"batch_size": rows, "dtype": "float32"}}}
-    ref = {}
-    for cfg in ref_cfg.values():
-        for u in unit_costs(cfg, {"dp": 1, "pp": 1, "tp": 1}, c):
-            ref.setdefault(u["kind"], u)
-    out = {}
-    for kind, u in ref.items():
-        for ph, (gemm, mem) in _phase_parts(u).items():
-            floor = got.get(f"floor_{kind}_{ph}", 0.0)
-            measured = got.get(f"ref_{kind}_{ph}")
-            if measured is None:
-                continue
-            k = max(measured - floor - gemm, 0.0) / mem if mem > 0 else 0.0
-            out[(kind, ph)] = (floor, k)
-    for ph in ("f", "b"):  # the MLP's loss: a per-call cost at its sizes (unit_bench)
-        if f"floor_loss_{ph}" in got:
-            out[("loss", ph)] = (got[f"floor_loss_{ph}"], 0.0)
-    return out
-
-
-def phase_times(u: dict, cal: dict, recompute: str) -> tuple[float, float, float]:
-    """(F, B, W) of one unit: floor + GEMM + k x element-wise per phase, tp collectives in F
-    and B, recomputation in B (full: the forward again; selective: the attention core's)."""
-    t = {}
-    for ph, (gemm, mem) in _phase_parts(u).items():
-        floor, k = cal.get((u["kind"], ph), (0.0, DEFAULT_K[ph]))
-        t[ph] = floor + gemm + k * mem
-        if u.get("loss") and ph in "fb":  # the MLP's last unit also runs the loss
-            t[ph] += cal.get(("loss", ph), (0.0, 0.0))[0]
-    f, b = t["f"] + u["tp_f"], t["b"] + u["tp_b"]
-    if recompute == "full":
-        b += f
-    elif recompute == "selective":
-        b += u["core_gemm"] + cal.get((u["kind"], "f"), (0.0, 1.0))[1] * u["core_mem"]
-    return f, b, t["w"]
+    """``unit_fit.calibration`` of the spec ``c`` with this module's unit counts."""
+    return unit_fit.calibration(c, unit_costs)
 
 
 def action_floor(c: Cluster) -> tuple[float, float]:
@@ -385,7 +337,8 @@ def _boundary(config, grid, boundary_values) -> float:
 def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | None = None,
             with_floor: bool = True, with_share: bool = True, with_cosched: bool = False,
             with_warm: bool = True, with_replicas: bool = True,
-            with_outside_tp: bool = True, with_slowdown: bool = True) -> dict:
+            with_outside_tp: bool = True, with_slowdown: bool = True,
+            with_shapes: bool = False) -> dict:
     """{step, bubble, bubble_step, compute[p], comm[p], overhead[p], memory[p] | None,
     memory_parts} of the run ``config`` on ``grid`` (dp, pp, tp), from the spec alone
     (``ranks_per_node``: default all ranks on one node; ``with_floor`` False: without the
@@ -395,7 +348,9 @@ def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | No
     ``with_warm`` False: the OPT region cold on every rank, ``opt_warm``; ``with_replicas``
     False: without the dp replicas' wait for the slowest, ``plan.replicas``;
     ``with_outside_tp`` False: the blocks' tp all-reduces only, ``unit_costs``;
-    ``with_slowdown`` False: ranks sharing cores at their bare share, ``plan.oversub``)."""
+    ``with_slowdown`` False: ranks sharing cores at their bare share, ``plan.oversub``;
+    ``with_shapes`` True: the units' parts weighed by the fit over the spec's GPT shapes,
+    ``unit_fit``; default the reference shape alone: shown beside the plan, not in it)."""
     from mpipar.analysis.memory_model import chunk_bounds
     from mpipar.analysis.predict import expected_outcomes
     from mpipar.parallel.pipeline.generators import build_schedule
@@ -409,6 +364,8 @@ def planned(config: dict, grid: dict, cluster: Cluster, ranks_per_node: int | No
         raise PlanError("planned: a continuous (no flush) run is not planned; the calibrated "
                         "column covers it")
     sched = lower(build_schedule(kind, pp, m, virtual_stages=v))
+    if not with_shapes:
+        cluster = one_shape(cluster)
     model = cost_model(config, grid, cluster, sched, v, ranks_per_node,
                        None if with_floor else (0.0, 0.0), with_share, with_cosched,
                        with_warm, with_outside_tp, with_slowdown)

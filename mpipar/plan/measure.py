@@ -21,8 +21,9 @@ every number measured here, none taken from a datasheet:
   gradient-norm collective: that fit holds the ranks' imbalance): the executor's own cost,
   what no FLOP count gives.
 - ``[units]``: mpipar's own GPT block, head, embedding and MLP unit timed at a tiny and a
-  reference shape (``plan.unit_bench``, run as a chain of distinct units): the per-call floor
-  and the element-wise factors; the MLP's loss; the OPT region per tensor and per value.
+  reference shape, the GPT units also at ``unit_bench.SHAPES`` (``shape<i>_*``; run as a chain
+  of distinct units): the per-call floor and the weights of a unit's parts
+  (``plan.unit_fit``); the MLP's loss; the OPT region per tensor and per value.
 - ``step_cv``: how much one rank's compute per step varies (``unit_bench.step_cv``: std /
   mean over repeats of the reference GPT chain), for the wait of dp replicas for the slowest.
 - ``cache_mb``: the largest cache of one core alone (``core_cache_bytes``, read from

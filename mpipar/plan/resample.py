@@ -11,7 +11,8 @@ from every sample (the band: least and most planned step).
 A sample re-times what moved, each the way ``mpipar plan measure`` times it (one BLAS thread,
 in a child process): the fp32 GEMM curve (``peak_tflops.fp32``, ``gemm.half_dim``), the
 element-wise rate (``hbm.bandwidth_gbs``), every unit chain at the tiny and the reference shape
-(``[units] floor_*``, ``ref_*``: ``unit_bench.unit_times``), and p2p and all-reduce latency and
+and the GPT units at the other shapes (``[units] floor_*``, ``ref_*``, ``shape*``:
+``unit_bench.unit_times``), and p2p and all-reduce latency and
 bandwidth at the message sizes the rows send (``row_bytes``: the boundary activation of each
 row, not 4 MiB). Everything else (executor costs, OPT region, runtime memory, cores, cache,
 ``step_cv``) stays the base spec's. A sample is stored as the TOML of just those keys, plus

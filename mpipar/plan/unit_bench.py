@@ -1,16 +1,18 @@
-"""The time of mpipar's own model units on this machine, at two fixed reference shapes.
+"""The time of mpipar's own model units on this machine, at a few fixed shapes.
 
 A FLOP count and a memory rate miss what NumPy costs around them: a call's dispatch (a GPT block
 makes dozens), the element-wise work of the backward (LayerNorm, GELU and softmax gradients
 move more bytes than the forward), the strided products of the weight pass. So ``mpipar plan
 measure`` times a real GPT block, the GPT head and embedding, and an MLP unit (their
 forward, backward-input and weight pass, through ``mpipar.models`` on one thread) at a tiny shape
-(``FLOOR``: the per-call floor) and at a reference shape (``REF``: work well above the floor),
-and writes the times to the spec's ``[units]`` section. The units run as a step runs them
-(``_chain``: ``CHAIN`` distinct blocks, ``CHAIN`` micro-batches forward, then backward), not one
-unit over and over with its data in cache. ``mpipar.plan.here`` reads them as: a
-unit's phase costs its floor, plus its GEMM time, plus ``k`` times its element-wise time, with
-``k`` the one factor per (unit kind, phase) that makes the reference shape come out as measured.
+(``FLOOR``: the per-call floor), at a reference shape (``REF``: work well above the floor) and,
+for the GPT units, at the other shapes of ``SHAPES`` (widths, head sizes and sequence lengths
+around the reference), and writes the times to the spec's ``[units]`` section. The units run
+as a step runs them (``_chain``: ``CHAIN`` distinct blocks, ``CHAIN`` micro-batches forward,
+then backward), not one unit over and over with its data in cache. ``mpipar.plan.unit_fit``
+reads them as: a unit's phase costs its floor, plus weighted GEMM, attention-core GEMM and
+element-wise times, the weights per (unit kind, phase) fitted over the shapes and set to the
+reference shape's level.
 Also measured: the MLP's loss (a per-call cost) and the OPT region (gradient norm, clipping,
 AdamW) per parameter tensor and per value twice: with cold caches (``_evict``), as in a step
 whose parameters, gradients and moments do not fit the core's cache, and warm, on models whose
@@ -28,6 +30,12 @@ import numpy as np
 # (GPT: n_embd, n_head, seq, batch; MLP: width, batch)
 FLOOR = {"gpt": (8, 2, 8, 1), "mlp": (8, 1)}
 REF = {"gpt": (96, 4, 48, 4), "mlp": (192, 48)}
+# more GPT shapes around the reference (n_embd, n_head, seq, batch): half and twice the width,
+# head sizes 12 and 48, sequences 96 and 24 (192 tokens each), then 384 and 512 tokens a
+# micro-batch, so that a unit's GEMM, attention core and element-wise weights are each pinned
+# (``plan.unit_fit``); fixed here, never a validation run's
+SHAPES = ((48, 4, 48, 4), (192, 4, 48, 4), (96, 8, 96, 2), (96, 2, 24, 8), (96, 4, 96, 4),
+          (48, 2, 64, 8))
 PHASES = ("f", "b", "w")
 
 
@@ -262,11 +270,15 @@ def measure_units(quick: bool, cache_bytes: float = 0.0) -> dict:
 
 
 def unit_times(budget: float) -> dict:
-    """{"floor_<unit>_<phase>": s, "ref_<unit>_<phase>": s, "floor_loss_f": s, ...}: every
-    unit chain at the tiny and the reference shape (``plan.resample`` re-times these beside
-    the runs)."""
+    """{"floor_<unit>_<phase>": s, "ref_<unit>_<phase>": s, "floor_loss_f": s, ...,
+    "shape<i>_<unit>_<phase>": s}: every unit chain at the tiny and the reference shape, and
+    the GPT units at each of ``SHAPES`` (i from 1), with the reference shape and the tiny one
+    timed again among them (``shape0``, ``shapefloor``: the fit's own floor, ``plan.unit_fit``);
+    ``plan.resample`` re-times these beside the runs."""
     out = {}
     for tag, shapes in (("floor", FLOOR), ("ref", REF)):
         got = gpt_units(*shapes["gpt"], budget) | mlp_units(*shapes["mlp"], budget)
         out.update({f"{tag}_{k}": v for k, v in got.items()})
+    for i, shape in [("floor", FLOOR["gpt"])] + list(enumerate((REF["gpt"], *SHAPES))):
+        out.update({f"shape{i}_{k}": v for k, v in gpt_units(*shape, budget).items()})
     return out
