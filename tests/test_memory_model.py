@@ -181,3 +181,24 @@ def test_dp_scratch_counts_the_peer_blocks_of_registered_buckets(monkeypatch):
     assert dp_scratch([n // 4], 4, False, 4, 25.0) == 3 * n // 4
     monkeypatch.setattr(tuning, "_TABLE", {"allreduce_registered": {2: [(n, "rabenseifner")]}})
     assert dp_scratch([n // 4], 2, False, 4, 25.0) == _pow2(n)
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_mlp_stored_is_what_its_layers_keep(dense):
+    """A ReLU keeps its output (the next linear's input), in the fast path and the layers' own:
+    the memory model counts each hidden layer's input once, the head's input and its output
+    (which the loss keeps as its softmax, not counted here)."""
+    from mpipar.analysis.memory_model import _units_mlp
+    from mpipar.models import build_model
+
+    sizes, b = [24, 40, 36, 10], 6
+    cfg = load_config(None, {"model.kind": "mlp", "model.sizes": str(sizes),
+                             "model.activation": "relu"})
+    model = build_model(cfg.model, Backend("cpu", "float32"))
+    x = np.random.default_rng(0).standard_normal((b, sizes[0])).astype(np.float32)
+    for unit in model.units:
+        unit.set_dense(dense)
+        x = unit.forward(x, 0)
+    held = distinct_bytes([a for u in model.units for a in ctx_arrays(u, [])])
+    units, _ = _units_mlp({"sizes": sizes, "activation": "relu"}, b)
+    assert held == (sum(u[1] for u in units) - b * sizes[-1]) * 4

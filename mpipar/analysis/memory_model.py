@@ -130,10 +130,15 @@ def _units_gpt(m: dict, split: TPSplit, b: int, seq: int, s: int, selective: boo
 
 
 def _units_mlp(m: dict, b: int):
-    """Per layer: the input and the pre-activation kept, the output gradient until W."""
+    """Per layer: the input kept, and the output where the layer keeps it beyond the next
+    layer's input (GELU's pre-activation; the head's output, which the loss keeps as its
+    softmax): a ReLU keeps its output, which is the next linear's input; the output gradient
+    until W."""
     sizes = [int(x) for x in m.get("sizes", [])]
-    units = [(a * o + o, b * (a + o), b * o, 2 * b * o, a * o, 0)
-             for a, o in zip(sizes[:-1], sizes[1:], strict=True)]
+    relu = m.get("activation", "relu") == "relu"
+    last = len(sizes) - 2
+    units = [(a * o + o, b * (a if relu and i < last else a + o), b * o, 2 * b * o, a * o, 0)
+             for i, (a, o) in enumerate(zip(sizes[:-1], sizes[1:], strict=True))]
     return units, b * (max(sizes) if sizes else 0)
 
 

@@ -8,7 +8,8 @@ the counts to the arrays of built models. Activations are counted as mpipar's la
 - stored (forward to backward): a LayerNorm keeps x-hat and one reciprocal deviation per token;
   a linear keeps its input (a column linear the gathered input under sequence parallelism); the
   attention core keeps q, k, v (its input) and the probabilities (H S per token: what selective
-  recomputation drops); an activation keeps its input and, GELU, its tanh.
+  recomputation drops); GELU keeps its input and its tanh; ReLU keeps its output, which is the
+  next linear's input (nothing of its own).
 - retained (backward-input to weight pass): each LayerNorm's and column linear's input gradient,
   the fused q/k/v output gradient, and under sequence parallelism the row linears' gathered
   output gradients; buffers the backward gives back to ``nn.cpu``'s pool are not retained.
@@ -25,7 +26,9 @@ from ..parallel.tp_split import TPSplit
 from . import spec
 
 RESIDUAL_WORK = 7  # residual outputs and LayerNorm backward sums of a block's forward and backward
-GELU_TEMPS = {"gelu": 1, "relu": 0}  # arrays an activation keeps beside its input
+# arrays of its own an activation keeps for its backward (ReLU's output is the next linear's
+# input, counted there)
+ACTIVATION_KEEPS = {"gelu": 2, "relu": 0}
 ID_BYTES = 8  # token ids are int64
 ONE_RANK = TPSplit()  # no tensor parallelism: full shapes
 
@@ -91,13 +94,14 @@ def _retained(part, split: TPSplit) -> float:
 
 
 def _activation(parts, split: TPSplit) -> tuple[float, float]:
-    """(stored, work) of the activations among ``parts``: each keeps its input (the column
-    linear's output) and its temporaries; its backward's two gradients are pool work."""
+    """(stored, work) of the activations among ``parts``: what each keeps of its own
+    (``ACTIVATION_KEEPS``, in widths of the column linear's output); its backward's two
+    gradients are pool work."""
     stored = work = 0.0
     for prev, part in zip(parts, parts[1:], strict=False):
         if isinstance(part, spec.Activation):
             width = _v(split, "inner", prev.d_out)
-            stored += width * (1 + GELU_TEMPS[part.fn])
+            stored += width * ACTIVATION_KEEPS[part.fn]
             work += 2 * width
     return stored, work
 

@@ -9,7 +9,7 @@ dozen Python calls per micro-batch and pass, several microseconds each time (BEN
 so every output and gradient is the same, bit for bit (tests/test_dense_fast_path.py).
 
 The saved context stays where the layers keep it, in the layer path's format (a linear's
-``[x, dy]``, a ReLU's input, a GELU's ``(x, t)``), one entry per micro-batch: the two paths can
+``[x, dy]``, a ReLU's output, a GELU's ``(x, t)``), one entry per micro-batch: the two paths can
 take turns on the same micro-batch (the executor's unit-by-unit last backward under data
 parallelism calls the units themselves), and ``drop``, ``in_flight``, recomputation and weight
 stashing work unchanged. Parameters are read at each call (``param.data`` and ``param.grad``
@@ -137,8 +137,8 @@ class DenseStack:
             else:
                 x = cpu.product(np, x, lin.w.data, None if b is None else b.data)
             if kind is RELU:
+                maximum(x, 0.0, out=x)  # F.relu_forward, in place in the product's output
                 act._ctx[mb] = x
-                x = maximum(x, 0.0)  # F.relu_forward
             elif kind is not None:
                 y, t = F.gelu_forward(x)
                 act._ctx[mb] = (x, t)
@@ -153,8 +153,7 @@ class DenseStack:
             b = lin.b
             x = cpu.product(xp, x, lin.w.data, None if b is None else b.data)
             if kind is RELU:
-                act._ctx[mb] = x
-                x = F.relu_forward(x)
+                x = act._ctx[mb] = F.relu_forward(x)
             elif kind is not None:
                 y, t = F.gelu_forward(x)
                 act._ctx[mb] = (x, t)

@@ -165,6 +165,7 @@ def relu_forward(x):
 
 
 def relu_backward(dy, x):
+    """``x``: the ReLU's input or its output (their positives are the same)."""
     return dy * (x > 0)
 
 

@@ -198,8 +198,11 @@ class ReLU(Layer):
     dense_role = "relu"  # nn/dense.py
 
     def forward(self, x, mb=0):
-        self._ctx[mb] = x
-        return F.relu_forward(x)
+        # the output is kept, not the input: its positives are the input's (the same mask),
+        # and the next layer keeps it anyway, so the input can go (one activation less held
+        # per micro-batch until the backward)
+        y = self._ctx[mb] = F.relu_forward(x)
+        return y
 
     def backward_input(self, dy, mb=0):
         return F.relu_backward(dy, self._ctx.pop(mb))
