@@ -5,10 +5,14 @@
 # Then one `mpipar analyze` table over every run, and noflush_summary.py: per run the bubble
 # measured and as its calibrated prediction simulates it, the step time measured and predicted,
 # tokens/s, and each continuous run against the 1F1B run of its round, configuration and m.
+# The timing dump is written once, at the end (run.flush_interval = 0): a flush of the dump in
+# the middle of a run (every 50 steps by default) takes 20-40 ms of file I/O on this machine,
+# a third of the measured window of the MLP's 60 steps of about a millisecond, and lands in
+# one run of a pair and not the other's window by chance.
 #
 # Run alone on the machine: bash experiments/noflush_ab.sh [OUT] [ROUNDS] [STEPS]
-# (defaults /tmp/noflush_ab, 3 rounds, 60 steps: 36 runs, about 35 s a round on 2 idle cores,
-# then about a minute of analysis).
+# (defaults /tmp/noflush_ab, 3 rounds, 60 steps for the tiny GPT and 600 for the MLP (MLP_STEPS):
+# 36 runs, about 45 s a round on 2 idle cores, then about two minutes of analysis).
 # MS and SCHEDS (environment) change the sweep; the figure of bubble against m
 # (noflush_figure.py) takes one round of every schedule at m = 2, 4, 8, 16:
 #   MS="2 4 8 16" SCHEDS="gpipe 1f1b pipedream-cont pipedream-2bw-cont" ANALYZE=0 \
@@ -29,6 +33,9 @@ echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 for round in $(seq 1 "$ROUNDS"); do
   for cfg in tiny mlp; do
     data=(); [ "$cfg" = tiny ] && data=(--data "$DATA")
+    # the MLP's steps take about a millisecond: ten times the steps, so that a run's measured
+    # window (about 0.6 s) is not one scheduler hiccup away from another verdict
+    steps=$STEPS; [ "$cfg" = mlp ] && steps=${MLP_STEPS:-$((STEPS * 10))}
     for m in $MS; do
       for sched in $SCHEDS; do
         kind=${sched%-cont}; cont=false; [ "$kind" != "$sched" ] && cont=true
@@ -36,8 +43,8 @@ for round in $(seq 1 "$ROUNDS"); do
         rm -rf "$run"
         mpiexec -n 2 python -m mpipar.cli train --config "$HERE/configs/$cfg.toml" \
           "${data[@]}" --out "$run" --pp 2 --microbatches "$m" --schedule "$kind" \
-          --set "parallel.continuous=$cont" --layout auto --steps "$STEPS" --quiet \
-          --set train.eval_interval=0 >/dev/null
+          --set "parallel.continuous=$cont" --layout auto --steps "$steps" --quiet \
+          --set train.eval_interval=0 --set run.flush_interval=0 >/dev/null
       done
     done
   done
