@@ -92,3 +92,13 @@ def assert_snippet_ok(code: str, env=None, timeout=60) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=timeout, env=full)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+def run_experiment(script: str, out, *args, timeout=240) -> subprocess.CompletedProcess:
+    """``python experiments/SCRIPT --quick --out OUT ARGS`` with one BLAS thread per rank (the
+    script starts its own mpiexec jobs); fails the test with its output if it fails."""
+    res = subprocess.run([sys.executable, str(REPO / "experiments" / script), "--quick",
+                          "--out", str(out), *map(str, args)], capture_output=True, text=True,
+                         env={**os.environ, **ONE_THREAD}, timeout=timeout)
+    assert res.returncode == 0, f"{_tail(res.stdout, 2000)}\n{_tail(res.stderr, 3000)}"
+    return res

@@ -2,12 +2,10 @@
 case (both timed by one clock in alternating blocks) and as separate runs. Its table is written
 for every rank with every phase; no timing is asserted."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from mpi_util import run_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("data", "forward", "loss", "backward", "p2p", "grad sync", "zero grads", "norm",
@@ -15,11 +13,7 @@ PHASES = ("data", "forward", "loss", "backward", "p2p", "grad sync", "zero grads
 
 
 def phases(tmp_path, *args):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-    res = subprocess.run([sys.executable, str(ROOT / "experiments" / "lean_phases.py"), "--quick",
-                          "--out", str(tmp_path), *args], capture_output=True, text=True,
-                         env=env, timeout=240)
-    assert res.returncode == 0, f"{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+    run_experiment("lean_phases.py", tmp_path, *args)
     text = (tmp_path / "phases.md").read_text()
     table = {}
     for line in text.splitlines():

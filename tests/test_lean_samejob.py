@@ -2,23 +2,19 @@
 the lean loop and mpipar in alternating blocks, on 1 and 2 ranks, in both data modes, and writes
 its table and every block's time. No timing is asserted."""
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from mpi_util import run_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 
 
 def bench(tmp_path, *args):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-    res = subprocess.run([sys.executable, str(ROOT / "experiments" / "lean_bench.py"), "--quick",
-                          "--out", str(tmp_path), *args], capture_output=True, text=True,
-                         env=env, timeout=240)
-    assert res.returncode == 0, f"{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+    run_experiment("lean_bench.py", tmp_path, *args)
     return (tmp_path / "results.md").read_text()
 
 
