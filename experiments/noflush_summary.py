@@ -12,7 +12,8 @@ the 1F1B run of the same round, configuration and m, and whether it meets the ba
 least ``BUBBLE_GAIN`` below 1F1B's and within ``PRED_TOL`` of its own prediction, tokens/s at
 least ``SPEED_GAIN`` above 1F1B's. The speed-up is judged on wall-clock tokens/s (``wall_tok``:
 each rank's STEP ends from the first measured step to the last, gaps between steps included
-(and any dump flush: ``noflush_ab.sh`` flushes only at the end), mean over ranks), which needs no definition of a continuous run's step;
+(and any dump flush: ``noflush_ab.sh`` flushes only at the end), mean over ranks), which needs
+no definition of a continuous run's step;
 ``tok/s`` is the analysis's (per-step) figure beside it.
 
 A second table (``noflush_feasible``) says, per continuous row, what the simulator on the two
