@@ -37,6 +37,7 @@ from mpipar.mpi.job import (
     dump_trace,
     failfast,
     library_version,
+    prepare_dump,
     world_max,
     world_size_and_rank,
 )
@@ -48,5 +49,6 @@ __all__ = [
     "MAX_CHUNKS", "MAX_MB", "TAG_ACTIVATION", "TAG_GRADIENT", "TAG_LIMIT", "Comm", "Communicator",
     "LocalComm", "MessageSizeError", "Pending", "ProcessGrid", "Request", "Watchdog",
     "axis_groups", "bind_gpu", "cuda_aware", "dump_trace", "failfast", "grid_layout", "in_flight",
-    "library_version", "load_mpi", "make_tag", "progress", "world_max", "world_size_and_rank",
+    "library_version", "load_mpi", "make_tag", "prepare_dump", "progress", "world_max",
+    "world_size_and_rank",
 ]

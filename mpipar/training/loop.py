@@ -108,7 +108,9 @@ def _build(cfg: Config, resolved):
 
 def _flusher(tracer, grid, out, file_attrs):
     """``flush(complete=False)``: this rank's new events into its part of ``out/trace.h5``."""
-    from ..mpi import dump_trace, failfast
+    from ..mpi import dump_trace, failfast, prepare_dump
+
+    prepare_dump()
 
     def flush(complete=False):
         try:

@@ -8,10 +8,10 @@
 """
 
 from mpipar.mpi.job import failfast
-from mpipar.mpi.job.dump import dump_trace
+from mpipar.mpi.job.dump import dump_trace, prepare_dump
 from mpipar.mpi.job.failfast import world_max
 from mpipar.mpi.job.watchdog import Watchdog
 from mpipar.mpi.job.world import library_version, world_size_and_rank
 
-__all__ = ["Watchdog", "dump_trace", "failfast", "library_version", "world_max",
+__all__ = ["Watchdog", "dump_trace", "failfast", "library_version", "prepare_dump", "world_max",
            "world_size_and_rank"]
