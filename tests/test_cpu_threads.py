@@ -31,10 +31,11 @@ def threads(monkeypatch):
 
 def kernels(rng):
     """Every threaded kernel on random float64 inputs; returns all the arrays they produce."""
-    x = rng.normal(size=(6, 37, 24))
-    w, b = rng.normal(size=(24, 40)), rng.normal(size=40)
-    dy = rng.normal(size=(6, 37, 40))
-    g, beta = rng.normal(size=24), rng.normal(size=24)
+    # products are shared out in ROW_ALIGN-row multiples: at least two shares of every one here
+    x = rng.normal(size=(6, 37, 100))
+    w, b = rng.normal(size=(100, 104)), rng.normal(size=104)
+    dy = rng.normal(size=(6, 37, 104))
+    g, beta = rng.normal(size=100), rng.normal(size=100)
     dln = rng.normal(size=x.shape)
     q, k, v, do = (rng.normal(size=(3, 4, 70, 8)) for _ in range(4))
     mask = F.causal_mask(np, 70, 70)
@@ -46,12 +47,12 @@ def kernels(rng):
     y, t = F.gelu_forward(dy)
     out += [dw, db, y, t, F.gelu_backward(dy, dy, t)]
     ln = F.layernorm_forward(x, g, beta)
-    dg, dbeta = rng.normal(size=24), rng.normal(size=24)
+    dg, dbeta = rng.normal(size=100), rng.normal(size=100)
     F.layernorm_backward_weight(dln, ln[1], dg, dbeta)
     out += [*ln, F.layernorm_backward_input(dln, ln[1], ln[2], g), dg, dbeta]
     att, p = F.attention_forward(q, k, v, mask)
     out += [att, p, *F.attention_backward(do, q, k, v, p, out=att, mask=mask)]
-    table = rng.normal(size=(9, 40))
+    table = rng.normal(size=(9, 104))
     F.embedding_backward_weight(ids, dy, table)
     out += [table, F.add(x, g, out=np.empty_like(x)), F.add(dy, dy, out=dy.copy())]
     return [a.copy() for a in out]

@@ -15,12 +15,13 @@ thread (rows of the output; ``matmul``), within a few percent of OpenBLAS's own 
 model's products (`experiments/cpu_threads.py`: 166-196 against 164-206 GF/s on two cores at
 the small config's shapes, 171-199 against 179-201 at the large one's; the head's 256 x 256
 products of the small config were the exception, 110-150 against 170-200, erratic from run to
-run). Each output element is the same dot product
-whatever the split, and every element-wise block does the same arithmetic per row, so results do
-not depend on the number of threads (tests/test_cpu_threads.py checks the bits). Two pools on
-the same cores fought: OpenBLAS's idle workers spin for a while after every product, on the
-cores the kernel threads need (OPENBLAS_THREAD_TIMEOUT shortens that, but only if set before
-NumPy loads), and a product started from each kernel thread started BLAS threads of its own.
+run). Shares are cut at multiples of ``ROW_ALIGN`` rows, so each output element is computed by
+the same kernel code whatever the split, and every element-wise block does the same arithmetic
+per row: results do not depend on the number of threads (tests/test_cpu_threads.py checks the
+bits). Two pools on the same cores fought: OpenBLAS's idle workers spin for a while after every
+product, on the cores the kernel threads need (OPENBLAS_THREAD_TIMEOUT shortens that, but only
+if set before NumPy loads), and a product started from each kernel thread started BLAS threads
+of its own.
 
 NumPy releases the GIL inside each operation, but a hand-off to another thread costs 15-50 us
 here (a futex wake, then the GIL), so work goes to the threads in blocks of ``BLOCK_ELEMENTS``
@@ -53,6 +54,11 @@ POOL_PER_SHAPE = 64  # at most this many idle-or-busy buffers kept per (shape, d
 # below this many bytes ``empty`` skips the pool: malloc serves such arrays from its heap (no
 # fresh pages to fault in), faster than the pool's look-up, lock and reference counts
 POOL_MIN_BYTES = 1 << 16
+# a product's rows are shared out in multiples of this many. OpenBLAS's kernels work on groups
+# of rows, and a row computed in a group cut short can round differently: with 0.3.31's Haswell
+# kernels (chosen on an AMD EPYC) cuts at any row changed bits, cuts at multiples of 4 (float64)
+# or 24 (float32) did not. 48 is a multiple of every group size seen
+ROW_ALIGN = 48
 
 _pool: dict = {}
 _pool_lock = threading.Lock()
@@ -171,10 +177,11 @@ def _thread_pool() -> ThreadPoolExecutor:
     return _executor
 
 
-def split(n: int, parts: int) -> list:
-    """``parts`` contiguous slices of range(n), as equal as integers allow (none empty)."""
+def split(n: int, parts: int, align: int = 1) -> list:
+    """At most ``parts`` contiguous slices of range(n), as equal as integers allow (none empty),
+    every cut at a multiple of ``align``."""
     parts = max(1, min(parts, n))
-    bounds = [n * i // parts for i in range(parts + 1)]
+    bounds = sorted({n * i // parts // align * align for i in range(parts)} | {n})
     return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
@@ -225,11 +232,11 @@ def matmul(xp, a, b, out, bias=None, accumulate=False):
     """``out = a @ b (+ bias)``, or ``out += a @ b`` with ``accumulate``, for 2-D arrays. On
     the CPU the rows of ``out`` are split across the kernel threads: one single-threaded BLAS
     product per share, the bias added (or the sum accumulated) while the share is in cache.
-    Each output element is the same dot product whatever the split, so the bits do not depend
-    on the threads. ``a`` and ``out`` may be strided views (``x.T`` for a weight gradient)."""
+    Shares are cut at multiples of ``ROW_ALIGN`` rows, so the bits do not depend on the
+    threads. ``a`` and ``out`` may be strided views (``x.T`` for a weight gradient)."""
     m = a.shape[0]
     t = (_threads or kernel_threads()) if xp is np else 1
-    if t <= 1 or m < 2 * t or m * a.shape[1] * b.shape[1] < PARALLEL_MIN_MNK:
+    if t <= 1 or m < 2 * ROW_ALIGN or m * a.shape[1] * b.shape[1] < PARALLEL_MIN_MNK:
         # one product on the calling thread, without the closures (tiny models call this a lot)
         if accumulate:
             small = xp is np and out.nbytes < POOL_MIN_BYTES  # malloc's, not the pool's
@@ -240,7 +247,7 @@ def matmul(xp, a, b, out, bias=None, accumulate=False):
         if bias is not None:
             out += bias
         return out
-    shares = split(m, t)
+    shares = split(m, t, ROW_ALIGN)
     scratch = empty(xp, out.shape, out.dtype) if accumulate else None
 
     def share(r):
@@ -277,7 +284,7 @@ def inline_product(m, k, n, itemsize) -> bool:
     short to share among the kernel threads. ``nn.dense`` asks the same question."""
     t = _threads or kernel_threads()
     return (m * n * itemsize < POOL_MIN_BYTES
-            and (t <= 1 or m < 2 * t or m * k * n < PARALLEL_MIN_MNK))
+            and (t <= 1 or m < 2 * ROW_ALIGN or m * k * n < PARALLEL_MIN_MNK))
 
 
 def empty(xp, shape, dtype):
