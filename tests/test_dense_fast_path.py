@@ -351,6 +351,17 @@ def test_cross_entropy_in_fewer_calls_has_the_same_bits(dtype, shape):
                           losses.cross_entropy_backward((got[1][0].copy(), *got[1][1:]), 0.5))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_loss_mean_without_numpys_wrapper_is_numpys_mean(dtype):
+    from mpipar.nn import losses
+
+    rng = np.random.default_rng(6)
+    for n in list(range(1, 70)) + [128, 255, 256, 1000, 4096]:
+        for scale in (1e-3, 1.0, 7.0, 1e4):
+            v = (rng.standard_normal(n) * scale).astype(dtype)
+            assert losses._mean(v, n) == float(v.mean()), (n, scale)
+
+
 def test_cross_entropy_targets_outside_the_vocabulary_take_the_general_path():
     from mpipar.nn import losses
 

@@ -34,6 +34,9 @@ Per rank ``p``, in values of the dtype (``s`` bytes) unless said, with ``P`` its
   they live (registered buffers) and maps this rank's block of every other rank's bucket; the
   library's own (wherever ``mpipar.mpi.tuning`` chooses it) are MPI's business and not counted.
 
+- **prefetch** (pp > 1, flushing schedules): the next step's batch, read at the rank's first
+  wait of a step and held to the next (``prefetch_bytes``).
+
 - **trace** (when the caller gives the events a rank records per step, as ``predict`` does from
   a dump): the timing dump's cost to the rank (``trace_bytes``). The tracer keeps each event as
   a Python tuple until the next flush (``run.flush_interval`` steps; 0: the end of the run),
@@ -259,11 +262,40 @@ def rank_memory(config: dict, grid: dict, schedule, peak_activations, bounds,
                "optimizer": k * s * n // zero, "activations": int(s * act),
                "work": int(s * work), "buffers": int(s * boundary * _buffers(schedule, p))
                + dp_scratch(per_chunk, dp, zero > 1, s, float(get(config, "bucket_mb", 4.0)))}
+        read_ahead = prefetch_bytes(config, grid, schedule.pp, 0 in chunks)
+        if read_ahead:
+            row["prefetch"] = read_ahead
         if events_per_step is not None:
             row["trace"] = trace_bytes(config, events_per_step[p])
         row["total"] = sum(row.values())
         out.append(row)
     return out
+
+
+def prefetch_bytes(config: dict, grid: dict, pp: int, first: bool) -> int:
+    """The next step's batch a pipeline rank reads at its first wait of a step and holds
+    from there, near its peak (after the warm-up forwards on the first stage), to the next step
+    (``training.steps.Step._prefetch``): with pp > 1 and a flush per step (a continuous run
+    feeds its steps itself), over more than one step. Its inputs on the rank of the first chunk
+    (``first``; an MLP's other ranks keep a view of one row), its targets on every rank; a GPT's
+    token ids (int64) both ways everywhere."""
+    if pp <= 1 or get(config, "continuous") or int(get(config, "steps", 2) or 2) < 2:
+        return 0
+    _, b, seq = _dims(config, grid)
+    rows = b * int(get(config, "microbatches", 1) or 1)
+    kind = model_kind(config)
+    if kind == "gpt":
+        return 2 * rows * seq * 8
+    if kind != "mlp":
+        return 0
+    m = _model(config)
+    sizes = [int(x) for x in m.get("sizes", [])]
+    s = DTYPE_BYTES.get(str(get(config, "dtype", "float32")), 4)
+    if not sizes:
+        return 0
+    regression = m.get("task", "classification") == "regression"
+    targets = rows * (sizes[-1] * s if regression else 8)
+    return targets + (rows * sizes[0] * s if first else 0)
 
 
 def _pow2(nbytes: float) -> int:

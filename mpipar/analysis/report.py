@@ -250,6 +250,7 @@ def _memory_parts(parts) -> str:
         state = (r["params"] + r["grads"] + r["optimizer"]) / 2**20
         each.append(f"pp{p} state {state:.1f} + activations {r['activations'] / 2**20:.1f} + "
                     f"working set {r['work'] / 2**20:.1f} + buffers {r['buffers'] / 2**20:.1f}"
+                    + (f" + next batch {r['prefetch'] / 2**20:.2f}" if "prefetch" in r else "")
                     + (f" + timing dump {r['trace'] / 2**20:.1f}" if "trace" in r else ""))
     runtime = {r.get("runtime") for r in parts} - {None}
     line = ""

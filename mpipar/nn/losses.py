@@ -106,14 +106,26 @@ def cross_entropy_whole(logits, targets):
     # one reduction for both ends: a negative signed target read as unsigned is above any v
     if (t.view(_UNSIGNED[t.dtype.itemsize]) if kind == "i" else t).max() >= v:
         return None
-    e = z - z.max(axis=1, keepdims=True)
+    # the reductions as the ufuncs' own ``reduce`` (what ``max``, ``sum`` and ``mean`` call,
+    # without their Python wrappers): the same kernels, so the same bits
+    e = z - _maximum_reduce(z, 1, None, None, True)
     rows = _rows(n)
     picked = e[rows, t]
     np.exp(e, out=e)
-    sumexp = e.sum(axis=1)
-    loss = float((np.log(sumexp) - picked).mean())
-    e /= sumexp[:, None]  # e is now the softmax
+    sumexp = _add_reduce(e, 1)
+    loss = _mean(np.log(sumexp) - picked, n)
+    e /= sumexp.reshape(n, 1)  # e is now the softmax
     return loss, (e, t, None, logits.shape)
+
+
+_maximum_reduce, _add_reduce = np.maximum.reduce, np.add.reduce
+
+
+def _mean(v, n) -> float:
+    """``float(v.mean())`` of a 1-D array of ``n`` floats, as NumPy computes it (the sum, then
+    the quotient by the count cast back to the sum's type), without ``mean``'s Python layer."""
+    s = _add_reduce(v)
+    return float(s.dtype.type(s / np.intp(n)))
 
 
 def cross_entropy_backward(ctx, scale=1.0):

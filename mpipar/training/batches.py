@@ -46,6 +46,7 @@ class Batches:
             self.split = {"train": (self.X[:cut], self.Y[:cut]),
                           "val": (self.X[cut:], self.Y[cut:])}
             self._epochs = {}  # split -> (epoch, its permutation): the one a step reads now
+            self._views = {}  # (split, rows) -> the inputs' shape without their values
 
     def epoch_order(self, split, epoch):
         """The order in which epoch ``epoch`` of ``split`` reads its rows (cached: a run reads
@@ -90,9 +91,20 @@ class Batches:
         rows = self.rows(split, step, batch_size)
         if parts > 1:
             rows = split_rows(rows, parts, part)
-        if not inputs:  # the same draw (the generator's state), no 0.4 MB gather
-            return np.broadcast_to(X[0], (len(rows), X.shape[1])), Y[rows]
+        if not inputs:  # the same rows, no 0.4 MB gather
+            return self._shape_only(split, len(rows)), Y[rows]
         return X[rows], Y[rows]
+
+    def _shape_only(self, split, n):
+        """A read-only (n, features) view of one row of ``split``: the inputs' shape without
+        their values, made once per row count (``broadcast_to`` costs a few microseconds a
+        call, a pipeline rank's data step is a few tens)."""
+        key = (split, n)
+        view = self._views.get(key)
+        if view is None:
+            X = self.split[split][0]
+            view = self._views[key] = np.broadcast_to(X[0], (n, X.shape[1]))
+        return view
 
 
 def open_tokens(cfg: Config, path):

@@ -61,6 +61,7 @@ class Step:
     def __init__(self, trainer):
         self.t = trainer
         self.older = None  # 2BW only: the OlderBuffer
+        self._prefetched = None  # (step, its local batch) read ahead by ``_prefetch``
 
     def optimizer(self):
         t = self.t
@@ -80,7 +81,22 @@ class Step:
         return [rec]
 
     def _local_batch(self, step):
+        held, self._prefetched = self._prefetched, None
+        if held is not None and held[0] == step:
+            return held[1]
         return self.t.local_batch("train", step)
+
+    def _prefetch(self):
+        """Read the next step's batch now: the executor's ``idle``, run while this rank waits
+        for its first late message of the step, as a data loader reads ahead (PyTorch's
+        ``prefetch_factor``). A small model's batch is several per cent of its step, and a
+        pipeline rank waits every step. The rows are those of (seed, step) whenever read, so
+        nothing changes but when; the batch is held until its step (dropped by any other)."""
+        t = self.t
+        nxt = t.step + 1
+        if nxt < t.cfg.train.steps:
+            with t.tracer.region("DATA"):
+                self._prefetched = (nxt, t.local_batch("train", nxt))
 
     def _start(self):
         """This step's micro-batches, gradients zeroed, the dp buckets opened."""
@@ -99,7 +115,7 @@ class Step:
         return losses
 
     def _run(self, xs, ys) -> dict:
-        return self.t.executor.run(xs, ys)
+        return self.t.executor.run(xs, ys, idle=self._prefetch)
 
     def update(self, losses=None) -> tuple[float, float]:
         """Clip by the global norm and step the optimizer. Returns (grad norm, lr). Given the

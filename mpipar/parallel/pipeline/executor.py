@@ -113,9 +113,11 @@ class PipelineExecutor:
         self._clock = Clock(tracer, schedule.microbatches) if timed else None
 
     # -- one step
-    def run(self, inputs, targets, forward_only=False):
+    def run(self, inputs, targets, forward_only=False, idle=None):
         """inputs / targets: per micro-batch arrays. Returns {mb: loss} on the rank with the last
-        chunk (empty elsewhere). ``forward_only``: evaluation, nothing kept for a backward."""
+        chunk (empty elsewhere). ``forward_only``: evaluation, nothing kept for a backward.
+        ``idle()``: work for this rank's first wait of the step, run once before the first
+        receive whose message has not arrived (``Receives.idle``); not run if none is late."""
         m = self.schedule.microbatches
         if len(inputs) != m:
             raise ValueError(f"schedule has {m} micro-batches but {len(inputs)} were given")
@@ -124,6 +126,7 @@ class PipelineExecutor:
             raise ScheduleError("a continuous schedule runs a step at a time: use "
                                 "continuous.ContinuousRun")
         st = StepState(inputs, targets, forward_only, loss_scale, self._receives(inputs[0]))
+        st.receives.idle = idle
         if self.asynchronous and not forward_only:
             st.stash = VersionStash(self.schedule, self.chunks)
         self.run_range(0, len(self._bound), st)

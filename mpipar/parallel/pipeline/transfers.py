@@ -88,6 +88,9 @@ class Receives:
         self.posted = {}
         self.next_post = {"RECV_F": 0, "RECV_B": 0}
         self.consumed = {"RECV_F": 0, "RECV_B": 0}
+        # work for the step's first wait (the trainer's read of the next batch), or None: a
+        # pipeline rank waits for its peers every step, a CPU rank with nothing else to do
+        self.idle = None
         for op in self.plan:
             self._post(op, RECV_WINDOW)
 
@@ -103,10 +106,15 @@ class Receives:
                 mb=a.mb, chunk=a.chunk, xp=self.xp, out=out)
 
     def take(self, a):
-        """The array of receive action ``a`` (waits for it); posts the next one in line."""
+        """The array of receive action ``a`` (waits for it); posts the next one in line. The
+        first time a message has not arrived yet, ``idle`` (if set) runs first, once."""
         self.consumed[a.op] += 1
         self._post(a.op, self.consumed[a.op] + RECV_WINDOW)
-        return self.posted.pop((a.op, a.mb, a.chunk)).wait()
+        req = self.posted.pop((a.op, a.mb, a.chunk))
+        if self.idle is not None and not req.test():
+            work, self.idle = self.idle, None
+            work()
+        return req.wait()
 
 
 class Sends:
