@@ -20,7 +20,8 @@ warm-up steps, the table the median over the repeats: two separate runs see diff
 states, so their phases differ by a few hundred microseconds from run to run.
 
     python experiments/lean_phases.py                        # mlp-1rank and mlp-dp2, ~30 s
-    python experiments/lean_phases.py --cases mlp-pp2-gpipe  # any small-MLP case of lean_bench
+    python experiments/lean_phases.py --cases mlp-pp2-gpipe  # any MLP case of lean_bench
+    python experiments/lean_phases.py --cases wide-1rank --block 4 --pairs 10  # ~10 s
     python experiments/lean_phases.py --lean-data-rows 3686  # the lean loop draws its rows too
     python experiments/lean_phases.py --separate             # one mpiexec per implementation
     python experiments/lean_phases.py --checkout DIR         # the mpipar of another checkout
@@ -42,7 +43,7 @@ import sys
 import time
 from pathlib import Path
 
-from lean_bench import CASES, LEAN, ROOT, SMALL, THREADS, lean_split, mpipar_config
+from lean_bench import CASES, LEAN, ROOT, THREADS, lean_split, mpipar_config
 
 PHASES = ("data", "forward", "loss", "backward", "p2p", "grad sync", "zero grads", "norm",
           "step reduce", "optimizer", "dispatch", "step")
@@ -200,10 +201,10 @@ def table(case, runs, how) -> str:
 
 def drive(args):
     cases = args.cases.split(",")
-    bad = [c for c in cases if c not in CASES or CASES[c][2] != SMALL]
+    bad = [c for c in cases if c not in CASES or CASES[c][1] is None]
     if bad:
-        sys.exit(f"--cases {bad}: choose small-MLP cases of lean_bench: "
-                 f"{', '.join(c for c in CASES if CASES[c][2] == SMALL)}")
+        sys.exit(f"--cases {bad}: choose MLP cases of lean_bench: "
+                 f"{', '.join(c for c in CASES if CASES[c][1] is not None)}")
     t0, out = time.perf_counter(), []
     for case in cases:
         if args.separate:
