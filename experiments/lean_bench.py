@@ -51,6 +51,11 @@ CASES = {
     "mlp-pp2-naive": (2, "naive", SMALL, "naive", 1, 1, 2),
     "mlp-pp2-gpipe": (2, "gpipe", SMALL, "gpipe", 4, 1, 2),
     "mlp-pp2-1f1b": (2, "1f1b", SMALL, "1f1b", 4, 1, 2),
+    # the same pipelines with mpipar's balanced stages (parallel.layout = "auto": the first,
+    # 784-wide layer alone on rank 0) instead of the uniform split (four layers on rank 0)
+    "mlp-pp2-naive-auto": (2, "naive", SMALL, "naive", 1, 1, 2),
+    "mlp-pp2-gpipe-auto": (2, "gpipe", SMALL, "gpipe", 4, 1, 2),
+    "mlp-pp2-1f1b-auto": (2, "1f1b", SMALL, "1f1b", 4, 1, 2),
     "wide-1rank": (1, "single", WIDE, "1f1b", 4, 1, 1),
     "wide-dp2": (2, "dp", WIDE, "1f1b", 4, 2, 1),
     "wide-pp2-gpipe": (2, "gpipe", WIDE, "gpipe", 4, 1, 2),
@@ -69,6 +74,8 @@ def mpipar_config(case, steps):
     over = {"parallel.dp": dp, "parallel.pp": pp, "parallel.schedule": sched,
             "parallel.microbatches": m, "run.trace": False, "run.progress": False,
             "train.steps": steps, "train.eval_interval": 0}
+    if case.endswith("-auto"):
+        over["parallel.layout"] = "auto"
     if model == "gpt":
         return load_config(str(ROOT / "experiments" / "configs" / "tiny.toml"), over)
     over.update({"model.kind": "mlp", "model.sizes": str(list(model)),
