@@ -8,7 +8,9 @@ FILE``: GEMM rate, units, executor, links inside a node) with two changes:
   the one-way time of the smallest message the p2p rows of the same run measured across the link
   at that rate (the spec's own ``[inter_node]`` latency where that rate had no p2p rows);
 - ``cores_per_node``: the machine's cores over the nodes, since the emulated nodes share the
-  machine's cores (a row on one node keeps the machine's spec unchanged).
+  machine's cores (a row on one node keeps the machine's spec unchanged);
+- ``nics_per_node`` 1: a node has one link, shared by its ranks that cross at once
+  (``mpipar.plan.placement``).
 
 Each row is planned with ``mpipar.plan.here.planned`` on the run's own config and grid (its
 ``parallel.order`` included) and its ranks per node, so ``mpipar.plan.placement`` puts the
@@ -48,7 +50,7 @@ def emulated(base: Cluster, rate: str, latency: float | None, nodes: int) -> Clu
                  efficiency=1.0)
     cores = base.cores_per_node / nodes if base.cores_per_node > 0 else base.cores_per_node
     return dataclasses.replace(base, name=f"{base.name}+{nodes}x@{rate}", inter=inter,
-                               cores_per_node=cores)
+                               cores_per_node=cores, nics_per_node=1)
 
 
 def planned_ms(run_dir: Path, cluster: Cluster, ranks_per_node: int | None) -> float:

@@ -20,7 +20,9 @@ between two quiet single runs), and puts side by side:
   half a scheduler slice for its partners, ``plan.sharing.cosched_wait``: not in the plan),
   ``blocks_tp_ms`` (with the blocks' tp all-reduces only: without the embedding's, the
   head's and the loss's), ``no_slowdown_ms`` (ranks sharing cores at their bare share, without
-  the spec's measured ``shared_slowdown``, ``plan.oversub``),
+  the spec's measured ``shared_slowdown``, ``plan.oversub``), ``own_nic_ms`` (every rank with
+  a link of its own across nodes: without the node's one link shared by its ranks that cross
+  at once, ``plan.placement``; the one-node rows have none),
   ``runtime_mib`` (memory the MPI runtime, BLAS and allocator touch during the steps,
   measured once on the probe run), ``trace_mib`` (the timing dump's events held in memory)
   and ``cold_opt_ms`` (every rank's OPT region at its cold costs: without the warm costs a
@@ -49,7 +51,8 @@ Table 3, ``--emulated`` (root): the emulated 2-node cluster (``mpipar.cluster``)
 once per ``--rates`` rate and torn down after; per rate the link across the nodes is measured
 (``plan.measure.links``: commbench, one rank per node; what ``mpipar plan measure --inter-node``
 writes as ``[inter_node]``) and put into the machine's spec with the machine's cores split
-over the nodes (``experiments/multinode_plan.emulated``); >= 6 rows per rate, each axis that
+over the nodes (``experiments/multinode_plan.emulated``), over the machine's samples taken
+beside that rate's runs as above (``<out>/<rate>/specs``); >= 6 rows per rate, each axis that
 crosses the link priced there (``plan.placement``). One node's table is skipped then.
 Run: ``python experiments/plan_here.py --spec here.toml [--quick] [--out DIR]``;
 ``--replan DIR``: tables 1 and 2 planned again from the dumps of an earlier ``--out DIR``
@@ -60,6 +63,7 @@ against the same measurements);
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import sys
 import time
@@ -77,7 +81,7 @@ COLUMNS = ["table", "model", "grid", "schedule", "v", "m", "recompute", "step_ms
            "spread_pct", "mean_ms", "planned_ms", "step_err_pct", "near_ms", "near_err_pct",
            "band_lo_ms", "band_hi_ms", "in_band", "no_floor_ms", "slice_wait_ms", "blocks_tp_ms",
            "no_slowdown_ms", "no_share_ms", "cold_opt_ms", "no_replica_ms", "shapes_ms",
-           "mem_mib",
+           "own_nic_ms", "mem_mib",
            "planned_mib", "mem_err_pct", "runtime_mib", "trace_mib", "ok"]
 STEP_PCT, MEM_PCT, PICK_PCT, SPEARMAN = 10.0, 10.0, 5.0, 0.8
 MODELS = {"tiny": "tiny.toml", "gpt8": "exp_bubble.toml", "mlp": "mlp.toml"}
@@ -247,6 +251,8 @@ def measure_row(args, out: Path, row, specs, table: str, ranks_per_node=None) ->
     cold = planned(run.config, run.grid, cluster, ranks_per_node, with_warm=False)
     lone = planned(run.config, run.grid, cluster, ranks_per_node, with_replicas=False)
     shaped = planned(run.config, run.grid, cluster, ranks_per_node, with_shapes=True)
+    own_nic = planned(run.config, run.grid, dataclasses.replace(cluster, nics_per_node=0),
+                      ranks_per_node)
     busiest = int(np.argmax(pl["memory"])) if pl.get("memory") else None
     parts = pl["memory_parts"][busiest] if busiest is not None else {}
     model, dp, pp, tp, sched, v, m, rec = row
@@ -259,7 +265,7 @@ def measure_row(args, out: Path, row, specs, table: str, ranks_per_node=None) ->
          "no_slowdown_ms": 1e3 * bare_share["step"],
          "no_share_ms": 1e3 * alone["step"],
          "cold_opt_ms": 1e3 * cold["step"], "no_replica_ms": 1e3 * lone["step"],
-         "shapes_ms": 1e3 * shaped["step"],
+         "shapes_ms": 1e3 * shaped["step"], "own_nic_ms": 1e3 * own_nic["step"],
          "mem_mib": _mib(float(np.median(mems))) if mems else None,
          "planned_mib": _mib(parts.get("total")), "runtime_mib": _mib(parts.get("runtime")),
          "trace_mib": _mib(parts.get("trace"))}
@@ -346,7 +352,8 @@ TERMS = ("planned = plan.here: unit floor + GEMM + k x element-wise per phase ([
          "the head and the loss (blocks_tp_ms: the blocks' only), the OPT region warm where a "
          "rank's optimizer state fits its core's cache (cache_mb; cold_opt_ms: cold "
          "everywhere), the dp replicas' wait for the slowest (step_cv; no_replica_ms: without "
-         "it), p2p/collective links; "
+         "it), p2p/collective links, a node's link across nodes shared by its ranks that "
+         "cross at once (nics_per_node; own_nic_ms: a link per rank); "
          "memory: the memory model + the runtime's (runtime_mb) + the trace's; one spec for "
          "every row")
 
@@ -392,7 +399,7 @@ def main() -> int:
         # SIGTERM becomes an exception, so the `finally` that removes the cluster runs
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         try:
-            rows, meta = plan_here_emulated.run(args, out / "emulated", cluster)
+            rows, meta = plan_here_emulated.run(args, out / "emulated", base)
         except (ClusterError, PlanError, common.ExperimentError) as exc:
             print(f"plan_here: {exc}", file=sys.stderr)
             return 2

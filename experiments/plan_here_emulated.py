@@ -9,7 +9,11 @@ an error or SIGTERM). The spec of a rate is the machine's (``--spec``) with that
 as ``[inter_node]`` and the machine's cores split over the nodes
 (``experiments/multinode_plan.emulated``: both nodes share this machine's cores), never fitted
 to the rows. Each row is planned at its ranks per node, so the axes whose groups cross the link
-are priced there (``mpipar.plan.placement``).
+are priced there (``mpipar.plan.placement``). As in tables 1 and 2, the machine's compute is
+sampled beside the runs (``plan.resample``: before each round of rows and after the last, stored
+in ``<out>/<rate>/specs``; not with ``--no-sample``) and each row is planned from the median of
+the samples, the link of its rate put over each: the machine's speed moved by a third between
+two ``plan measure`` runs ten minutes apart, which a single spec carries into every row.
 """
 
 from __future__ import annotations
@@ -45,17 +49,34 @@ def ppn(row) -> int:
     return row[1] * row[2] * row[3] // NODES
 
 
-def link_spec(base, rate: str, quick: bool, timeout: float):
-    """The machine's spec with the link across the nodes measured at ``rate`` (module doc)."""
-    from mpipar.plan.cluster import Link
+def measure_link(quick: bool, timeout: float) -> tuple[float, float]:
+    """(latency s, bytes/s) of the running cluster's link (commbench, one rank per node)."""
     from mpipar.plan.measure import links
 
-    lat, bw = links(2, True, quick, timeout, cluster=NAME)["p2p"]
-    spec = multinode_plan.emulated(base, rate, lat, NODES)
+    return links(2, True, quick, timeout, cluster=NAME)["p2p"]
+
+
+def on_link(spec, rate: str, link: tuple[float, float]):
+    """The machine's spec ``spec`` with the measured ``link`` across the nodes (module doc)."""
+    from mpipar.plan.cluster import Link
+
+    lat, bw = link
+    spec = multinode_plan.emulated(spec, rate, lat, NODES)
     return dataclasses.replace(spec, inter=Link(bandwidth=bw, latency=lat, efficiency=1.0))
 
 
-def run(args, out: Path, base) -> tuple[list[dict], dict]:
+def spec_set(args, base: dict, folder: Path, rate: str, link):
+    """The rows' ``SpecSet``: the base spec with the samples stored in ``folder`` (none with
+    ``--no-sample``), each with the link of ``rate`` over it."""
+    from mpipar.plan.resample import SpecSet, load_samples
+    from mpipar.plan.resample import spec_set as machine_specs
+
+    got = machine_specs(base, [] if args.no_sample else load_samples(folder))
+    return SpecSet(on_link(got.median, rate, link),
+                   [(t, on_link(c, rate, link)) for t, c in got.samples])
+
+
+def run(args, out: Path, base: dict) -> tuple[list[dict], dict]:
     rates = [r for r in (args.rates or RATES).split(",") if r]
     if args.quick:
         rates = rates[:1]
@@ -65,20 +86,23 @@ def run(args, out: Path, base) -> tuple[list[dict], dict]:
     got, links = [], {}
     nodes.down(NAME)  # what an earlier, killed run may have left
     for rate in rates:
+        folder = out / rate / "specs"
+        between = None if args.no_sample else plan_here.sampler(args, folder, table)
         spec = nodes.up(ClusterSpec(name=NAME, nodes=NODES, link=rate, shm_size="256m"))
         try:
-            cluster = link_spec(base, rate, args.quick, args.timeout)
-            links[rate] = {"latency_us": cluster.inter.latency * 1e6,
-                           "bandwidth_mbs": cluster.inter.bandwidth / 1e6}
+            link = measure_link(args.quick, args.timeout)
+            links[rate] = {"latency_us": link[0] * 1e6, "bandwidth_mbs": link[1] / 1e6}
             print(f"  link at {rate}: {links[rate]['latency_us']:.1f} us, "
                   f"{links[rate]['bandwidth_mbs']:.1f} MB/s (commbench, 1 rank per node)",
                   flush=True)
             plan_here.train_all(args, out / rate, table,
-                                lambda row, s=spec: nodes.mpiexec_argv(s, ppn(row), []))
+                                lambda row, s=spec: nodes.mpiexec_argv(s, ppn(row), []),
+                                between)
         finally:
             nodes.down(NAME)
+        specs = spec_set(args, base, folder, rate, link)
         for row in table:
-            r = plan_here.measure_row(args, out / rate, row, cluster, f"2 nodes @{rate}",
+            r = plan_here.measure_row(args, out / rate, row, specs, f"2 nodes @{rate}",
                                       ppn(row))
             got.append(r)
     ok = sum(1 for r in got if r["ok"])

@@ -484,9 +484,24 @@ def test_a_token_file_on_one_node_only_is_refused_naming_the_host_and_path(token
     assert not (out / "trace.h5").exists() and not (out / "metrics.json").exists()
 
 
+def test_a_message_below_the_old_bucket_crosses_at_the_link_rate(clean):
+    """tbf passes what its bucket holds at once. A bucket of 1 ms at the rate (64 KiB at
+    200 Mbit/s) let a 64 KiB message, the tiny GPT's micro-batch activation, cross at about
+    twice the rate (1.39 ms one way against 2.62 at the rate); the 3.75 KB bucket of
+    ``tbf_burst_bytes`` keeps it near the rate. Load only slows a message, so a loaded
+    machine cannot make this fail."""
+    from mpipar.plan.measure import commbench_tables
+
+    nodes.up(ClusterSpec(name=NAME, nodes=2, link="200mbit", shm_size="256m"))
+    p2p, _ = commbench_tables(2, True, False, 120, NAME, "8,64K")
+    one_way = float(p2p[p2p["bytes"] == 65536]["comm_s"][0])
+    assert one_way >= 0.8 * 65536 / 25e6, f"64 KiB crossed in {one_way * 1e3:.2f} ms"
+
+
 def test_plan_here_emulated_quick(tmp_path):
     """experiments/plan_here.py --emulated --quick: the cluster up at one rate, the link
-    measured there, each row run on both nodes and planned with that link; nothing left."""
+    measured there, each row run on both nodes and planned with that link over the machine's
+    samples; nothing left."""
     spec = tmp_path / "cpu.toml"
     spec.write_text(CPU_SPEC)
     proc = subprocess.run([sys.executable, str(REPO / "experiments" / "plan_here.py"), "--quick",
@@ -500,6 +515,9 @@ def test_plan_here_emulated_quick(tmp_path):
     assert [(r["table"], r["grid"]) for r in doc["rows"]] == [
         ("2 nodes @1gbit", "2x1x1"), ("2 nodes @1gbit", "1x2x1")]
     assert all(r["step_ms"] > 0 and r["planned_ms"] > 0 for r in doc["rows"])
+    # the machine sampled beside the runs, before the round and after it, as in tables 1-2
+    assert len(list((tmp_path / "emulated" / "1gbit" / "specs").glob("sample-*.toml"))) == 2
+    assert all(r["band_lo_ms"] <= r["near_ms"] <= r["band_hi_ms"] for r in doc["rows"])
     link = doc["meta"]["links"]["1gbit"]
     assert link["latency_us"] > 0 and 0 < link["bandwidth_mbs"] < 200  # 1 Gbit/s = 125 MB/s
 

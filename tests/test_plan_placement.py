@@ -11,7 +11,7 @@ from spec_util import spec_text
 from mpipar.mpi.grid import groups_across_nodes, orders
 from mpipar.plan import PlanError, load_cluster
 from mpipar.plan.here import planned
-from mpipar.plan.placement import axis_links, spans_nodes
+from mpipar.plan.placement import axis_links, crossing, spans_nodes
 
 SPEC = spec_text(gpus_per_node=2, intra=(10.0, 5.0), inter=(0.025, 50.0))
 GPT = {"model": {"kind": "gpt", "vocab_size": 256, "block_size": 32, "n_layer": 2,
@@ -78,3 +78,52 @@ def test_tp_across_nodes_plans_slower_than_tp_inside(tmp_path):
     # the order also comes from the config's parallel.order
     cfg = {**GPT, "parallel": {**GPT["parallel"], "order": "dp-tp-pp"}}
     assert planned(cfg, grid, c, ranks_per_node=2)["step"] == pytest.approx(across["step"])
+
+
+def test_the_ranks_that_cross_at_once_per_axis():
+    """A node's ranks that leave it at once: every rank of a spanning tp / dp group, for pp the
+    two ends of a stage boundary between nodes only, every rank for the world's all-reduce."""
+    assert crossing({"dp": 2, "pp": 2, "tp": 1}, 2) == {"dp": 0, "pp": 2, "tp": 0, "world": 2}
+    assert crossing({"dp": 1, "pp": 4, "tp": 1}, 2)["pp"] == 1  # one boundary of three crosses
+    assert crossing({"dp": 2, "pp": 1, "tp": 2}, 2, "tp-dp-pp")["dp"] == 2
+    assert crossing({"dp": 2, "pp": 1, "tp": 2}, 2, "dp-tp-pp")["tp"] == 2
+    assert crossing({"dp": 2, "pp": 1, "tp": 1}, 1) == {"dp": 1, "pp": 0, "tp": 0, "world": 1}
+    assert set(crossing({"dp": 2, "pp": 2, "tp": 1}, None).values()) == {0}  # one node
+
+
+def test_one_link_per_node_is_shared_by_the_ranks_that_cross(tmp_path):
+    """nics_per_node 1 (a node's one link): two pipelines crossing the same link at once get
+    half its bandwidth each, so dp=2 x pp=2 on 2 nodes x 2 ranks plans longer than with a link
+    per rank; one rank per node, or a link per rank (the DGX specs, nics 0), is unchanged."""
+    c = _cluster(tmp_path)
+    one = dataclasses.replace(c, nics_per_node=1)
+    links = axis_links(one, {"dp": 2, "pp": 2, "tp": 1}, 2)
+    assert links["pp"].bandwidth == pytest.approx(c.inter.bandwidth / 2)
+    assert axis_links(c, {"dp": 2, "pp": 2, "tp": 1}, 2)["pp"] == c.inter
+    grid = {"dp": 2, "pp": 2, "tp": 1}
+    assert planned(GPT, grid, one, ranks_per_node=2)["step"] > \
+        planned(GPT, grid, c, ranks_per_node=2)["step"]
+    pipe = {"dp": 1, "pp": 2, "tp": 1}
+    assert planned(GPT, pipe, one, ranks_per_node=1)["step"] == \
+        pytest.approx(planned(GPT, pipe, c, ranks_per_node=1)["step"])
+
+
+def test_nics_per_node_is_read_and_checked(tmp_path):
+    path = tmp_path / "spec.toml"
+    path.write_text(SPEC.replace("[inter_node]\n", "[inter_node]\nnics_per_node = 1\n"))
+    assert load_cluster(str(path)).nics_per_node == 1
+    assert _cluster(tmp_path).nics_per_node == 0  # absent: a link per GPU
+    assert load_cluster("dgx-a100-80gb").nics_per_node == 0
+    path.write_text(SPEC.replace("[inter_node]\n", "[inter_node]\nnics_per_node = -1\n"))
+    with pytest.raises(PlanError, match="nics_per_node must be a whole number"):
+        load_cluster(str(path))
+
+
+def test_ranks_sharing_one_core_do_not_cross_at_once(tmp_path):
+    """A node with one core runs one of its ranks at a time: its link is not split between
+    them (the emulated cluster's nodes); with a core per rank it is."""
+    c = dataclasses.replace(_cluster(tmp_path), nics_per_node=1)
+    grid = {"dp": 2, "pp": 2, "tp": 1}
+    assert axis_links(dataclasses.replace(c, cores_per_node=1), grid, 2)["pp"] == c.inter
+    halved = axis_links(dataclasses.replace(c, cores_per_node=2), grid, 2)["pp"]
+    assert halved.bandwidth == pytest.approx(c.inter.bandwidth / 2)

@@ -26,11 +26,11 @@ from .spec import (
     NODE_IFACE,
     ClusterError,
     ClusterSpec,
+    link_mtu,
     load,
     parse_rate,
     save,
     tbf_burst_bytes,
-    tbf_peak_args,
 )
 
 TOOLS = ("ip", "tc", "nsenter", "unshare", "mount", "umount", "mountpoint", "sh", "sleep",
@@ -104,11 +104,14 @@ def _make(spec: ClusterSpec, rate_bps: int) -> None:
         for dev in ("lo", NODE_IFACE):
             _run(["ip", "-n", ns, "link", "set", dev, "up"], f"{node} {dev} up")
         _run(["ip", "-n", br, "link", "set", port, "master", BRIDGE, "up"], f"{node} port")
+        for where, dev in ((ns, NODE_IFACE), (br, port)):  # tbf's bucket holds one packet
+            _run(["ip", "-n", where, "link", "set", dev, "mtu", str(link_mtu(rate_bps))],
+                 f"{node} mtu")
         # shape both directions: the node's egress, and the bridge's egress towards the node
         for where, dev in ((ns, NODE_IFACE), (br, port)):
             _run(["tc", "-n", where, "qdisc", "add", "dev", dev, "root", "tbf", "rate",
                   f"{rate_bps}bit", "burst", str(tbf_burst_bytes(rate_bps)),
-                  *tbf_peak_args(rate_bps), "latency", "50ms"],
+                  "latency", "50ms"],
                  f"--link {spec.link}: tc refused the rate")
         if spec.cpus_per_node:
             first = k * spec.cpus_per_node % ncpu

@@ -42,34 +42,30 @@ def parse_rate(text: str) -> int:
     return bps
 
 
-BUCKET_MIN = 64 * 1024  # one GSO packet: tbf splits a larger packet, at a CPU cost per packet
-BUCKET_MAX = 256 * 1024  # above, a 1 MiB message would cross partly unshaped
+BUCKET_S = 150e-6  # tbf's bucket in time at the rate
+BUCKET_MAX = 256 * 1024  # 10 Gbit/s: the bucket still refills between timer wake-ups
+JUMBO, ETHERNET = 9000, 1500  # the link's MTU: jumbo frames where the bucket holds one
+FRAME = 216  # headers beyond the MTU that the bucket must hold too (tc rounds it down a little)
+
+
+def link_mtu(rate_bps: int) -> int:
+    """The link's MTU: jumbo frames (9000 bytes, as HPC Ethernet fabrics run) where the bucket
+    of ``BUCKET_S`` at the rate holds one (1 Gbit/s and up), else 1500. tbf's bucket must hold
+    a whole packet, and at 1500 bytes the per-packet work of a Gbit/s link starved it."""
+    return JUMBO if rate_bps * BUCKET_S / 8 >= JUMBO + FRAME else ETHERNET
 
 
 def tbf_burst_bytes(rate_bps: int) -> int:
-    """The bucket: 1 ms at the rate, within 64-256 KiB (200 Mbit/s: 64 KiB, 1 Gbit/s: 125 KB,
-    10 Gbit/s: 256 KiB, where 1 ms would be 1.25 MB and hold a whole 1 MiB message). A message
-    that finds the bucket full would pass its first `burst` bytes at once (in a ping-pong the
-    bucket refills while the answer travels back; ``tbf_peak_args`` now caps that drain), so
-    without a peak rate a message of S bytes is measured up to burst / S too fast: at 1 MiB
-    6 % (200 Mbit/s), 12 % (1 Gbit/s), 25 % (10 Gbit/s); at 4 MiB at most 6 %. A smaller bucket
-    at 10 Gbit/s starves the link: with 128 or 64 KiB, 1-64 MiB ping-pongs fell far short of the
-    rate on a loaded machine where 256 KiB reached it."""
-    return max(BUCKET_MIN, min(BUCKET_MAX, rate_bps // 8 // 1000))
-
-
-PEAK_FACTOR = 1.1  # a full bucket drains at most this much faster than the rate
-PEAK_MTU = 128 * 1024  # the peak bucket; 64 KiB starved 10 Gbit/s to 0.3x the rate
-
-
-def tbf_peak_args(rate_bps: int) -> list[str]:
-    """tbf's second bucket: ``peakrate`` caps how fast a full ``burst`` bucket drains, so a
-    1 MiB message that finds it full crosses at most ~PEAK_FACTOR x the rate (10 Gbit/s:
-    0.98-1.09x in four runs, against 1.11-1.15x without it), while the 256 KiB bucket keeps
-    large transfers at the rate. Peak 1.05x with a 128 KiB peak bucket starved 10 Gbit/s
-    (0.48-0.92x from 1 MiB up); 1.1x kept 0.88-1.09x but for one 64 MiB row, as low as the
-    runs without peakrate dipped on that loaded machine (ping-pong, ``multinode.py``)."""
-    return ["peakrate", f"{int(rate_bps * PEAK_FACTOR)}bit", "mtu", str(PEAK_MTU)]
+    """tbf's bucket: 150 us at the rate, at least one packet, at most 256 KiB (200 Mbit/s:
+    3.75 KB at MTU 1500, 1 Gbit/s: 18.75 KB, 10 Gbit/s: 187.5 KB). A message that finds the
+    bucket full passes its first bucket's worth at once, so a message of S bytes crosses up to
+    bucket / S faster than S over the rate: a bucket of 1 ms at the rate (64-256 KiB) let a
+    64 KiB message, the tiny GPT's micro-batch activation, cross at about twice the rate at
+    200 Mbit/s and 1 Gbit/s, so a slow link cost a pipeline almost nothing. A smaller bucket
+    starves the link: it empties faster than the timer that refills it wakes up (one 9 KB
+    packet at 1 Gbit/s: 0.72x the rate from 256 KiB up; 16 KiB at MTU 1500: 0.65x).
+    experiments/README.md, section 9, has the measurements."""
+    return max(link_mtu(rate_bps) + FRAME, min(BUCKET_MAX, int(rate_bps * BUCKET_S / 8)))
 
 
 @dataclass

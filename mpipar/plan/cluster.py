@@ -54,6 +54,9 @@ class Cluster:
     cache: float = 0.0  # bytes of a core's own cache (CPU specs; plan.here's optimizer costs)
     step_cv: float = 0.0  # a rank's compute per step: std / mean (plan.replicas)
     shared_slowdown: float = 1.0  # ranks beyond the cores: compute this much slower (oversub)
+    # links out of a node ([inter_node] nics_per_node); 0: one per GPU, as the bundled DGX
+    # specs have. A node's ranks beyond it share one (``placement.axis_links``)
+    nics_per_node: int = 0
 
     def gemm_efficiency(self, smallest_dim: float) -> float:
         """Achievable fraction of peak for a GEMM whose smallest dimension per GPU is given:
@@ -95,6 +98,14 @@ def _link(data: dict, section: str, where: str) -> Link:
         latency=_get(data, f"{section}.latency_us", where) * 1e-6,
         efficiency=_get(data, f"{section}.efficiency", where),
     )
+
+
+def _nics(data: dict, where: str) -> int:
+    n = data.get("inter_node", {}).get("nics_per_node", 0)
+    if not isinstance(n, int) or n < 0:
+        raise PlanError(f"{where}: inter_node.nics_per_node must be a whole number >= 0 (0: one "
+                        f"link per GPU), got {n!r}")
+    return n
 
 
 def load_cluster(spec: str) -> Cluster:
@@ -139,6 +150,7 @@ def load_cluster(spec: str) -> Cluster:
         cache=float(data.get("cache_mb", 0.0)) * 2**20,
         step_cv=float(data.get("step_cv", 0.0)),
         shared_slowdown=max(float(data.get("shared_slowdown", 1.0)), 1.0),
+        nics_per_node=_nics(data, where),
         units=tuple(sorted((k.removesuffix("_us"), _get(data, f"units.{k}", where) * 1e-6)
                            for k in data.get("units", {}))),
     )
