@@ -114,9 +114,14 @@ def test_nics_per_node_is_read_and_checked(tmp_path):
     assert load_cluster(str(path)).nics_per_node == 1
     assert _cluster(tmp_path).nics_per_node == 0  # absent: a link per GPU
     assert load_cluster("dgx-a100-80gb").nics_per_node == 0
-    path.write_text(SPEC.replace("[inter_node]\n", "[inter_node]\nnics_per_node = -1\n"))
-    with pytest.raises(PlanError, match="nics_per_node must be a whole number"):
-        load_cluster(str(path))
+    for bad in ("-1", "1.5", "true"):
+        path.write_text(SPEC.replace("[inter_node]\n", f"[inter_node]\nnics_per_node = {bad}\n"))
+        with pytest.raises(PlanError, match="nics_per_node must be a whole number"):
+            load_cluster(str(path))
+    with pytest.raises(PlanError, match="ranks per node"):  # one clear error, not a division
+        crossing({"dp": 2, "pp": 2}, 0)
+    with pytest.raises(PlanError, match="placement"):
+        crossing({"dp": 2, "tp": 2}, 2, "tp-dp")
 
 
 def test_ranks_sharing_one_core_do_not_cross_at_once(tmp_path):

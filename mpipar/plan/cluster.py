@@ -102,7 +102,7 @@ def _link(data: dict, section: str, where: str) -> Link:
 
 def _nics(data: dict, where: str) -> int:
     n = data.get("inter_node", {}).get("nics_per_node", 0)
-    if not isinstance(n, int) or n < 0:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise PlanError(f"{where}: inter_node.nics_per_node must be a whole number >= 0 (0: one "
                         f"link per GPU), got {n!r}")
     return n

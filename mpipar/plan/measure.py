@@ -322,7 +322,8 @@ def measure(ranks: int = 2, inter_node: bool = False, quick: bool = False,
         "hbm": {"capacity_gb": _physical_memory() / 1e9, "bandwidth_gbs": mem / 1e9,
                 "efficiency": 1.0},
         "intra_node": _link_section(intra["p2p"]),
-        # measured with one rank per node: the node's one link, shared by its ranks
+        # one link a node, shared by its ranks (a CPU cluster's; --inter-node measures it
+        # with one rank per node)
         "inter_node": dict(_link_section((inter or intra)["p2p"]), nics_per_node=1),
         "collective": _link_section(intra["allreduce"]),
         "gemm": {"sms": 1, "tile_rows": 1, "tile_cols": 1, "max_efficiency": 1.0,

@@ -56,7 +56,7 @@ def crossing(grid: dict, ranks_per_node: int | None, order: str | None = None) -
     at the same time} (module doc); 0 where none does."""
     dp, pp, tp = (int(grid.get(a, 1)) for a in AXES)
     world = dp * pp * tp
-    if ranks_per_node is None or ranks_per_node >= world:
+    if not any(spans_nodes(grid, ranks_per_node, order).values()):  # checks the placement too
         return dict.fromkeys((*AXES, "world"), 0)
     order = order or grid.get("order") or DEFAULT_ORDER
     node = [r // ranks_per_node for r in range(world)]
