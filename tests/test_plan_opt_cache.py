@@ -83,10 +83,9 @@ def test_optimizer_costs_cold_and_warm():
 
     got = optimizer_costs(0.05, 2**20)  # a median over a few repeats of each timing
     assert set(got) == {"opt_tensor", "opt_value", "opt_tensor_warm", "opt_value_warm"}
-    assert got["opt_tensor"] > 0 and got["opt_tensor_warm"] > 0
-    # a per-value cost inside the noise of the many-tensor timing (a loaded machine, the warm
-    # linear's few values) is clamped to 0 by unit_bench._solve, never negative
-    assert got["opt_value"] >= 0 and got["opt_value_warm"] >= 0
+    # each cost is solved from two timings and clamped at 0 by unit_bench._solve (its
+    # arithmetic: tests/test_plan_measure.py): under load any of them may come out 0
+    assert all(0 <= v < 1 for v in got.values())
     assert set(optimizer_costs(0.0)) == {"opt_tensor", "opt_value"}
 
 
