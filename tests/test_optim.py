@@ -338,7 +338,11 @@ def test_lr_schedule_errors():
         lr_at(0, 0.1, 0, 10, min_lr=0.2)
 
 
-def test_adamw_hands_blocks_to_the_threads_only_for_large_parameter_sets(monkeypatch):
+@pytest.mark.parametrize("make_opt", [lambda ps: AdamW(ps, 1e-2, weight_decay=0.1),
+                                      lambda ps: SGD(ps, 1e-2, momentum=0.9, weight_decay=0.1)],
+                         ids=["adamw", "sgd"])
+def test_optimizers_hand_blocks_to_the_threads_only_for_large_parameter_sets(make_opt,
+                                                                             monkeypatch):
     """A small model's update runs on the calling thread (a hand-off costs more than it); the
     same update above ``PARALLEL_MIN_ELEMENTS`` goes to ``run_blocks``, with the same bits."""
     from mpipar.nn import cpu
@@ -356,7 +360,7 @@ def test_adamw_hands_blocks_to_the_threads_only_for_large_parameter_sets(monkeyp
     for threshold in (cpu.PARALLEL_MIN_ELEMENTS, 1):
         monkeypatch.setattr(cpu, "PARALLEL_MIN_ELEMENTS", threshold)
         params = make_params()
-        run_opt(AdamW(params, 1e-2, weight_decay=0.1), params, 2, np.random.default_rng(1))
+        run_opt(make_opt(params), params, 2, np.random.default_rng(1))
         results.append(snapshot(params))
     assert handed == [3, 3]  # two steps of three one-block parameters, threshold 1 only
     assert all(np.array_equal(results[0][k], results[1][k]) for k in results[0])

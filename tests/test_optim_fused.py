@@ -137,16 +137,23 @@ def test_state_dict_and_load_keep_names_and_shapes():
     assert same_bits(ps, ps2)
 
 
-def test_fused_blocks_split_decay_runs_across_blocks(monkeypatch):
-    """Blocks smaller than the tensors (and handed to the threads) cut decaying runs in the
-    middle: still the per-tensor bits."""
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("name", sorted(OPTS))
+def test_fused_blocks_split_decay_runs_across_blocks(name, dtype, monkeypatch):
+    """Blocks smaller than the tensors (and handed to the threads) cut decaying runs and
+    momentum buffers in the middle: still the per-tensor bits, for every optimizer."""
     monkeypatch.setattr(optim, "OPT_BLOCK_ELEMENTS", 8)
+    monkeypatch.setattr(optim, "SGD_ONE_BLOCK_ELEMENTS", 8)
     monkeypatch.setattr(cpu, "PARALLEL_MIN_ELEMENTS", 1)
-    b = Backend("cpu", "float32")
+    b = Backend("cpu", dtype)
     fused, plain = make(b, packed=True), make(b, packed=True)
-    drive(AdamW(fused, 1e-2, weight_decay=0.1), fused, 3)
-    drive(AdamW(plain, 1e-2, weight_decay=0.1, fused=False), plain, 3)
+    fo, po = OPTS[name](fused, True), OPTS[name](plain, False)
+    drive(fo, fused, 3)
+    drive(po, plain, 3)
+    assert len(fo._blocks(fo.groups()[0], 0.1, False)) > 4  # really cut in blocks
     assert same_bits(fused, plain)
+    fs, ps_ = fo.state_dict(), po.state_dict()
+    assert all(np.array_equal(fs[k][buf], ps_[k][buf]) for k in fs for buf in fs[k])
 
 
 def test_packed_copier_copies_each_packed_run_once():
@@ -180,6 +187,7 @@ def test_zero_grad_step_is_the_same_update_and_leaves_the_gradients_zero(name, b
     in one block and in blocks cut through the tensors."""
     if blocks is not None:
         monkeypatch.setattr(optim, "OPT_BLOCK_ELEMENTS", blocks)
+        monkeypatch.setattr(optim, "SGD_ONE_BLOCK_ELEMENTS", blocks)
     b = Backend("cpu", "float32")
     zeroed, plain = make(b, packed=True), make(b, packed=True)
     zo, po = OPTS[name](zeroed, True), OPTS[name](plain, True)

@@ -176,8 +176,10 @@ def _loss_times(loss, logits, budget: float) -> dict:
 
 def _opt_step_time(model, budget: float, cold: bool = True) -> tuple[float, int, int]:
     """(median seconds, parameter tensors, values) of what a step's OPT region does on the
-    parameters of ``model``: the local gradient norm, clipping, mpipar's AdamW; ``cold``: the
-    caches emptied before each call (``_evict``), else warm from the call before."""
+    parameters of ``model``: the local gradient norm, clipping, mpipar's AdamW with the
+    gradients zeroed inside the update (as a flushing step's update does, ``Step._zeroing``);
+    ``cold``: the caches emptied before each call (``_evict``), else warm from the call
+    before."""
     from mpipar.nn.optim import AdamW, clip_grads_, grad_norm_sq_local
 
     params = model.params()
@@ -191,7 +193,7 @@ def _opt_step_time(model, budget: float, cold: bool = True) -> tuple[float, int,
             _evict()
         t0 = time.perf_counter()
         clip_grads_(params, 1.0, float(np.sqrt(grad_norm_sq_local(params))))
-        opt.step()
+        opt.step(zero_grad=True)
         got.append(time.perf_counter() - t0)
     return float(np.median(got)), len(params), sum(int(p.data.size) for p in params)
 

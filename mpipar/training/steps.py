@@ -62,6 +62,8 @@ class Step:
         self.t = trainer
         self.older = None  # 2BW only: the OlderBuffer
         self._prefetched = None  # (step, its local batch) read ahead by ``_prefetch``
+        self._grads_zero = False  # the last update left every gradient zero (``_zeroing``)
+        self._zeroes_all = None
 
     def optimizer(self):
         t = self.t
@@ -102,7 +104,9 @@ class Step:
         """This step's micro-batches, gradients zeroed, the dp buckets opened."""
         t = self.t
         xs, ys = self._local_batch(t.step)
-        t.sync.zero_grads(t.params)  # a fill per bucket, not a call per parameter
+        if not self._grads_zero:  # else the last update zeroed them while in cache
+            t.sync.zero_grads(t.params)  # a fill per bucket, not a call per parameter
+        self._grads_zero = False
         t.sync.start()
         return xs, ys
 
@@ -132,9 +136,25 @@ class Step:
                             t.cfg.train.grad_clip, norm)
             lr = step_lr(t.cfg, t.step)
             self._before_optimizer_step()
-            t.opt.step(lr)
+            zero = self._zeroing()
+            t.opt.step(lr, zero_grad=zero)
             t.sync.after_step()
+            self._grads_zero = zero
         return norm, lr
+
+    def _zeroing(self) -> bool:
+        """Whether the optimizer step zeroes the gradients, each block right after the update
+        reads it (in cache), so that the next step need not zero them in a pass of its own
+        (``_start``): where it updates every parameter itself. Not under ZeRO-1, whose
+        optimizer holds slices of the buckets; the gradients are then zeroed as the next step
+        starts, as Megatron-LM zeroes its gradient buffers. Either way a step starts from zero
+        gradients: ``forward_backward`` then ``update`` read the same values as ever; only
+        ``.grad`` after an update reads zero here."""
+        if self._zeroes_all is None:
+            t = self.t
+            self._zeroes_all = (not t.sync.zero1 and {id(p) for p in t.opt.params}
+                                == {id(p) for p in t.params})
+        return self._zeroes_all
 
     def _before_optimizer_step(self):
         pass
