@@ -117,3 +117,20 @@ def test_calibrate_configurations():
     assert {(s, m) for _, pp, _, s, _, m in cont} == {
         (s, m) for s in ("pipedream-cont", "pipedream-2bw-cont") for m in (2, 4, 8)}
     assert {(dp, pp, tp, v) for dp, pp, tp, _, v, _ in cont} == {(1, 2, 1, 1)}
+
+
+@pytest.mark.parametrize("model, optimizer", [("mlp", "sgd"), ("tiny-stage", "adamw")])
+def test_opt_block_times_every_block_size_with_the_same_bits(model, optimizer):
+    """noflush_opt_block.py: a row per block size (the largest: the whole model in one block)
+    with the three modes; it asserts the same bits at every block size itself."""
+    proc = subprocess.run([sys.executable, str(EXP / "noflush_opt_block.py"), "--reps", "2",
+                           "--model", model, "--optimizer", optimizer,
+                           "--blocks", "4096,16384,1000000"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**common.env()})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith(f"{optimizer} update of {model}") and "same bits" in lines[0]
+    rows = [ln.split() for ln in lines[2:]]
+    assert [r[0] for r in rows] == ["4096", "16384", "1000000"] and rows[-1][1] == "1"
+    assert all(len(r) == 6 and all(float(v) > 0 for v in r[3:]) for r in rows)

@@ -29,8 +29,8 @@ from mpipar.nn.flat import flat_groups
 OPT_BLOCK_ELEMENTS = 1 << 16
 # an SGD group up to this size is one block: it is in cache already (a small model's gradients
 # were just written), and each block costs a few Python calls (the 784-128-...-10 MLP's 181K
-# values: 91 us a step as one block with the zeroing, 134 us in 64K blocks; 87 us as whole
-# passes and a fill)
+# values, ``experiments/noflush_opt_block.py --model mlp --optimizer sgd``: 151 us with the
+# zeroing as one block, 157 in three 64K blocks)
 SGD_ONE_BLOCK_ELEMENTS = 1 << 18
 
 
@@ -115,8 +115,9 @@ class Optimizer:
 
         The update runs block by block (``OPT_BLOCK_ELEMENTS``), so that a block's parameters,
         gradients, state and scratch stay in cache between the passes of one update instead of
-        streaming the whole model from memory once per pass (SGD, 1024-wide MLP, 6.3M values:
-        3.1 ms blocked with the zeroing, 6.3 ms in whole passes and a fill). The blocks of all
+        streaming the whole model from memory once per pass (SGD on the 1024-wide MLP's 6.1M
+        values, ``experiments/noflush_opt_block.py --model wide --optimizer sgd``: 7.4 ms in
+        64K blocks with the zeroing, 11.5 ms in whole passes and a fill). The blocks of all
         groups go to the kernel threads in one batch (small groups would each pay a hand-off
         to the threads otherwise), unless all of them together are below
         ``cpu.PARALLEL_MIN_ELEMENTS``: a small model's whole update is shorter than waking the
