@@ -7,11 +7,12 @@ run them in short alternating blocks (experiments/lean_samejob.py): the machine'
 too much between separate jobs for their ratio to mean much. The table gives the median of the
 per-block-pair ratios mpipar / lean, their interquartile range, and the median samples/s of
 each. ``--separate`` runs each implementation as its own ``mpiexec`` instead, in interleaved
-pairs of runs (the GPT cases, which have no lean loop, always run that way). One BLAS thread per
-rank. ``--checkout DIR`` times the mpipar of another checkout (its PYTHONPATH); ``--baseline
-DIR`` adds the mpipar of DIR (before / after a change): same job, one more job per case, timed
-against the same lean loop; separate, a third run in each pair. The lean loop is loaded by file
-path and imports nothing from mpipar, so it is the same program whatever checkout is timed.
+pairs of runs (the GPT cases, which have no lean loop, always run that way). One BLAS thread and
+one mpipar kernel thread per rank. ``--checkout DIR`` times the mpipar of another checkout (its
+PYTHONPATH); ``--baseline DIR`` adds the mpipar of DIR (before / after a change): same job, one
+more job per case, timed against the same lean loop; separate, a third run in each pair. The
+lean loop is loaded by file path and imports nothing from mpipar, so it is the same program
+whatever checkout is timed.
 
     python experiments/lean_bench.py [--block 20] [--block-pairs 20] [--separate [--pairs 5]]
         [--out runs/experiments/lean_bench] [--checkout DIR] [--baseline DIR]
@@ -63,7 +64,10 @@ CASES = {
     "gpt-pp2": (2, None, "gpt", "1f1b", 4, 1, 2),
     "gpt-dp2": (2, None, "gpt", "1f1b", 4, 2, 1),
 }
-THREADS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+# one thread per rank on both sides: BLAS, and mpipar's own kernel threads (by default a rank's
+# share of the cores: two for a one-rank case on two cores, which the lean loop does not have)
+THREADS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "MPIPAR_KERNEL_THREADS": "1"}
 
 
 # -- the worker: one mpipar run under mpiexec (imports only mpipar: no mpi4py here)
