@@ -56,6 +56,15 @@ def test_a_gradient_written_outside_a_step_is_zeroed_by_the_next_one():
     assert all(np.array_equal(p.data, q.data) for p, q in zip(tr.params, ref.params))
 
 
+def test_a_strided_gradient_leaves_the_zeroing_to_the_step_start():
+    """A gradient that is a strided view may reach the optimizer as a copy: no zeroing there."""
+    tr = _trainer("sgd")
+    p = next(q for q in tr.params if q.grad.ndim == 2)
+    p.grad = np.zeros(p.grad.shape[::-1]).T  # the same shape, not contiguous
+    tr.mode._zeroes_all = None
+    assert not tr.mode._zeroing()
+
+
 def test_zero1_slices_leave_the_zeroing_to_the_step_start():
     tr = _trainer("sgd")
     tr.sync.zero1 = True  # what the check reads; its optimizer would hold the slices

@@ -146,14 +146,17 @@ class Step:
         """Whether the optimizer step zeroes the gradients, each block right after the update
         reads it (in cache), so that the next step need not zero them in a pass of its own
         (``_start``): where it updates every parameter itself. Not under ZeRO-1, whose
-        optimizer holds slices of the buckets; the gradients are then zeroed as the next step
-        starts, as Megatron-LM zeroes its gradient buffers. Either way a step starts from zero
-        gradients: ``forward_backward`` then ``update`` read the same values as ever; only
-        ``.grad`` after an update reads zero here."""
+        optimizer holds slices of the buckets, nor where a gradient is a strided view (the
+        optimizer's flat group of it may then be a copy, whose zeroing would not reach it); the
+        gradients are then zeroed as the next step starts, as Megatron-LM zeroes its gradient
+        buffers. Either way a step starts from zero gradients: ``forward_backward`` then
+        ``update`` read the same values as ever; only ``.grad`` after an update reads zero
+        here."""
         if self._zeroes_all is None:
             t = self.t
-            self._zeroes_all = (not t.sync.zero1 and {id(p) for p in t.opt.params}
-                                == {id(p) for p in t.params})
+            self._zeroes_all = (not t.sync.zero1
+                                and {id(p) for p in t.opt.params} == {id(p) for p in t.params}
+                                and all(p.grad.flags.c_contiguous for p in t.params))
         return self._zeroes_all
 
     def _before_optimizer_step(self):
