@@ -134,3 +134,15 @@ def test_opt_block_times_every_block_size_with_the_same_bits(model, optimizer):
     rows = [ln.split() for ln in lines[2:]]
     assert [r[0] for r in rows] == ["4096", "16384", "1000000"] and rows[-1][1] == "1"
     assert all(len(r) == 6 and all(float(v) > 0 for v in r[3:]) for r in rows)
+
+
+def test_denormals_trains_both_copies_to_the_same_bits(tmp_path):
+    """denormals.py --quick: rows of both copies' times and subnormal counts, the same bits."""
+    proc = subprocess.run([sys.executable, str(EXP / "denormals.py"), "--quick",
+                           "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**common.env()})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [r["step"] for r in rows] == [50, 100, 150, 200]
+    assert all(r["same_bits"] and r["opt_us_flush"] > 0 and r["step_us_off"] > 0 for r in rows)
