@@ -80,3 +80,15 @@ def test_flushes_fall_on_the_same_steps_after_a_resume():
     again.load_state_dict(opt.state_dict())
     assert flushed.count(True) == 3
     assert again._flushes() == flushed[-1]
+
+
+def test_flush_on_another_array_module_takes_no_host_test():
+    """Off NumPy (CuPy) the flush writes without asking ``mask.any()`` first (that would wait
+    for the device): the same result through the module's own functions."""
+    import types
+
+    xp = types.SimpleNamespace(abs=np.abs, less=np.less, copyto=np.copyto, finfo=np.finfo)
+    tiny = np.finfo(np.float32).tiny
+    a = np.array([tiny / 4, 1.0, -tiny / 8, 0.0], dtype=np.float32)
+    optim.flush_subnormals(xp, a, np.empty_like(a), np.empty(a.shape, bool))
+    assert a.tolist() == [0.0, 1.0, 0.0, 0.0]
