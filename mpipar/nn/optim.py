@@ -216,10 +216,11 @@ def flush_subnormals(xp, a, scratch, mask) -> None:
     in place (``scratch``: a float array of ``a``'s shape and dtype, ``mask``: a bool one).
 
     Why: a moment whose gradient stays zero (a dead ReLU unit, an embedding row no batch
-    reads) decays geometrically and spends 150-300 steps subnormal before it reaches zero, and
-    x86 float arithmetic on a subnormal takes a microcode assist per element: with 4 % of a
-    block subnormal, a multiply costs 15x its normal time, and AdamW on the ``mlp.toml`` model
-    goes from 114 us to 350 us per step after 2,000 steps (``experiments/denormals.py``).
+    reads) decays geometrically and spends 150-300 steps subnormal before it reaches zero, some
+    for good (the decay rounds back to the same value), and x86 float arithmetic on a subnormal
+    takes a microcode assist per element: with 4 % of a block subnormal, a multiply costs 15x
+    its normal time, and AdamW on the ``mlp.toml`` model took 419 us a step at step 2,000
+    against 153 us with the flush (``experiments/denormals.py``).
     Zero instead changes no update: such a moment moves a weight by less than 1e-30 of the
     learning rate, and a second moment below the smallest normal has a square root (< 1.1e-19)
     below half an ulp of AdamW's ``eps``. GPUs are not slowed, but they flush too: one result
