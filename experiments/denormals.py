@@ -89,6 +89,11 @@ def main(argv=None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a config override for both copies (repeatable)")
     args = p.parse_args(argv)
+    if args.every < 1 or (args.steps is not None and args.steps < 1):
+        p.error("--every and --steps must be at least 1")
+    bad = [kv for kv in args.set if "=" not in kv]
+    if bad:
+        p.error(f"--set takes KEY=VALUE (e.g. --set train.optimizer=sgd), got {bad}")
     steps = args.steps or (200 if args.quick else 3000)
     every = min(args.every, steps) if not args.quick else 50
     sets = dict(kv.split("=", 1) for kv in args.set)

@@ -146,3 +146,10 @@ def test_denormals_trains_both_copies_to_the_same_bits(tmp_path):
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert [r["step"] for r in rows] == [50, 100, 150, 200]
     assert all(r["same_bits"] and r["opt_us_flush"] > 0 and r["step_us_off"] > 0 for r in rows)
+
+
+def test_denormals_refuses_bad_arguments_with_a_message():
+    for args in (["--every", "0"], ["--set", "train.optimizer"]):
+        proc = subprocess.run([sys.executable, str(EXP / "denormals.py"), *args],
+                              capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert proc.returncode == 2 and "denormals.py: error:" in proc.stderr
