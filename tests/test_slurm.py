@@ -271,18 +271,46 @@ def _wait(cluster, job_id: str) -> list[slurm.JobState]:
 # up to SRUN_ATTEMPTS jobs in all, as the emulated cluster's srun test does.
 PMI2_STARTUP_FAILURE = ("mpi/pmi2: invalid client request", "Fatal error in internal_Init_thread")
 SRUN_ATTEMPTS = 4
+PMI2_HANG_GRACE = 30  # seconds a job may run on after its log shows the fault (then cancelled)
+
+
+def _wait_srun(cluster, job: str, log: Path) -> tuple[list[slurm.JobState], bool]:
+    """(the job's states once it has ended, whether its log shows the PMI-2 start-up fault).
+    The fault either ends the step in MPI_Init or leaves its ranks blocked there until the job
+    is killed: a job still running ``PMI2_HANG_GRACE`` s after its log first showed it is
+    cancelled. Any other job still running after ``JOB_TIMEOUT`` fails the test."""
+    deadline, seen = time.monotonic() + JOB_TIMEOUT, None
+    while True:
+        states = slurm.job_states(job, cluster.env)
+        text = log.read_text(errors="replace") if log.is_file() else ""
+        fault = PMI2_STARTUP_FAILURE[0] in text
+        if states and not any(st.active for st in states):
+            return states, fault
+        now = time.monotonic()
+        if fault and seen is None:
+            seen = now
+        if seen is not None and now - seen > PMI2_HANG_GRACE:
+            slurm.cancel(job, env=cluster.env)
+            return _wait(cluster, job), True
+        if now > deadline:
+            slurm.cancel(job, env=cluster.env)
+            pytest.fail(f"job {job} still running after {JOB_TIMEOUT} s\n"
+                        f"{cluster.log_tail('slurmctld')}")
+        time.sleep(0.5)
 
 
 def _run_srun_job(cluster, run_root: Path, *argv) -> tuple[str, list[slurm.JobState]]:
     """Submit with the default launcher (srun + PMI-2) and wait; resubmit when the job failed
-    in MPI_Init with the wheel's PMI-2 fault, and on nothing else. When every attempt meets
+    in MPI_Init with the wheel's PMI-2 fault, or hung there and was cancelled (``_wait_srun``),
+    and on nothing else. When every attempt meets
     that fault the srun path cannot be tested with this wheel here: the test is skipped and
     says so (any other failure is returned, and fails the test)."""
     for attempt in range(1, SRUN_ATTEMPTS + 1):
         job = _submit(cluster, run_root, *argv)
-        states = _wait(cluster, job)
+        states, hung = _wait_srun(cluster, job, run_root / f"slurm-{job}.out")
         logs = [slurm.error_text(s, 200) for s in states if s.state != "COMPLETED"]
-        if not any(sig in log for log in logs for sig in PMI2_STARTUP_FAILURE):
+        failed_in_init = any(sig in log for log in logs for sig in PMI2_STARTUP_FAILURE)
+        if not failed_in_init and not (hung and any(s.state != "COMPLETED" for s in states)):
             return job, states
         print(f"job {job} failed in MPI_Init (the wheel's PMI-2 fault, attempt {attempt} of "
               f"{SRUN_ATTEMPTS})")
