@@ -61,8 +61,7 @@ def instrument(clock):
     clock.patch(Trainer, "norm_and_loss", "step reduce")  # less the norm inside it
     clock.patch(Trainer, "norm_sq_local", "norm")
     for name, phase in (("run", "dispatch"), ("_forward", "forward"), ("_loss", "loss"),
-                        ("_backward", "backward"), ("_weight", "backward"),
-                        ("_send_forward", "p2p"), ("_send_backward", "p2p"),
+                        ("_backward", "backward"), ("_weight", "backward"), ("_send", "p2p"),
                         ("_receive", "p2p"), ("finish", "p2p")):
         clock.patch(PipelineExecutor, name, phase)
     for name in ("start", "unit_ready", "chunk_ready", "finish"):

@@ -125,6 +125,26 @@ class Clock(_Region):
         self.kind, self.mb, self.chunk = kind, mb % self.wrap, chunk
         return self
 
+    def run(self, kind, mb, chunk, fn, *args):
+        """``fn(*args)`` timed as one event, as ``with clock(kind, mb, chunk):`` times its block
+        (recorded even when it raises), in one call instead of three: after a compute action's
+        NumPy work every Python frame entered costs a microsecond or two of cold caches
+        (BENCHMARKS.md, "Eighth cuts")."""
+        t = self.tracer
+        sync = t._sync
+        if sync is not None:  # earlier GPU work must not be billed to this event
+            sync()
+        t0 = t.t0
+        start = _perf_counter() - t0
+        try:
+            return fn(*args)
+        finally:
+            if sync is not None:  # this event's GPU work finished before the end clock
+                sync()
+            if t.enabled:
+                t._events.append((kind, t.step, mb % self.wrap, chunk, start,
+                                  _perf_counter() - t0, 0, -1))
+
 
 class Tracer:
     """Records timed events (kind, step, mb, chunk, start, end, bytes, peer) of one rank."""

@@ -153,3 +153,17 @@ def test_denormals_refuses_bad_arguments_with_a_message():
         proc = subprocess.run([sys.executable, str(EXP / "denormals.py"), *args],
                               capture_output=True, text=True, timeout=60, cwd=REPO)
         assert proc.returncode == 2 and "denormals.py: error:" in proc.stderr
+
+
+def test_cold_frames_prints_a_row_per_call_count():
+    """cold_frames.py --quick: one table row per --calls value, each step timed."""
+    proc = subprocess.run([sys.executable, str(EXP / "cold_frames.py"), "--quick",
+                           "--calls", "1,2"], capture_output=True, text=True, timeout=120,
+                          cwd=REPO, env={**common.env()})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [ln.split("|")[1:-1] for ln in proc.stdout.splitlines() if ln.startswith("| ")]
+    assert [r[0].strip() for r in rows[1:]] == ["1", "2"]
+    assert all(float(r[1].replace(",", "")) > 0 for r in rows[1:])
+    bad = subprocess.run([sys.executable, str(EXP / "cold_frames.py"), "--calls", "0"],
+                         capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert bad.returncode == 2 and "--calls" in bad.stderr

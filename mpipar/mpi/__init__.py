@@ -5,7 +5,8 @@
   ``MAX_MB``, ``MAX_CHUNKS``), ``MessageSizeError``;
 - the grid: ``ProcessGrid`` (a communicator per axis), ``grid_layout``, ``axis_groups``,
   ``bind_gpu``;
-- the collectives' progress: ``progress`` (advance the non-blocking ones), ``in_flight``;
+- the collectives' progress: ``progress`` (advance the non-blocking ones), ``in_flight``,
+  ``pending_collectives`` (the outstanding ones' list, truthy while any is: read, never changed);
 - getting arrays to MPI: ``cuda_aware``, ``load_mpi``;
 - the job as a whole (``job/``): ``failfast`` (a module: ``guard``, ``EXIT_*``...),
   ``world_max``, ``Watchdog``, ``dump_trace``, ``world_size_and_rank``, ``library_version``.
@@ -19,7 +20,7 @@ memory), ``tuning.py`` (which algorithm); ``staging.py`` (device arrays, host bu
 ``grid.py``; ``job/``; and ``bench/`` (``mpipar commbench``: imported by the command, not here).
 """
 
-from mpipar.mpi.algorithms import in_flight, progress
+from mpipar.mpi.algorithms import in_flight, pending_collectives, progress
 from mpipar.mpi.comm import Comm
 from mpipar.mpi.common import (
     MAX_CHUNKS,
@@ -49,6 +50,6 @@ __all__ = [
     "MAX_CHUNKS", "MAX_MB", "TAG_ACTIVATION", "TAG_GRADIENT", "TAG_LIMIT", "Comm", "Communicator",
     "LocalComm", "MessageSizeError", "Pending", "ProcessGrid", "Request", "Watchdog",
     "axis_groups", "bind_gpu", "cuda_aware", "dump_trace", "failfast", "grid_layout", "in_flight",
-    "library_version", "load_mpi", "make_tag", "prepare_dump", "progress", "world_max",
-    "world_size_and_rank",
+    "library_version", "load_mpi", "make_tag", "pending_collectives", "prepare_dump", "progress",
+    "world_max", "world_size_and_rank",
 ]

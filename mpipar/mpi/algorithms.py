@@ -250,6 +250,10 @@ class Stepper:
 # --- outstanding non-blocking collectives, progressed from cheap test points ----------------
 
 PENDING: list = []  # Requests of non-blocking collectives not yet known to be done
+# the same list, read-only for other layers: truthy while any is outstanding. A loop that checks
+# between every two actions reads it rather than calling ``in_flight`` (BENCHMARKS.md, "Eighth
+# cuts": a call per action costs more than its work). Only this module changes it, in place.
+pending_collectives = PENDING
 
 
 def in_flight() -> bool:

@@ -24,10 +24,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from contextlib import nullcontext
+from functools import partial
 
-from ...mpi import MAX_MB, in_flight
+from time import monotonic
+
+from ... import progress
+from ...mpi import MAX_MB, pending_collectives
 from ...nn.layers import Sequential, set_selective_recompute
-from ...progress import beat
 from ...trace import Clock
 from .actions import Action, ScheduleError
 from .stash import VersionStash
@@ -103,10 +106,11 @@ class PipelineExecutor:
         self._rank_of = {c: schedule.rank_of(c) for c in range(self.n_chunks)}
         self._handlers = {
             "F": self._forward, "B": self._backward, "BW": self._backward, "W": self._weight,
-            "SEND_F": self._send_forward, "SEND_B": self._send_backward,
             "RECV_F": self._receive, "RECV_B": self._receive, "UPDATE": self._update,
         }
-        self._bound = [(a, self._handlers[a.op]) for a in self.actions]
+        # a send's peer and tag are fixed per action: bound with its handler, once
+        self._bound = [(a, self._send_of(a) if a.op in ("SEND_F", "SEND_B")
+                        else self._handlers[a.op]) for a in self.actions]
         timed = tracer is not None and tracer.enabled
         # one reused region for all compute actions (they never nest); None untimed: the
         # handlers then call the compute straight, with no context to enter and leave
@@ -139,11 +143,17 @@ class PipelineExecutor:
         handler bound once, no look-up or call per action beyond it: a small model's action is
         a few hundred microseconds, and the Python between two actions runs with cold caches
         after a large one (BENCHMARKS.md, the fitted per-action overhead)."""
-        sends = st.sends
+        sends, beat = st.sends, progress.state
         for a, handler in self._bound[lo:hi]:
-            beat(a)  # the watchdog names the action a stalled rank is blocked in
+            # progress.beat(a), written out: the watchdog names the action a stalled rank is
+            # blocked in. After an action's NumPy work every distinct Python function the loop
+            # enters costs a microsecond or two of cold caches (BENCHMARKS.md, "Eighth cuts"),
+            # so the per-action path calls as few as it can.
+            beat.last = monotonic()
+            beat.what = a
             handler(a, st)
-            if in_flight() or len(sends.requests) > SEND_BACKLOG:  # else a no-op
+            # mpi.in_flight(), written out: non-blocking collectives outstanding
+            if pending_collectives or len(sends.requests) > SEND_BACKLOG:  # else a no-op
                 sends.release_finished()
 
     def finish(self, st):
@@ -160,7 +170,7 @@ class PipelineExecutor:
         routes = self._routes.get((mb_batch, seq_len))
         if routes is None:  # once per micro-batch shape, not per message
             routes = self._routes[(mb_batch, seq_len)] = {}
-            for a in self._plan["RECV_F"] + self._plan["RECV_B"]:
+            for a, _ in self._plan["RECV_F"] + self._plan["RECV_B"]:
                 peer, unit, kind = self._source(a.op, a.chunk)
                 routes[(a.op, a.chunk)] = (
                     peer, self.model.boundary_shape(unit, mb_batch, seq_len), kind)
@@ -176,7 +186,13 @@ class PipelineExecutor:
     def _forward(self, a, st):
         mb, c = a.mb, a.chunk
         chunk = self.chunks[c]
-        x = self._chunk_input(st, mb, c)
+        # the data, or the activation received for it; _chunk_input for anything else
+        if c == 0:
+            x = st.inputs[mb]
+        else:
+            x = st.acts_in.pop((mb, c), None)
+            if x is None:
+                x = self._chunk_input(st, mb, c)
         clock = self._clock
         if st.stash is not None:
             if st.stash.copies(mb, c):  # the copy of a version is the stash's work, not F's
@@ -188,8 +204,7 @@ class PipelineExecutor:
         elif clock is None:
             y = chunk.forward(x, mb)
         else:
-            with clock("F", mb, c):
-                y = chunk.forward(x, mb)
+            y = clock.run("F", mb, c, chunk.forward, x, mb)
         if st.forward_only:
             self._forward_only_output(st, chunk, mb, c, y)
             return
@@ -200,8 +215,7 @@ class PipelineExecutor:
             if clock is None:
                 self._loss(st, y, mb, c)
             else:
-                with clock("LOSS", mb, c):
-                    self._loss(st, y, mb, c)
+                clock.run("LOSS", mb, c, self._loss, st, y, mb, c)
         else:
             st.acts_out[(mb, c)] = y
 
@@ -222,17 +236,26 @@ class PipelineExecutor:
         """B (input gradient) or BW (input and weight gradients)."""
         mb, c = a.mb, a.chunk
         chunk = self.chunks[c]
-        dy = self._output_grad(st, mb, c)
+        dy = st.grads_in.pop((mb, c), None)  # received, or the loss's
+        if dy is None:  # the next chunk ran here (pp = 1), or the error
+            dy = self._output_grad(st, mb, c)
+        clock = self._clock
         if self.asynchronous:  # backward with the weights this micro-batch saw
             current = self._stash_work(mb, c, st.stash.swap_in, mb, c, chunk)
             try:
                 dx = self._timed_backward(a.op, st, chunk, dy, mb)
             finally:
                 st.stash.restore(chunk, current)
-        else:
+        elif self.recompute:
             dx = self._timed_backward(a.op, st, chunk, dy, mb)
-        if a.op == "BW":
-            self._weight_done(st, c)
+        elif clock is None:  # _timed_backward without recomputation, written out
+            dx = self._backward_pass(a.op, st, chunk, dy, mb)
+        else:
+            dx = clock.run("B", mb, c, self._backward_pass, a.op, st, chunk, dy, mb)
+        if a.op == "BW":  # _weight_done, written out
+            done = st.w_done[c] = st.w_done[c] + 1
+            if done == self.schedule.microbatches and self.on_grads_ready is not None:
+                self.on_grads_ready(c)
         if c > 0:
             st.grads_out[(mb, c)] = dx
 
@@ -258,7 +281,7 @@ class PipelineExecutor:
 
     def _backward_pass(self, op, st, chunk, dy, mb):
         if op == "BW":
-            if self._last_weight_pass(st, chunk.index):
+            if self.on_unit_ready is not None and self._last_weight_pass(st, chunk.index):
                 return self._backward_unit_by_unit(chunk, dy, mb)
             # layer by layer, both gradients while the layer's data is in cache (same bits)
             if chunk.index == 0:  # the model's input is data: its gradient is never used
@@ -276,8 +299,7 @@ class PipelineExecutor:
         if self._clock is None:
             self._weight_pass(st, chunk, mb)
         else:
-            with self._clock("W", mb, c):
-                self._weight_pass(st, chunk, mb)
+            self._clock.run("W", mb, c, self._weight_pass, st, chunk, mb)
         self._weight_done(st, c)
 
     def _weight_pass(self, st, chunk, mb):
@@ -288,17 +310,18 @@ class PipelineExecutor:
         else:
             chunk.backward_weight(mb)
 
-    def _send_forward(self, a, st):
-        mb, c = a.mb, a.chunk
-        y = st.acts_out.pop((mb, c))
-        st.sends.add(self.comm.isend(y, self._rank_of[c + 1], tag(ACT, mb % MAX_MB, c + 1),
-                                     mb=mb, chunk=c))
+    def _send_of(self, a):
+        """SEND_F / SEND_B ``a``'s handler, its peer and tag bound (``_send``)."""
+        forward = a.op == "SEND_F"
+        to = a.chunk + 1 if forward else a.chunk - 1
+        return partial(self._send, forward, self._rank_of[to],
+                       tag(ACT if forward else GRAD, a.mb % MAX_MB, to))
 
-    def _send_backward(self, a, st):
+    def _send(self, forward, peer, wire_tag, a, st):
+        """Post the send of the activation (``forward``) or input gradient of ``a``."""
         mb, c = a.mb, a.chunk
-        dx = st.grads_out.pop((mb, c))
-        st.sends.add(self.comm.isend(dx, self._rank_of[c - 1],
-                                     tag(GRAD, mb % MAX_MB, c - 1), mb=mb, chunk=c))
+        x = (st.acts_out if forward else st.grads_out).pop((mb, c))
+        st.sends.requests.append(self.comm.isend(x, peer, wire_tag, mb=mb, chunk=c))
 
     def _receive(self, a, st):
         arr = st.receives.take(a if a.mb < MAX_MB else _wire(a))

@@ -17,20 +17,21 @@ tag = make_tag  # (kind, mb, chunk) -> tag; mpi.common imports no MPI, so no laz
 
 
 def receive_plan(actions) -> dict:
-    """{"RECV_F": [...], "RECV_B": [...]}: a rank's receives in the order it takes them (the
-    same every step, so an executor makes it once)."""
+    """{"RECV_F": [(action, tag)...], "RECV_B": [...]}: a rank's receives in the order it takes
+    them, each with its message's tag (the same every step, so an executor makes it once)."""
     plan = {"RECV_F": [], "RECV_B": []}
     for a in actions:
         if a.op in plan:
-            plan[a.op].append(a)
+            plan[a.op].append((a, tag(ACT if a.op == "RECV_F" else GRAD, a.mb, a.chunk)))
     return plan
 
 
-def _refs(bufs, i):
-    return sys.getrefcount(bufs[i])
+def _free_refs():
+    bufs = [object()]
+    return sys.getrefcount(bufs[0])  # as RecvPool.free_in counts: the list's, the call's two
 
 
-_FREE_REFS = _refs([object()], 0)  # the count of a buffer only the pool's list holds
+_FREE_REFS = _free_refs()  # the count of a buffer only the pool's list holds
 
 
 class RecvPool:
@@ -49,9 +50,18 @@ class RecvPool:
         self.allocated = 0  # buffers ever allocated (tests check reuse)
 
     def take(self, shape, dtype, xp):
-        bufs = self._bufs.setdefault((tuple(shape), dtype, xp), [])
+        return self.free_in(self.slot(shape, dtype, xp), shape, dtype, xp)
+
+    def slot(self, shape, dtype, xp) -> list:
+        """The buffers of one (shape, dtype, array module): a receive route looks it up once
+        per step, not per message."""
+        return self._bufs.setdefault((tuple(shape), dtype, xp), [])
+
+    def free_in(self, bufs, shape, dtype, xp):
+        """A buffer of ``bufs`` (a ``slot``) that nothing else holds, else a new one in it."""
+        getrefcount = sys.getrefcount
         for i in range(len(bufs)):
-            if _refs(bufs, i) == _FREE_REFS:
+            if getrefcount(bufs[i]) == _FREE_REFS:
                 return bufs[i]
         buf = xp.empty(shape, dtype=dtype)
         bufs.append(buf)
@@ -83,8 +93,11 @@ class Receives:
     """
 
     def __init__(self, comm, plan, routes, dtype, xp, pool=None):
-        self.comm, self.plan, self.routes, self.dtype, self.xp = comm, plan, routes, dtype, xp
-        self.pool = pool if pool is not None else pool_for(comm)
+        self.comm, self.plan, self.dtype, self.xp = comm, plan, dtype, xp
+        self.pool = pool = pool if pool is not None else pool_for(comm)
+        # (peer, shape, the pool's buffers of that shape) per route, looked up once per step
+        self.routes = {key: (peer, shape, pool.slot(shape, dtype, xp))
+                       for key, (peer, shape, _) in routes.items()}
         self.posted = {}
         self.next_post = {"RECV_F": 0, "RECV_B": 0}
         self.consumed = {"RECV_F": 0, "RECV_B": 0}
@@ -97,20 +110,21 @@ class Receives:
     def _post(self, op, upto):
         plan = self.plan[op]
         while self.next_post[op] < min(len(plan), upto):
-            a = plan[self.next_post[op]]
+            a, wire_tag = plan[self.next_post[op]]
             self.next_post[op] += 1
-            peer, shape, kind = self.routes[(op, a.chunk)]
-            out = self.pool.take(shape, self.dtype, self.xp)
+            peer, shape, bufs = self.routes[(op, a.chunk)]
+            out = self.pool.free_in(bufs, shape, self.dtype, self.xp)
             self.posted[(op, a.mb, a.chunk)] = self.comm.irecv(
-                shape, self.dtype, peer, tag(kind, a.mb, a.chunk),
-                mb=a.mb, chunk=a.chunk, xp=self.xp, out=out)
+                shape, self.dtype, peer, wire_tag, mb=a.mb, chunk=a.chunk, xp=self.xp, out=out)
 
     def take(self, a):
         """The array of receive action ``a`` (waits for it); posts the next one in line. The
         first time a message has not arrived yet, ``idle`` (if set) runs first, once."""
-        self.consumed[a.op] += 1
-        self._post(a.op, self.consumed[a.op] + RECV_WINDOW)
-        req = self.posted.pop((a.op, a.mb, a.chunk))
+        op = a.op
+        done = self.consumed[op] = self.consumed[op] + 1
+        if self.next_post[op] < len(self.plan[op]):  # else nothing left to post this step
+            self._post(op, done + RECV_WINDOW)
+        req = self.posted.pop((op, a.mb, a.chunk))
         if self.idle is not None and not req.test():
             work, self.idle = self.idle, None
             work()
@@ -122,10 +136,7 @@ class Sends:
     Between actions it also advances the data-parallel collectives in flight (``progress``)."""
 
     def __init__(self):
-        self.requests = []
-
-    def add(self, req):
-        self.requests.append(req)
+        self.requests = []  # the executor appends each send's request
 
     def release_finished(self):
         progress()
