@@ -146,8 +146,14 @@ class PointToPoint:
     def irecv(self, shape, dtype, source, tag, *, mb=-1, chunk=-1, xp=None, out=None) -> Request:
         """Post a receive; ``wait()`` returns the new array (or ``out``, filled)."""
         peer = self._fast_peers.get(source)
-        buf = (_host_target(shape, dtype, xp, out, self.backend is None)
-               if peer is not None and 0 <= tag < TAG_LIMIT else None)
+        if peer is None or not 0 <= tag < TAG_LIMIT:
+            buf = None
+        elif (type(out) is _ndarray and out.shape == shape  # _host_target's common case,
+              and (out.dtype is dtype or out.dtype == dtype)  # written out: the pipeline
+              and out.flags.c_contiguous):  # posts one per micro-batch
+            buf = out
+        else:
+            buf = _host_target(shape, dtype, xp, out, self.backend is None)
         if buf is None:
             return self._irecv_general(shape, dtype, source, tag, mb, chunk, xp, out)
         n = buf.nbytes

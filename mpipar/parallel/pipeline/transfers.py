@@ -108,12 +108,17 @@ class Receives:
             self._post(op, RECV_WINDOW)
 
     def _post(self, op, upto):
-        plan = self.plan[op]
+        plan, getrefcount = self.plan[op], sys.getrefcount
         while self.next_post[op] < min(len(plan), upto):
             a, wire_tag = plan[self.next_post[op]]
             self.next_post[op] += 1
             peer, shape, bufs = self.routes[(op, a.chunk)]
-            out = self.pool.free_in(bufs, shape, self.dtype, self.xp)
+            for i in range(len(bufs)):  # RecvPool.free_in's scan, written out (one frame less)
+                if getrefcount(bufs[i]) == _FREE_REFS:
+                    out = bufs[i]
+                    break
+            else:  # none free: a new buffer in the slot
+                out = self.pool.free_in(bufs, shape, self.dtype, self.xp)
             self.posted[(op, a.mb, a.chunk)] = self.comm.irecv(
                 shape, self.dtype, peer, wire_tag, mb=a.mb, chunk=a.chunk, xp=self.xp, out=out)
 
