@@ -106,18 +106,8 @@ class P2PRequest(Request):
         except load_mpi().Exception as exc:  # evaluated only when something was raised
             self._done = True
             raise comm.mpi_error(exc, "wait", *self._info) from exc
-        # _end, written out: the pipeline waits on this path every micro-batch, and a frame
-        # entered there costs more than its work (BENCHMARKS.md, "Eighth cuts")
-        self._done = True
-        self._keep = None
-        mb, chunk, nbytes, peer = self._info
-        out = self._result
-        if out is not None and status.Get_count(comm._BYTE) != nbytes:
-            comm._check_count(status, nbytes, out.shape, out.dtype, mb, chunk, peer, self._tag)
-        if comm._sink is not None:
-            t0 = tr.t0
-            comm._sink((comm.wait_kind, tr.step, mb, chunk, start - t0, _now() - t0, nbytes, peer))
-        return out
+        self._end(comm, tr, status, start)
+        return self._result
 
     def test(self) -> bool:
         if self._done:

@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections import defaultdict
 from contextlib import nullcontext
 from functools import partial
-
 from time import monotonic
 
 from ... import progress
