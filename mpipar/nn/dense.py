@@ -73,10 +73,20 @@ def dense_steps(leaves) -> list | None:
     return [tuple(s) for s in steps] or None
 
 
+def _step(lin, act, kind, inline_y=False, inline_dx=False, inline_dw=False, ones=None):
+    """One linear's entry in a plan: (weight, bias or None, the linear's saved contexts, the
+    activation's or None, kind, forward inline, input gradient inline, weight gradient inline,
+    the column sums' vector of ones or None). The parameters and context dicts are held
+    directly: none of them is ever rebound (a parameter's ``data`` and ``grad`` are, and are
+    read at each call), and after a micro-batch's products each attribute looked up through
+    the layers is a cold read of another object (BENCHMARKS.md, "Ninth cuts")."""
+    return (lin.w, lin.b, lin._ctx, None if act is None else act._ctx, kind,
+            inline_y, inline_dx, inline_dw, ones)
+
+
 class _Plan:
     """For one micro-batch shape (rows, dtype) and kernel-thread count: per linear, in forward
-    order, (linear, activation, kind, forward inline, input gradient inline, weight gradient
-    inline, the column sums' vector of ones or None)."""
+    order, its ``_step``."""
 
     def __init__(self, steps, rows, dtype):
         itemsize = np.dtype(dtype).itemsize
@@ -86,7 +96,7 @@ class _Plan:
         self.forward = []
         for lin, act, kind in steps:
             k, n = lin.w.shape
-            self.forward.append((
+            self.forward.append(_step(
                 lin, act, kind,
                 same and cpu.inline_product(rows, k, n, itemsize),  # y = x @ W (+ b)
                 same and cpu.inline_product(rows, n, k, itemsize),  # dx = dy @ W.T
@@ -127,21 +137,20 @@ class DenseStack:
         if plan is None:
             return self._forward_any(x, mb)
         matmul, maximum = np.matmul, np.maximum
-        for lin, act, kind, inline, _, _, _ in plan.forward:
-            lin._ctx[mb] = [x, None]
-            b = lin.b
+        for w, b, ctx, act_ctx, kind, inline, _, _, _ in plan.forward:
+            ctx[mb] = [x, None]
             if inline:  # cpu.product's small branch
-                x = matmul(x, lin.w.data)
+                x = matmul(x, w.data)
                 if b is not None:
                     x += b.data
             else:
-                x = cpu.product(np, x, lin.w.data, None if b is None else b.data)
+                x = cpu.product(np, x, w.data, None if b is None else b.data)
             if kind is RELU:
                 maximum(x, 0.0, out=x)  # F.relu_forward, in place in the product's output
-                act._ctx[mb] = x
+                act_ctx[mb] = x
             elif kind is not None:
                 y, t = F.gelu_forward(x)
-                act._ctx[mb] = (x, t)
+                act_ctx[mb] = (x, t)
                 x = y
         return x
 
@@ -161,11 +170,11 @@ class DenseStack:
         return x
 
     @staticmethod
-    def _weight(lin, x, dy, inline, ones) -> None:
+    def _weight(w, b, x, dy, inline, ones) -> None:
         """F.linear_backward_weight: dW += x.T @ dy, db += the column sums of dy."""
         if x.ndim != 2:  # saved by the layer path from an input of more axes
             x, dy = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
-        g = lin.w.grad
+        g = w.grad
         if g.ndim != 2:
             g = g.reshape(g.shape[0], -1)
         if inline:  # cpu.matmul's accumulation on the calling thread, below the pool's size
@@ -173,7 +182,6 @@ class DenseStack:
         else:
             cpu.matmul(np if type(g) is _ndarray else array_module(g), x.T, dy, g,
                        accumulate=True)
-        b = lin.b
         if b is not None:
             gb = b.grad
             if gb.ndim != 1:
@@ -184,10 +192,10 @@ class DenseStack:
                 F.column_sums(dy, gb)
 
     @staticmethod
-    def _act_backward(act, kind, dy, mb):
+    def _act_backward(act_ctx, kind, dy, mb):
         if kind is RELU:
-            return dy * (act._ctx.pop(mb) > 0)  # F.relu_backward
-        x, t = act._ctx.pop(mb)
+            return dy * (act_ctx.pop(mb) > 0)  # F.relu_backward
+        x, t = act_ctx.pop(mb)
         return F.gelu_backward(dy, x, t)
 
     def _steps(self, plan, which):
@@ -195,26 +203,26 @@ class DenseStack:
         (nothing inline, the layers' kernels)."""
         if plan is not None:
             return getattr(plan, which)
-        steps = [(lin, act, kind, False, False, False, None) for lin, act, kind in self.steps]
+        steps = [_step(lin, act, kind) for lin, act, kind in self.steps]
         steps.reverse()
         return steps if which == "backward" else steps[:-1]
 
     def _both(self, steps, dy, mb):
         """Input and weight gradients of each linear of ``steps`` (backward order) in turn."""
         matmul, weight, act_backward = np.matmul, self._weight, self._act_backward
-        for lin, act, kind, _, inline_dx, inline_dw, ones in steps:
+        for w, b, ctx, act_ctx, kind, _, inline_dx, inline_dw, ones in steps:
             if kind is RELU:
-                dy = dy * (act._ctx.pop(mb) > 0)  # F.relu_backward
+                dy = dy * (act_ctx.pop(mb) > 0)  # F.relu_backward
             elif kind is not None:
-                dy = act_backward(act, kind, dy, mb)
-            x = lin._ctx.pop(mb)[0]
-            w = lin.w.data
-            dx = matmul(dy, w.T) if inline_dx else cpu.product(_xp(dy), dy, w.T)
+                dy = act_backward(act_ctx, kind, dy, mb)
+            x = ctx.pop(mb)[0]
+            wt = w.data.T
+            dx = matmul(dy, wt) if inline_dx else cpu.product(_xp(dy), dy, wt)
             if inline_dw and ones is not None and x.ndim == 2:  # _weight, written out
-                lin.w.grad += matmul(x.T, dy)
-                lin.b.grad += ones @ dy
+                w.grad += matmul(x.T, dy)
+                b.grad += ones @ dy
             else:
-                weight(lin, x, dy, inline_dw, ones)
+                weight(w, b, x, dy, inline_dw, ones)
             dy = dx
         return dy
 
@@ -225,19 +233,19 @@ class DenseStack:
         """Both passes where nobody needs the input gradient (the model's first chunk)."""
         plan = self._plan(dy)
         dy = self._both(self._steps(plan, "rest"), dy, mb)
-        lin, act, kind, _, _, inline_dw, ones = self._steps(plan, "backward")[-1]
+        w, b, ctx, act_ctx, kind, _, _, inline_dw, ones = self._steps(plan, "backward")[-1]
         if kind is not None:
-            dy = self._act_backward(act, kind, dy, mb)
-        self._weight(lin, lin._ctx.pop(mb)[0], dy, inline_dw, ones)
+            dy = self._act_backward(act_ctx, kind, dy, mb)
+        self._weight(w, b, ctx.pop(mb)[0], dy, inline_dw, ones)
 
     def _inputs(self, steps, dy, mb):
         matmul, act_backward = np.matmul, self._act_backward
-        for lin, act, kind, _, inline_dx, _, _ in steps:
+        for w, _, ctx, act_ctx, kind, _, inline_dx, _, _ in steps:
             if kind is not None:
-                dy = act_backward(act, kind, dy, mb)
-            lin._ctx[mb][1] = dy  # kept for the weight pass
-            w = lin.w.data
-            dy = matmul(dy, w.T) if inline_dx else cpu.product(_xp(dy), dy, w.T)
+                dy = act_backward(act_ctx, kind, dy, mb)
+            ctx[mb][1] = dy  # kept for the weight pass
+            wt = w.data.T
+            dy = matmul(dy, wt) if inline_dx else cpu.product(_xp(dy), dy, wt)
         return dy
 
     def backward_input(self, dy, mb):
@@ -249,15 +257,15 @@ class DenseStack:
         dy = self._inputs(self._steps(plan, "rest"), dy, mb)
         lin, act, kind = self.steps[0]
         if kind is not None:
-            dy = self._act_backward(act, kind, dy, mb)
+            dy = self._act_backward(act._ctx, kind, dy, mb)
         lin._ctx[mb][1] = dy
 
     def backward_weight(self, mb) -> None:
         first = self.steps[0][0]._ctx.get(mb)
         plan = None if first is None else self._plan(first[1])
-        for lin, _, _, _, _, inline_dw, ones in self._steps(plan, "backward"):
-            x, dy = lin._ctx.pop(mb)
-            self._weight(lin, x, dy, inline_dw and x.ndim == 2, ones if x.ndim == 2 else None)
+        for w, b, ctx, _, _, _, _, inline_dw, ones in self._steps(plan, "backward"):
+            x, dy = ctx.pop(mb)
+            self._weight(w, b, x, dy, inline_dw and x.ndim == 2, ones if x.ndim == 2 else None)
 
 
 def _xp(a):

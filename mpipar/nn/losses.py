@@ -104,7 +104,7 @@ def cross_entropy_whole(logits, targets):
     if not n or t.shape[0] != n or kind not in "iu":
         return None
     # one reduction for both ends: a negative signed target read as unsigned is above any v
-    if (t.view(_UNSIGNED[t.dtype.itemsize]) if kind == "i" else t).max() >= v:
+    if _maximum_reduce(t.view(_UNSIGNED[t.dtype.itemsize]) if kind == "i" else t) >= v:
         return None
     # the reductions as the ufuncs' own ``reduce`` (what ``max``, ``sum`` and ``mean`` call,
     # without their Python wrappers): the same kernels, so the same bits

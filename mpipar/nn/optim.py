@@ -99,13 +99,20 @@ class Optimizer:
         self.state = {p.name: {b: array_module(p.data).zeros_like(p.data) for b in self.BUFFERS}
                       for p in self.params}
         self.fused = bool(fused)
+        self._lay_out()
+
+    def _lay_out(self) -> None:
         self._groups = flat_groups(self.params, self.state, self.BUFFERS, self.fused)
+        # a small model's whole update is shorter than waking the kernel threads (``step``)
+        self._on_caller = sum(g.size for g in self._groups) < cpu.PARALLEL_MIN_ELEMENTS
 
     def groups(self) -> list:
         """The flat groups of this step: laid out again when a parameter's data or gradient
         was rebound since (the state and data are copied into the new layout, unchanged)."""
-        if not all(g.valid() for g in self._groups):
-            self._groups = flat_groups(self.params, self.state, self.BUFFERS, self.fused)
+        for g in self._groups:  # (a loop, not all() over a generator: one frame less a step)
+            if not g.valid():
+                self._lay_out()
+                break
         return self._groups
 
     def zero_grad(self) -> None:
@@ -129,12 +136,12 @@ class Optimizer:
         threads (15-50 us each), so the calling thread does it."""
         lr = self._begin_step(lr)
         groups = self.groups()
-        blocks = [blk for g in groups for blk in self._blocks(g, lr, zero_grad)]
-        if sum(g.size for g in groups) < cpu.PARALLEL_MIN_ELEMENTS:  # (a few groups, not tensors)
-            for blk in blocks:
-                _run(blk)
+        if self._on_caller:  # all groups together below cpu.PARALLEL_MIN_ELEMENTS
+            for g in groups:
+                for update, rows in self._blocks(g, lr, zero_grad):
+                    update(rows)
             return
-        cpu.run_blocks(blocks, _run)
+        cpu.run_blocks([blk for g in groups for blk in self._blocks(g, lr, zero_grad)], _run)
 
     def _begin_step(self, lr) -> float:
         lr = self.lr if lr is None else _positive_float(lr, "lr", allow_zero=True)

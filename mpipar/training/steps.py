@@ -71,7 +71,8 @@ class Step:
 
     def callbacks(self) -> dict:
         """The executor's gradient callbacks: reduce each chunk once its gradients are final."""
-        return {"on_grads_ready": self.t.sync.chunk_ready, "on_update": None}
+        sync = self.t.sync
+        return {"on_grads_ready": None if sync.idle else sync.chunk_ready, "on_update": None}
 
     @property
     def drained(self) -> bool:
@@ -107,15 +108,18 @@ class Step:
         if not self._grads_zero:  # else the last update zeroed them while in cache
             t.sync.zero_grads(t.params)  # a fill per bucket, not a call per parameter
         self._grads_zero = False
-        t.sync.start()
+        if not t.sync.idle:
+            t.sync.start()
         return xs, ys
 
     def forward_backward(self, until=None) -> dict:
         """Gradients of this step's batch, fully synchronised (tp partial sums and dp)."""
         xs, ys = self._start()
         losses = self._run(xs, ys)
-        beat("the data-parallel gradient all-reduce")
-        self.t.sync.finish()
+        sync = self.t.sync
+        if not sync.idle:
+            beat("the data-parallel gradient all-reduce")
+            sync.finish()
         return losses
 
     def _run(self, xs, ys) -> dict:
@@ -138,7 +142,8 @@ class Step:
             self._before_optimizer_step()
             zero = self._zeroing()
             t.opt.step(lr, zero_grad=zero)
-            t.sync.after_step()
+            if not t.sync.idle:
+                t.sync.after_step()
             self._grads_zero = zero
         return norm, lr
 

@@ -66,6 +66,11 @@ class Trainer:
         self.eval_executor = None
         self.batches = Batches(cfg, data_path)
         self.step = 0
+        # fixed for the run, so not looked up per step: whether this rank reports the loss (the
+        # last chunk's tp rank 0), and whether a step must wait for queued GPU work
+        self._holds_loss = (grid.pp_rank == run.rank_of(self.schedule.n_chunks - 1)
+                            and grid.tp_rank == 0)
+        self._on_gpu = backend.is_gpu
         self._mem_base = False  # mem.static / mem.base: at the first step (training/memory.py)
 
     # -- pieces of a step
@@ -77,7 +82,7 @@ class Trainer:
         g = self.grid
         x, y = self.batches.get(split, step, self.cfg.train.batch_size, self.cfg.parallel.dp,
                                 g.dp_rank, inputs=0 in self.chunks)  # chunk 0 reads them
-        return self.local_microbatches(x, y, replica_rows=True)
+        return local_microbatches(self.run, self.backend, g.dp_rank, x, y, True)
 
     def _replica_sum(self, value: float) -> float:
         """Sum a number over the tp and pp ranks of one data-parallel replica."""
@@ -118,10 +123,8 @@ class Trainer:
 
     def _loss_share(self, losses: dict) -> float:
         """This rank's part of the batch-mean loss (the last chunk's tp rank 0 holds it)."""
-        g = self.grid
-        holds_loss = g.pp_rank == self.run.rank_of(self.schedule.n_chunks - 1)
-        if holds_loss and g.tp_rank == 0:  # the last chunk's rank (rank 0 in a V)
-            return sum(losses.values()) / self.run.microbatches / g.dp_size
+        if self._holds_loss:  # the last chunk's rank (rank 0 in a V), its tp rank 0
+            return sum(losses.values()) / self.run.microbatches / self.grid.dp_size
         return 0.0
 
     def global_loss(self, losses: dict) -> float:
@@ -202,7 +205,8 @@ class Trainer:
         start = time.perf_counter()
         t0 = start - tr.t0  # tr.now() at the same instant
         loss, norm, lr = self.mode.conclude(self.forward_backward(until))
-        self.backend.synchronize()
+        if self._on_gpu:
+            self.backend.synchronize()
         if tr.enabled:  # untraced, no /proc read for a peak that nothing would record
             tr.record("STEP", t0, tr.now())
             tr.record("mem.peak", tr.now(), tr.now(), nbytes=step_peak(self.backend))

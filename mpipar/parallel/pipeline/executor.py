@@ -166,14 +166,19 @@ class PipelineExecutor:
     def _receives(self, x0):
         mb_batch = x0.shape[0]
         seq_len = x0.shape[1] if x0.ndim > 1 else None
-        routes = self._routes.get((mb_batch, seq_len))
-        if routes is None:  # once per micro-batch shape, not per message
-            routes = self._routes[(mb_batch, seq_len)] = {}
+        made = self._routes.get((mb_batch, seq_len))
+        if made is None:  # once per micro-batch shape, not per message
+            routes = {}
             for a, _ in self._plan["RECV_F"] + self._plan["RECV_B"]:
                 peer, unit, kind = self._source(a.op, a.chunk)
                 routes[(a.op, a.chunk)] = (
                     peer, self.model.boundary_shape(unit, mb_batch, seq_len), kind)
-        return Receives(self.comm, self._plan, routes, self.backend.dtype, self.backend.xp)
+            # with the backend's dtype and array module (fixed for the run: two property reads
+            # a step fewer); a rank with nothing to receive needs neither
+            backend = self.backend
+            made = self._routes[(mb_batch, seq_len)] = (
+                routes, *((backend.dtype, backend.xp) if routes else (None, None)))
+        return Receives(self.comm, self._plan, *made)
 
     def _source(self, op, c):
         """(sending rank, unit whose output it is, tag kind) of the receive ``op`` for chunk c."""

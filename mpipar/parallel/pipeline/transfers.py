@@ -94,16 +94,19 @@ class Receives:
 
     def __init__(self, comm, plan, routes, dtype, xp, pool=None):
         self.comm, self.plan, self.dtype, self.xp = comm, plan, dtype, xp
-        self.pool = pool = pool if pool is not None else pool_for(comm)
-        # (peer, shape, the pool's buffers of that shape) per route, looked up once per step
-        self.routes = {key: (peer, shape, pool.slot(shape, dtype, xp))
-                       for key, (peer, shape, _) in routes.items()}
         self.posted = {}
         self.next_post = {"RECV_F": 0, "RECV_B": 0}
         self.consumed = {"RECV_F": 0, "RECV_B": 0}
         # work for the step's first wait (the trainer's read of the next batch), or None: a
         # pipeline rank waits for its peers every step, a CPU rank with nothing else to do
         self.idle = None
+        if not routes:  # nothing to receive (one stage): no pool, nothing to post
+            self.pool, self.routes = pool, {}
+            return
+        self.pool = pool = pool if pool is not None else pool_for(comm)
+        # (peer, shape, the pool's buffers of that shape) per route, looked up once per step
+        self.routes = {key: (peer, shape, pool.slot(shape, dtype, xp))
+                       for key, (peer, shape, _) in routes.items()}
         for op in self.plan:
             self._post(op, RECV_WINDOW)
 
