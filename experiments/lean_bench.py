@@ -20,7 +20,9 @@ whatever checkout is timed.
 
 The lean loop cycles 4 fixed batches (they stay in cache: the floor of the math and messages
 alone); ``--lean-data-rows 3686`` makes it draw each step's rows from a set as large as the MLP's
-training rows, as mpipar's synthetic data is drawn (a like-for-like step with its data).
+training rows, as mpipar's synthetic data is drawn (a like-for-like step with its data). Either
+way each rank holds only what it reads (``Lean.take``): a replica its own rows, a pipeline's
+first stage the inputs and its last the classes, as mpipar gathers them.
 
 ``--profile`` instead runs each case's mpipar once under cProfile and writes, per rank, the
 function call counts per training step (``OUT/profile/<case>.rank<R>.txt``): the fixed-cost

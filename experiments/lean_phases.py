@@ -109,7 +109,7 @@ def same_job_worker(args):
     grid, trainer, loop, batch, lr = lean_samejob.build(args, lean)
     clock.patch(trainer.opt, "step", "optimizer")
     draw = clock.wrap(batch, "data")
-    steps = {"lean": clock.wrap(lambda k: loop.step(*draw(k), lr), "step"),
+    steps = {"lean": clock.wrap(lambda k: loop.step(*draw(k), lr, taken=True), "step"),
              "mpipar": clock.wrap(lambda k: trainer.train_step(), "step")}
     done = {"lean": 0, "mpipar": 0}
     kept = {"lean": [], "mpipar": []}

@@ -72,7 +72,7 @@ def build(args, lean=None):
     loop = lean.Lean(lean.world_comm(), layout, lean.init_params(sizes, 0, 0.05, dtype),
                      m, split=split)
     opts = types.SimpleNamespace(data_rows=args.data_rows, batch=cfg.train.batch_size)
-    batch = lean.batches(np.random.default_rng(1), opts, sizes, dtype)
+    batch = lean.batches(np.random.default_rng(1), opts, sizes, dtype, take=loop.take)
     return grid, trainer, loop, batch, cfg.train.lr
 
 
@@ -82,7 +82,7 @@ def worker(args):
 
     def lean_block():
         for _ in range(args.block):
-            loop.step(*batch(step_no["lean"]), lr)
+            loop.step(*batch(step_no["lean"]), lr, taken=True)
             step_no["lean"] += 1
 
     def mpipar_block():

@@ -50,3 +50,36 @@ def test_lean_batches_fixed_or_drawn_per_step_from_a_set():
     epoch = np.concatenate([draw(s)[0] for s in range(6)])  # 48 of the 50 rows: none twice
     assert len(np.unique(epoch, axis=0)) == 48
     assert draw(6)[0].shape == (8, 6)  # the batch that runs into the next epoch
+
+
+def test_lean_take_gathers_what_the_rank_reads():
+    """A replica takes its own block of the batch's rows; a pipeline stage the inputs only on
+    the first stage and the classes only on the last (placeholders of their shape elsewhere),
+    as mpipar's ranks gather; the micro-batches keep their sizes."""
+    import numpy as np
+
+    from mpipar.mpi.bench.lean import Lean, init_params
+
+    class Comm:
+        def __init__(self, rank, size):
+            self.rank, self.size = rank, size
+
+        def Get_rank(self):
+            return self.rank
+
+        def Get_size(self):
+            return self.size
+
+    rng = np.random.default_rng(3)
+    X, Y = rng.standard_normal((20, 6)).astype(np.float32), rng.integers(0, 3, 20)
+    rows = rng.permutation(20)[:8]
+    params = init_params([6, 5, 4, 3])
+    x, y = Lean(Comm(1, 2), "dp", params, 2).take(X, Y, rows)
+    assert np.array_equal(x, X[rows[4:]]) and np.array_equal(y, Y[rows[4:]])
+    x, y = Lean(Comm(0, 1), "single", params, 2).take(X, Y, rows)
+    assert np.array_equal(x, X[rows]) and np.array_equal(y, Y[rows])
+    first = Lean(Comm(0, 2), "gpipe", params, 2).take(X, Y, rows)
+    last = Lean(Comm(1, 2), "gpipe", params, 2).take(X, Y, rows)
+    assert np.array_equal(first[0], X[rows]) and np.array_equal(last[1], Y[rows])
+    assert first[1].shape == (8,) and not first[1].flags.writeable  # the unread placeholders
+    assert last[0].shape == (8, 6) and not last[0].flags.writeable

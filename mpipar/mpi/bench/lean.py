@@ -137,16 +137,32 @@ class Lean:
         self.dtype = params[0][0].dtype
         self.widths = [w.shape[0] for w, _ in params] + [params[-1][0].shape[1]]
 
-    def step(self, x, y, lr):
-        """One training step on the global batch (x, y); returns the batch-mean loss."""
+    def step(self, x, y, lr, taken=False):
+        """One training step on the global batch (x, y), or with ``taken`` on what ``take``
+        gave this rank of it; returns the batch-mean loss."""
         self.stage.zero_grad()
-        if self.layout == "dp":
+        if self.layout == "dp" and not taken:
             x, y = _chunks(x, self.size)[self.rank], _chunks(y, self.size)[self.rank]
         xs, ys = _chunks(x, self.m), _chunks(y, self.m)
         run = {"single": self._local, "dp": self._dp}.get(self.layout, self._pipeline)
         loss = self._reduce_loss(run(xs, ys))
         self.stage.sgd(lr)
         return loss
+
+    def take(self, X, Y, rows):
+        """(inputs, classes) of the global batch ``rows`` of (X, Y) that this rank reads, as a
+        training loop's sampler hands them out (for ``step(..., taken=True)``): a replica
+        gathers its own block of rows, a pipeline stage the inputs only if it is the first and
+        the classes only if it is the last (the others get an unread placeholder of their
+        shape, so the micro-batches' sizes are known)."""
+        if self.layout == "dp":
+            rows = _chunks(rows, self.size)[self.rank]
+        one_stage = self.layout in ("single", "dp")
+        first, last = one_stage or self.rank == 0, one_stage or self.rank == self.size - 1
+        n = len(rows)
+        x = X[rows] if first else np.broadcast_to(X[0], (n, X.shape[1]))
+        y = Y[rows] if last else np.broadcast_to(Y[0], (n,))
+        return x, y
 
     def _reduce_loss(self, loss):
         """The step's loss, known on every rank: one all-reduce of one number."""
@@ -302,11 +318,16 @@ def synthetic_batch(rng, batch, sizes, dtype):
     return x, rng.integers(0, sizes[-1], size=batch)
 
 
-def batches(rng, args, sizes, dtype):
+def batches(rng, args, sizes, dtype, take=None):
     """step -> (inputs, classes). By default 4 fixed batches, cycled (they stay in cache: the
     floor of the math alone); with ``--data-rows N`` each step gathers the next ``batch`` rows
     of a shuffled order of N rows made once, a new order each epoch (what a training loop
-    reading a data set pays: mpipar reads its synthetic MLP rows that way)."""
+    reading a data set pays: mpipar reads its synthetic MLP rows that way). ``take``: a
+    ``Lean.take``, each batch then being what that rank reads of it (its replica's rows, a
+    pipeline stage's inputs or classes only), as mpipar gathers; else the global batch."""
+    if take is None:
+        def take(X, Y, rows):
+            return X[rows], Y[rows]
     if args.data_rows:
         x, y = synthetic_batch(rng, args.data_rows, sizes, dtype)
         n, k = args.data_rows, args.batch
@@ -323,9 +344,10 @@ def batches(rng, args, sizes, dtype):
             if len(rows) < k:  # the batch runs into the next epoch
                 nxt = np.random.default_rng([0, epoch + 1]).permutation(n)
                 rows = np.concatenate([rows, nxt[:k - len(rows)]])
-            return x[rows], y[rows]
+            return take(x, y, rows)
         return draw
-    data = [synthetic_batch(rng, args.batch, sizes, dtype) for _ in range(4)]
+    every = np.arange(args.batch)
+    data = [take(*synthetic_batch(rng, args.batch, sizes, dtype), every) for _ in range(4)]
     return lambda step: data[step % 4]
 
 
@@ -362,12 +384,12 @@ def main(argv=None):
     split = [int(s) for s in args.split.split(",")] if args.split else None
     lean = Lean(comm, args.layout, init_params(sizes, 0, 0.05, dtype), args.microbatches,
                 split=split, flat=args.flat)
-    batch = batches(np.random.default_rng(1), args, sizes, dtype)
+    batch = batches(np.random.default_rng(1), args, sizes, dtype, take=lean.take)
     if args.phases:
         return phases_main(comm, lean, batch, args)
     loss = 0.0
     for s in range(args.warmup):
-        lean.step(*batch(s), args.lr)
+        lean.step(*batch(s), args.lr, taken=True)
     prof = None
     if args.profile:
         import cProfile
@@ -378,7 +400,7 @@ def main(argv=None):
     if prof:
         prof.enable()
     for s in range(args.steps):
-        loss = lean.step(*batch(args.warmup + s), args.lr)
+        loss = lean.step(*batch(args.warmup + s), args.lr, taken=True)
     if prof:
         prof.disable()
     comm.Barrier()
@@ -397,7 +419,7 @@ def phases_main(comm, lean, batch, args):
     lean_phases(clock, lean)
 
     def one(s):
-        lean.step(*timed_draw(s), args.lr)
+        lean.step(*timed_draw(s), args.lr, taken=True)
     timed_draw = clock.wrap(batch, "data")
     step = clock.wrap(one, "step")
     for s in range(args.warmup):
