@@ -15,7 +15,7 @@ lean loop is loaded by file path and imports nothing from mpipar, so it is the s
 whatever checkout is timed.
 
     python experiments/lean_bench.py [--block 20] [--block-pairs 20] [--separate [--pairs 5]]
-        [--out runs/experiments/lean_bench] [--checkout DIR] [--baseline DIR]
+        [--out runs/experiments/lean_bench] [--checkout DIR] [--baseline DIR [--rounds 2]]
         [--cases mlp-dp2,gpt-pp2] [--quick]
 
 The lean loop cycles 4 fixed batches (they stay in cache: the floor of the math and messages
@@ -247,13 +247,18 @@ def same_job(cases, args, impls, out):
 
     results, rows = lean_samejob.bench(
         cases, args, impls, lambda c: block_of(c, args), lean_split, {**os.environ, **THREADS})
-    write_h5(out / "lean_bench_samejob.h5", {c: {f"{n}/{k}": v for n, t in r.items()
-                                                   for k, v in t.items()}
-                                               for c, r in results.items()}, args, impls)
+    write_h5(out / "lean_bench_samejob.h5",
+             {c: {f"{prefix}{n}/{k}": v for r, jobs in enumerate(rounds)
+                  for prefix in [f"round{r}/" if len(rounds) > 1 else ""]
+                  for n, t in jobs.items() for k, v in t.items()}
+              for c, rounds in results.items()}, args, impls)
+    note = (f"; {args.rounds} rounds, the order of the checkouts' jobs alternating: medians "
+            "over the rounds, the IQR column the range of their ratios"
+            if args.rounds > 1 else "")
     return (lean_samejob.HEAD + "\n" + "\n".join(rows) + f"\n\nsame job: per case "
             f"{args.block_pairs} alternating block pairs after a warm-up block each, "
             f"{args.block} steps per block ({max(1, args.block // 5)} for the 1024-wide MLP); "
-            f"ratios: median (IQR) of the per-pair ratios; {lean_data(args)}\n\n")
+            f"ratios: median (IQR) of the per-pair ratios; {lean_data(args)}{note}\n\n")
 
 
 def block_of(case, args):
@@ -375,6 +380,9 @@ def main(argv=None):
     p.add_argument("--block", type=int, default=20,
                    help="same job: steps per block (a fifth for the 1024-wide MLP)")
     p.add_argument("--block-pairs", type=int, default=20, help="same job: timed block pairs")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="same job: run every case this many times, the order of --baseline's "
+                        "two jobs alternating from round to round")
     p.add_argument("--quick", action="store_true",
                    help="1 pair of 10 steps, or 3 block pairs of 2 steps: a smoke test")
     p.add_argument("--profile", nargs="?", const=True, default=False,
@@ -393,8 +401,8 @@ def main(argv=None):
     if args.quick:
         args.pairs, args.steps, args.gpt_steps = 1, 10, 3
         args.block_pairs, args.block = 3, 2
-    if min(args.pairs, args.steps, args.block, args.block_pairs) < 1:
-        sys.exit("--pairs, --steps, --block and --block-pairs must each be >= 1")
+    if min(args.pairs, args.steps, args.block, args.block_pairs, args.rounds) < 1:
+        sys.exit("--pairs, --steps, --block, --block-pairs and --rounds must each be >= 1")
     if args.profile:
         return profile(args)
     return bench(args)

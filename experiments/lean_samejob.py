@@ -139,27 +139,41 @@ def run_job(case, split, args, path, block, env):
 
 
 def bench(cases, args, impls, block_of, split_of, env):
-    """Every case's same-job run(s): {case: {impl: block times}} and the table's rows. With a
-    baseline checkout, each case runs one job per checkout (order alternating from case to
-    case); both are measured against the same lean loop, and mpipar / baseline is the ratio of
-    their two median ratios to it."""
-    results, rows = {}, []
-    for i, case in enumerate(cases):
-        names = list(impls) if i % 2 == 0 else list(impls)[::-1]
-        results[case] = {n: run_job(case, split_of(case), args, impls[n], block_of(case), env)
-                         for n in names}
+    """Every case's same-job runs: {case: [{impl: block times} per round]} and the table's
+    rows. With a baseline checkout, each case runs one job per checkout, both measured against
+    the same lean loop, and mpipar / baseline is the ratio of their two median ratios to it.
+    The two jobs run one after the other, and which goes first alone can move a case by a few
+    per cent (BENCHMARKS.md, "Ninth cuts"): the order alternates from case to case and from
+    round to round (``--rounds``), so an even number of rounds puts each checkout first
+    equally often."""
+    results, rows = {c: [] for c in cases}, []
+    for r in range(max(1, args.rounds)):
+        for i, case in enumerate(cases):
+            names = list(impls) if (i + r) % 2 == 0 else list(impls)[::-1]
+            results[case].append({n: run_job(case, split_of(case), args, impls[n],
+                                             block_of(case), env) for n in names})
+    for case in cases:
         rows.append(row(case, results[case], block_of(case)))
         print(rows[-1], flush=True)
     return results, rows
 
 
-def row(case, jobs, block, batch=128):
-    s = {n: summary(t, block, batch) for n, t in jobs.items()}
-    me, base = s["mpipar"], s.get("baseline")
-    cells = [f"{me['lean']:,.0f}", f"{me['mpipar']:,.0f}", f"{me['ratio']:.3f}",
-             f"{me['q1']:.3f}-{me['q3']:.3f}",
-             f"{base['ratio']:.3f}" if base else "-",
-             f"{me['ratio'] / base['ratio']:.3f}" if base else "-"]
+def row(case, rounds, block, batch=128):
+    """One case's table row from its rounds: a round's own numbers, or with several the median
+    over the rounds of each (the IQR column then the range of the rounds' ratios)."""
+    per = [{n: summary(t, block, batch) for n, t in jobs.items()} for jobs in rounds]
+    med = statistics.median
+    me = {k: med(s["mpipar"][k] for s in per) for k in ("lean", "mpipar", "ratio")}
+    if len(per) == 1:
+        spread = f"{per[0]['mpipar']['q1']:.3f}-{per[0]['mpipar']['q3']:.3f}"
+    else:
+        ratios = [s["mpipar"]["ratio"] for s in per]
+        spread = f"{min(ratios):.3f}-{max(ratios):.3f}"
+    base = "baseline" in per[0]
+    cells = [f"{me['lean']:,.0f}", f"{me['mpipar']:,.0f}", f"{me['ratio']:.3f}", spread,
+             f"{med(s['baseline']['ratio'] for s in per):.3f}" if base else "-",
+             f"{med(s['mpipar']['ratio'] / s['baseline']['ratio'] for s in per):.3f}"
+             if base else "-"]
     return f"| {case} | " + " | ".join(cells) + " |"
 
 

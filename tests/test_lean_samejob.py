@@ -74,4 +74,32 @@ def test_summary_takes_the_median_and_quartiles_of_the_per_pair_ratios():
 def test_bad_block_settings_are_refused_in_one_line():
     res = subprocess.run([sys.executable, str(ROOT / "experiments" / "lean_bench.py"),
                           "--block", "0"], capture_output=True, text=True, timeout=60)
-    assert res.returncode != 0 and "--block-pairs must each be >= 1" in res.stderr
+    assert res.returncode != 0 and "--block-pairs and --rounds must each be >= 1" in res.stderr
+
+
+def test_rounds_alternate_which_checkout_runs_first_and_take_medians(monkeypatch):
+    """Two checkouts' jobs run one after the other: the order alternates from case to case and
+    from round to round, and a row gives the median over the rounds (the range of their ratios
+    in the IQR column)."""
+    import types
+
+    import lean_samejob
+
+    calls = []
+    speed = {"new": [2.0, 4.0], "old": [1.0, 1.0]}  # mpipar's block time per round: lean / it
+
+    def run_job(case, split, args, path, block, env):
+        calls.append((case, path))
+        r = sum(1 for c, _ in calls if c == case and _ == path) - 1
+        return {"lean": [1.0] * 3, "mpipar": [1.0 / speed[path][r]] * 3}
+
+    monkeypatch.setattr(lean_samejob, "run_job", run_job)
+    args = types.SimpleNamespace(rounds=2)
+    results, rows_ = lean_samejob.bench(["a", "b"], args, {"mpipar": "new", "baseline": "old"},
+                                        lambda c: 1, lambda c: "", {})
+    assert calls == [("a", "new"), ("a", "old"), ("b", "old"), ("b", "new"),
+                     ("a", "old"), ("a", "new"), ("b", "new"), ("b", "old")]
+    assert len(results["a"]) == 2
+    cells = [c.strip() for c in rows_[0].strip("|").split("|")]
+    # ratios to the lean loop 2 and 4 (median 3), the baseline's 1: mpipar / baseline 3
+    assert cells[0] == "a" and cells[3:] == ["3.000", "2.000-4.000", "1.000", "3.000"]
