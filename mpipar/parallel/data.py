@@ -112,7 +112,7 @@ class GradSync:
         self.overlap, self.zero1 = overlap and self.dp > 1, zero1 and self.dp > 1
         # nothing to sum over tp nor to reduce over dp (one rank, a pipeline-only grid): a step
         # needs none of start / chunk_ready / finish / after_step, and a small model's step
-        # pays for every function it enters (BENCHMARKS.md, "Eighth cuts")
+        # pays for every function it enters (BENCHMARKS.md, "Ninth cuts")
         self.idle = self.dp == 1 and tp.size == 1
         xp, dtype = backend.xp, backend.dtype
         limit = max(1, int(bucket_mb * 2**20 / dtype().itemsize))

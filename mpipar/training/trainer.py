@@ -82,7 +82,7 @@ class Trainer:
         g = self.grid
         x, y = self.batches.get(split, step, self.cfg.train.batch_size, self.cfg.parallel.dp,
                                 g.dp_rank, inputs=0 in self.chunks)  # chunk 0 reads them
-        return local_microbatches(self.run, self.backend, g.dp_rank, x, y, True)
+        return local_microbatches(self.run, self.backend, g.dp_rank, x, y, replica_rows=True)
 
     def _replica_sum(self, value: float) -> float:
         """Sum a number over the tp and pp ranks of one data-parallel replica."""
