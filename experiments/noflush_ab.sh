@@ -13,8 +13,9 @@
 # Run alone on the machine: bash experiments/noflush_ab.sh [OUT] [ROUNDS] [STEPS]
 # (defaults /tmp/noflush_ab, 3 rounds, 60 steps for the tiny GPT and 600 for the MLP (MLP_STEPS):
 # 36 runs, about 45 s a round on 2 idle cores, then about two minutes of analysis).
-# MS and SCHEDS (environment) change the sweep; the figure of bubble against m
-# (noflush_figure.py) takes one round of every schedule at m = 2, 4, 8, 16:
+# MS and SCHEDS (environment) change the sweep, STEADY_S the steadiness sample's seconds; the
+# figure of bubble against m (noflush_figure.py) takes one round of every schedule at
+# m = 2, 4, 8, 16:
 #   MS="2 4 8 16" SCHEDS="gpipe 1f1b pipedream-cont pipedream-2bw-cont" ANALYZE=0 \
 #     bash experiments/noflush_ab.sh /tmp/noflush_fig 1 30
 set -euo pipefail
@@ -30,6 +31,10 @@ DATA=$OUT/pattern.h5
 [ -f "$DATA" ] || python -c "from mpipar.datasets import prepare_synthetic; \
 prepare_synthetic('$DATA', 'pattern', 200000, 256, seed=1)"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+# how steady the machine's speed is, before and after (mpipar/plan/steadiness.py): what one
+# pair of runs can resolve here (STEADY_S=0 leaves it out)
+steady() { [ "${STEADY_S:-10}" = 0 ] || python -m mpipar.cli bench --steadiness --seconds "${STEADY_S:-10}"; }
+steady
 for round in $(seq 1 "$ROUNDS"); do
   for cfg in tiny mlp; do
     data=(); [ "$cfg" = tiny ] && data=(--data "$DATA")
@@ -50,6 +55,7 @@ for round in $(seq 1 "$ROUNDS"); do
   done
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+steady
 # ANALYZE=0 leaves out the `mpipar analyze` table (the figure's sweep needs the summary only)
 [ "${ANALYZE:-1}" = 0 ] || python -m mpipar.cli analyze "$OUT" | sed -n '/^comparison:/,$p'
 python "$HERE/noflush_summary.py" "$OUT"

@@ -54,6 +54,10 @@ writes as ``[inter_node]``) and put into the machine's spec with the machine's c
 over the nodes (``experiments/multinode_plan.emulated``), over the machine's samples taken
 beside that rate's runs as above (``<out>/<rate>/specs``); >= 6 rows per rate, each axis that
 crosses the link priced there (``plan.placement``). One node's table is skipped then.
+Before the rows and after them, the machine's steadiness is sampled (``--steadiness SECONDS``,
+``mpipar.plan.steadiness``) and printed: the spread of a fixed workload's speed over short
+windows and the share of runs of a given length within 10 % of the median, the most often a
+per-row 10 % bound can hold here whatever the plan (in ``results.json``'s meta).
 Run: ``python experiments/plan_here.py --spec here.toml [--quick] [--out DIR]``;
 ``--replan DIR``: tables 1 and 2 planned again from the dumps of an earlier ``--out DIR``
 and the spec samples stored there, over ``--spec`` (nothing run: a changed planner or spec
@@ -64,6 +68,8 @@ against the same measurements);
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import signal
 import sys
 import time
@@ -86,6 +92,7 @@ COLUMNS = ["table", "model", "grid", "schedule", "v", "m", "recompute", "step_ms
 STEP_PCT, MEM_PCT, PICK_PCT, SPEARMAN = 10.0, 10.0, 5.0, 0.8
 MODELS = {"tiny": "tiny.toml", "gpt8": "exp_bubble.toml", "mlp": "mlp.toml"}
 STEPS, QUICK_STEPS = 16, 3
+MAX_STEPS = 4000  # --run-seconds: the most steps a row runs
 
 
 def one_node(quick: bool):
@@ -133,7 +140,7 @@ def train(args, out: Path, row, rep: int, launch: list[str]) -> Path:
     sets = {"parallel.dp": dp, "parallel.pp": pp, "parallel.tp": tp, "parallel.schedule": sched,
             "parallel.virtual_stages": v, "parallel.microbatches": m,
             "parallel.recompute": rec, "parallel.partition": "uniform",
-            "train.steps": args.steps or (QUICK_STEPS if args.quick else STEPS),
+            "train.steps": steps_of(args, row),
             "train.eval_interval": 0, "run.progress": "false", "run.flush_interval": 0}
     cmd = launch + [sys.executable, "-m", "mpipar.cli", "train", "--config",
                     str(common.CONFIGS / MODELS[model]), "--out", str(run_dir)]
@@ -141,6 +148,28 @@ def train(args, out: Path, row, rep: int, launch: list[str]) -> Path:
         cmd += ["--set", f"{k}={val}"]
     common.run_command(cmd, args.timeout, name)
     return run_dir / "trace.h5"
+
+
+@functools.lru_cache(maxsize=None)
+def _spec(path: str):
+    from mpipar.plan import load_cluster
+
+    return load_cluster(path)
+
+
+def steps_of(args, row) -> int:
+    """A row's steps: ``--steps`` (default STEPS); with ``--run-seconds T``, enough that the
+    run's steps span T seconds by the plan of ``--spec`` (at least as many; the plan only
+    sizes the run). A run of half a second on a machine whose speed switches between two
+    levels lands on either (``mpipar.plan.steadiness``); a run of several seconds averages
+    them, as a long training run does."""
+    base = args.steps or (QUICK_STEPS if args.quick else STEPS)
+    if not getattr(args, "run_seconds", None):
+        return base
+    from mpipar.plan.here import planned
+
+    step = planned(*row_config(row), _spec(args.spec))["step"]
+    return int(min(max(base, math.ceil(args.run_seconds / step) + 1), MAX_STEPS))
 
 
 def train_all(args, out: Path, rows, launch, between=None) -> None:
@@ -358,6 +387,19 @@ TERMS = ("planned = plan.here: unit floor + GEMM + k x element-wise per phase ([
          "every row")
 
 
+def steadiness_note(seconds: float, when: str) -> dict:
+    """The machine's steadiness (``mpipar.plan.steadiness``), printed: how often a run of a
+    row's length lands within the step bound of the machine's median speed, whatever planned
+    it (a bound no plan can beat on this machine)."""
+    from mpipar.plan import steadiness
+
+    summ = steadiness.summary(steadiness.sample_one_thread(seconds))
+    print(f"{when}:")
+    for line in steadiness.lines(summ):
+        print("  " + line)
+    return summ
+
+
 def main() -> int:
     p = common.parser(NAME, __doc__)
     p.add_argument("--spec", required=True,
@@ -373,12 +415,21 @@ def main() -> int:
                    help="tables 1 and 2 from the dumps already in DIR (a previous --out), "
                         "planned again with --spec and the spec samples stored in DIR/specs; "
                         "nothing is run")
+    p.add_argument("--run-seconds", type=float, default=None, metavar="T",
+                   help="run each row for about T seconds of steps (steps sized by the spec's "
+                        "plan, at least --steps; default: --steps alone)")
+    p.add_argument("--steadiness", type=float, default=None, metavar="SECONDS",
+                   help="the machine's steadiness sampled this long before the rows and after "
+                        "them (mpipar.plan.steadiness; default 10, --quick 1, 0: none)")
     p.add_argument("--no-sample", action="store_true",
                    help="plan from --spec alone: no spec samples beside the runs (nor those "
                         "stored in --replan DIR)")
     args = p.parse_args()
     if args.repeats < 1:
         print(f"plan_here: --repeats {args.repeats}: give 1 or more", file=sys.stderr)
+        return 2
+    if args.run_seconds is not None and not args.run_seconds > 0:
+        print(f"plan_here: --run-seconds {args.run_seconds}: give a time > 0", file=sys.stderr)
         return 2
     from mpipar.plan import PlanError, load_cluster
     from mpipar.plan.resample import read_base
@@ -391,6 +442,9 @@ def main() -> int:
         return 2
     out = common.out_dir(args, NAME)
     t0 = time.perf_counter()
+    steady_s = 0.0 if args.replan else (
+        args.steadiness if args.steadiness is not None else (1.0 if args.quick else 10.0))
+    steady = {"before": steadiness_note(steady_s, "before the rows")} if steady_s > 0 else {}
     if args.emulated:
         import plan_here_emulated
 
@@ -410,6 +464,9 @@ def main() -> int:
         except (common.ExperimentError, PlanError) as exc:
             print(f"plan_here: {exc}", file=sys.stderr)
             return 2
+    if steady:
+        steady["after"] = steadiness_note(steady_s, "after the rows")
+        meta["steadiness"] = steady
     meta.update({"spec": args.spec, "cluster": cluster.name, "repeats": args.repeats,
                  "seconds": time.perf_counter() - t0, "machine": common.machine_note(),
                  "terms": TERMS})

@@ -339,6 +339,10 @@ def test_plan_here_quick_repeats_rows_and_reports_medians(tmp_path):
         assert r["in_band"] == (r["band_lo_ms"] <= r["step_ms"] <= r["band_hi_ms"])
     # a spec sample before each round and after the last, stored for --replan
     assert len(doc["meta"]["samples"]) == 3
+    # the machine's steadiness before the rows and after them (plan.steadiness)
+    steady = doc["meta"]["steadiness"]
+    assert set(steady) == {"before", "after"} and steady["before"]["spread"] >= 1.0
+    assert "before the rows:" in proc.stdout and "machine steadiness" in proc.stdout
     assert sorted(p.name for p in (tmp_path / "out" / "specs").iterdir()) == [
         "sample-00.toml", "sample-01.toml", "sample-02.toml"]
     again = subprocess.run([sys.executable, str(repo / "experiments" / "plan_here.py"),
@@ -349,3 +353,4 @@ def test_plan_here_quick_repeats_rows_and_reports_medians(tmp_path):
     redo = json.loads((tmp_path / "again" / "results.json").read_text())
     assert [r["planned_ms"] for r in redo["rows"]] == [r["planned_ms"] for r in doc["rows"]]
     assert len(redo["meta"]["samples"]) == 3 and "3 spec samples" in again.stdout
+    assert "steadiness" not in redo["meta"]  # nothing run: no machine to sample

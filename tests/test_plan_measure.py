@@ -55,6 +55,8 @@ def test_measure_writes_a_spec_that_cluster_reads(tmp_path):
     assert (c.cache > 0) == ("opt_value_warm" in dict(c.units))
     # processes beyond the cores: slower than their share by a measured factor (plan.oversub)
     assert c.shared_slowdown >= 1.0 and "processes at once" in done.stdout
+    # how steady the machine is (plan.steadiness): printed and written, read by no term
+    assert "machine steadiness" in done.stdout and "[steadiness]" in out.read_text()
 
 
 def test_measure_refuses_a_missing_out(tmp_path):

@@ -31,6 +31,10 @@ every number measured here, none taken from a datasheet:
   and cold on state that does not, and the planner picks per rank by its state's size.
 - ``cores_per_node`` (the cores this process may run on), ``cores_per_rank``,
   ``workspace_gb`` (the resident size of a Python process with NumPy).
+- ``[steadiness]``: how steady the machine's speed is (``mpipar.plan.steadiness``: fixed work
+  timed in short windows for ``STEADY_S`` seconds): the spread of the windows, the two speed
+  levels of a shared core, and per run length the share of runs within 10 % of the median.
+  No planner term reads it: it says how finely runs here can be checked against a plan.
 """
 
 from __future__ import annotations
@@ -45,10 +49,12 @@ from pathlib import Path
 
 import numpy as np
 
+from . import steadiness
 from .errors import PlanError
 from .oversub import shared_slowdown
 from .sharing import sched_slice
 
+STEADY_S, STEADY_QUICK_S = 10.0, 0.5  # the steadiness sample (seconds)
 SIZES = (32, 64, 128, 256, 512, 768)
 QUICK_SIZES = (16, 32, 64)
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -308,6 +314,10 @@ def measure(ranks: int = 2, inter_node: bool = False, quick: bool = False,
     say(f"the reference GPT chain in 1, then {2 * cores} processes at once (plan/oversub.py) ...")
     slowdown = shared_slowdown(cores, quick, timeout, dict(os.environ, **THREAD_ENV))
     say(f"  {2 * cores} processes on {cores} cores: {slowdown:.3f} x slower than their share")
+    steady = steadiness.summary(steadiness.sample_one_thread(
+        STEADY_QUICK_S if quick else STEADY_S, timeout))
+    for line in steadiness.lines(steady):
+        say(line)
     return {
         "name": "measured-" + os.uname().nodename,
         "gpus_per_node": ranks,
@@ -330,6 +340,7 @@ def measure(ranks: int = 2, inter_node: bool = False, quick: bool = False,
                  "half_dim": half},
         "executor": {k: max(v * 1e6, 1e-3) for k, v in ex.items()},  # > 0: the schema
         "units": {f"{k}_us": max(v * 1e6, 1e-3) for k, v in units.items()},
+        "steadiness": steadiness.spec_section(steady),
         "_inter_measured": inter is not None,
         "_rates": {"fp32": r32, "fp64": r64},
     }
@@ -367,8 +378,12 @@ def to_toml(spec: dict) -> str:
         "their share",
     ]
     for sec in ("peak_tflops", "hbm", "intra_node", "inter_node", "collective", "gemm",
-                "executor", "units"):
+                "executor", "units", "steadiness"):
         lines.append("")
+        if sec == "steadiness":
+            lines.append("# how steady this machine's speed is (mpipar/plan/steadiness.py): "
+                         "read by no planner term;")
+            lines.append("# within_<L>: the share of L-second runs within 10 % of the median")
         if sec == "inter_node" and not spec["_inter_measured"]:
             lines.append("# NOT measured across nodes: a copy of [intra_node] "
                          "(run with --inter-node on the cluster)")
