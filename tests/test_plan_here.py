@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from spec_util import spec_text
 
@@ -354,3 +356,27 @@ def test_plan_here_quick_repeats_rows_and_reports_medians(tmp_path):
     assert [r["planned_ms"] for r in redo["rows"]] == [r["planned_ms"] for r in doc["rows"]]
     assert len(redo["meta"]["samples"]) == 3 and "3 spec samples" in again.stdout
     assert "steadiness" not in redo["meta"]  # nothing run: no machine to sample
+
+
+def test_run_seconds_sizes_each_row_by_its_plan(tmp_path):
+    """plan_here --run-seconds T: a row runs about T seconds of steps by the spec's plan (the
+    fewer the planned step's milliseconds, the more steps), never fewer than --steps, at most
+    MAX_STEPS; without it, --steps alone."""
+    import sys
+    import types
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    import plan_here
+
+    spec = tmp_path / "spec.toml"
+    spec.write_text("cores_per_node = 2\n" + SPEC)
+    tiny, gpt8 = ("tiny", 1, 2, 1, "1f1b", 1, 4, "none"), ("gpt8", 1, 2, 1, "1f1b", 1, 4, "none")
+    plain = types.SimpleNamespace(steps=None, quick=False, run_seconds=None, spec=str(spec))
+    assert plan_here.steps_of(plain, tiny) == plan_here.STEPS
+    sized = types.SimpleNamespace(steps=None, quick=False, run_seconds=2.0, spec=str(spec))
+    n_tiny, n_gpt8 = plan_here.steps_of(sized, tiny), plan_here.steps_of(sized, gpt8)
+    assert plan_here.STEPS <= n_gpt8 < n_tiny <= plan_here.MAX_STEPS
+    for row, n in ((tiny, n_tiny), (gpt8, n_gpt8)):
+        step = planned(*plan_here.row_config(row), load_cluster(str(spec)))["step"]
+        assert n == max(plan_here.STEPS, min(plan_here.MAX_STEPS, math.ceil(2.0 / step) + 1))
