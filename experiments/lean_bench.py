@@ -24,6 +24,10 @@ training rows, as mpipar's synthetic data is drawn (a like-for-like step with it
 way each rank holds only what it reads (``Lean.take``): a replica its own rows, a pipeline's
 first stage the inputs and its last the classes, as mpipar gathers them.
 
+Before the runs and after them, the machine's steadiness is sampled and printed with the table
+(``--steadiness SECONDS``, ``mpipar/plan/steadiness.py``): on a machine whose speed switches
+between two levels, how many block pairs or runs a difference of a few per cent needs.
+
 ``--profile`` instead runs each case's mpipar once under cProfile and writes, per rank, the
 function call counts per training step (``OUT/profile/<case>.rank<R>.txt``): the fixed-cost
 budget of BENCHMARKS.md. Writes ``OUT/results.md``, ``OUT/lean_bench_samejob.h5`` (every block
@@ -230,15 +234,29 @@ def bench(args):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
+    steady = steadiness_lines(args, "before the runs")
     same = [] if args.separate else [c for c in cases if CASES[c][1]]
     text = same_job(same, args, impls, out) if same else ""
     rest = [c for c in cases if c not in same]
     if rest:
         text += separate(rest, args, impls, out)
     took = time.perf_counter() - t_start
+    text = steady + text + steadiness_lines(args, "after the runs")
     text += f"\n{took:.0f} s in all\n"
     print(text)
     (out / "results.md").write_text(text)
+
+
+def steadiness_lines(args, when: str) -> str:
+    """The machine's steadiness (mpipar/plan/steadiness.py) sampled now, as text for the
+    table: how far one block pair or one run here can be trusted ("" with --steadiness 0)."""
+    seconds = args.steadiness if args.steadiness is not None else (0.5 if args.quick else 10.0)
+    if seconds <= 0:
+        return ""
+    from mpipar.plan import steadiness
+
+    summ = steadiness.summary(steadiness.sample_one_thread(seconds))
+    return f"{when}:\n" + "\n".join("  " + line for line in steadiness.lines(summ)) + "\n\n"
 
 
 def same_job(cases, args, impls, out):
@@ -385,6 +403,9 @@ def main(argv=None):
                         "two jobs alternating from round to round")
     p.add_argument("--quick", action="store_true",
                    help="1 pair of 10 steps, or 3 block pairs of 2 steps: a smoke test")
+    p.add_argument("--steadiness", type=float, default=None, metavar="SECONDS",
+                   help="the machine's steadiness sampled this long before the runs and after "
+                        "them (mpipar/plan/steadiness.py; default 10, --quick 0.5, 0: none)")
     p.add_argument("--profile", nargs="?", const=True, default=False,
                    help="cProfile call counts per step instead of timings")
     p.add_argument("--trace", action="store_true", help="worker/profile: tracing on")

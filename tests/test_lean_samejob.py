@@ -47,6 +47,9 @@ def test_same_job_on_one_and_two_ranks_writes_its_table(tmp_path):
         assert q1 <= float(ratio) <= q3, (case, ratio, iqr)
         assert base == vs_base == "-"  # no baseline checkout given
     assert "3 alternating block pairs" in text and "4 fixed batches" in text
+    # the machine's steadiness before the runs and after them (mpipar/plan/steadiness.py)
+    assert "before the runs:" in text and "after the runs:" in text
+    assert text.count("machine steadiness") == 2
     assert set(block_times(tmp_path / "lean_bench_samejob.h5").values()) == {3}
 
 
