@@ -251,12 +251,11 @@ def steadiness_lines(args, when: str) -> str:
     """The machine's steadiness (mpipar/plan/steadiness.py) sampled now, as text for the
     table: how far one block pair or one run here can be trusted ("" with --steadiness 0)."""
     seconds = args.steadiness if args.steadiness is not None else (0.5 if args.quick else 10.0)
-    if seconds <= 0:
+    if seconds == 0:
         return ""
     from mpipar.plan import steadiness
 
-    summ = steadiness.summary(steadiness.sample_one_thread(seconds))
-    return f"{when}:\n" + "\n".join("  " + line for line in steadiness.lines(summ)) + "\n\n"
+    return steadiness.report(steadiness.measured(seconds), when) + "\n"
 
 
 def same_job(cases, args, impls, out):
@@ -424,6 +423,8 @@ def main(argv=None):
         args.block_pairs, args.block = 3, 2
     if min(args.pairs, args.steps, args.block, args.block_pairs, args.rounds) < 1:
         sys.exit("--pairs, --steps, --block, --block-pairs and --rounds must each be >= 1")
+    if args.steadiness is not None and not args.steadiness >= 0:
+        sys.exit(f"--steadiness {args.steadiness}: give seconds >= 0 (0: none)")
     if args.profile:
         return profile(args)
     return bench(args)

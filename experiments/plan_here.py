@@ -393,10 +393,8 @@ def steadiness_note(seconds: float, when: str) -> dict:
     it (a bound no plan can beat on this machine)."""
     from mpipar.plan import steadiness
 
-    summ = steadiness.summary(steadiness.sample_one_thread(seconds))
-    print(f"{when}:")
-    for line in steadiness.lines(summ):
-        print("  " + line)
+    summ = steadiness.measured(seconds)
+    print(steadiness.report(summ, when), end="", flush=True)
     return summ
 
 
@@ -431,6 +429,10 @@ def main() -> int:
     if args.run_seconds is not None and not args.run_seconds > 0:
         print(f"plan_here: --run-seconds {args.run_seconds}: give a time > 0", file=sys.stderr)
         return 2
+    if args.steadiness is not None and not args.steadiness >= 0:
+        print(f"plan_here: --steadiness {args.steadiness}: give seconds >= 0 (0: none)",
+              file=sys.stderr)
+        return 2
     from mpipar.plan import PlanError, load_cluster
     from mpipar.plan.resample import read_base
 
@@ -444,7 +446,11 @@ def main() -> int:
     t0 = time.perf_counter()
     steady_s = 0.0 if args.replan else (
         args.steadiness if args.steadiness is not None else (1.0 if args.quick else 10.0))
-    steady = {"before": steadiness_note(steady_s, "before the rows")} if steady_s > 0 else {}
+    try:
+        steady = {"before": steadiness_note(steady_s, "before the rows")} if steady_s > 0 else {}
+    except PlanError as exc:
+        print(f"plan_here: {exc}", file=sys.stderr)
+        return 2
     if args.emulated:
         import plan_here_emulated
 
@@ -465,7 +471,11 @@ def main() -> int:
             print(f"plan_here: {exc}", file=sys.stderr)
             return 2
     if steady:
-        steady["after"] = steadiness_note(steady_s, "after the rows")
+        try:
+            steady["after"] = steadiness_note(steady_s, "after the rows")
+        except PlanError as exc:  # the rows are measured: write them, say what is missing
+            print(f"plan_here: warning: no steadiness sample after the rows: {exc}",
+                  file=sys.stderr)
         meta["steadiness"] = steady
     meta.update({"spec": args.spec, "cluster": cluster.name, "repeats": args.repeats,
                  "seconds": time.perf_counter() - t0, "machine": common.machine_note(),

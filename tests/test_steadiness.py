@@ -97,3 +97,25 @@ def test_bench_steadiness_refuses_bad_input(tmp_path):
     done = run_cli("--steadiness", "--quick", "--out", str(tmp_path / "no" / "dir" / "x.h5"))
     assert done.returncode == 2 and "does not exist" in done.stderr
     assert not (tmp_path / "no").exists()
+
+
+def test_a_sample_that_overruns_its_time_says_so():
+    from mpipar.plan import PlanError
+
+    with pytest.raises(PlanError, match="took over"):
+        steadiness.sample_one_thread(30.0, timeout=0.5)
+
+
+def test_experiments_refuse_a_negative_sample_time(tmp_path):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "experiments" / "plan_here.py"), "--spec",
+                           "dgx-h100", "--steadiness", "-1", "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--steadiness -1.0: give seconds >= 0" in done.stderr
+    done = subprocess.run([sys.executable, str(root / "experiments" / "lean_bench.py"),
+                           "--steadiness", "-1", "--out", str(tmp_path / "l")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "give seconds >= 0" in done.stderr
+    assert not (tmp_path / "o").exists() and not (tmp_path / "l").exists()

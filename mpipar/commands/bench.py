@@ -75,7 +75,7 @@ def _steadiness(args) -> int:
     """``--steadiness``: the table of ``plan.steadiness``; ``--out``: its windows as HDF5."""
     import sys
 
-    from mpipar.plan import steadiness
+    from mpipar.plan import PlanError, steadiness
 
     seconds = args.seconds if args.seconds is not None else (
         STEADY_QUICK_S if args.quick else STEADY_S)
@@ -93,7 +93,7 @@ def _steadiness(args) -> int:
             return 2
     try:
         got = steadiness.sample_one_thread(seconds)
-    except RuntimeError as exc:
+    except PlanError as exc:
         print(f"mpipar bench: {exc}", file=sys.stderr)
         return 1
     summ = steadiness.summary(got)

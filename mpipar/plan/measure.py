@@ -314,8 +314,7 @@ def measure(ranks: int = 2, inter_node: bool = False, quick: bool = False,
     say(f"the reference GPT chain in 1, then {2 * cores} processes at once (plan/oversub.py) ...")
     slowdown = shared_slowdown(cores, quick, timeout, dict(os.environ, **THREAD_ENV))
     say(f"  {2 * cores} processes on {cores} cores: {slowdown:.3f} x slower than their share")
-    steady = steadiness.summary(steadiness.sample_one_thread(
-        STEADY_QUICK_S if quick else STEADY_S, timeout))
+    steady = steadiness.measured(STEADY_QUICK_S if quick else STEADY_S, timeout)
     for line in steadiness.lines(steady):
         say(line)
     return {

@@ -45,6 +45,8 @@ import numpy as np
 
 from mpipar.threads import VARS
 
+from .errors import PlanError
+
 WINDOW_S = 0.02  # one window: long enough for tens of calls, short against the levels' dwell
 RUN_S = (0.5, 2.0, 5.0)  # run lengths the summary reads the series at
 BOUND = 0.10  # a per-run bound (experiments/plan_here.py's step bound)
@@ -119,13 +121,28 @@ def sample_one_thread(seconds: float, timeout: float | None = None) -> dict:
     # that is not the installed one)
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                          timeout=timeout if timeout is not None else 60 + 2 * seconds)
+    limit = timeout if timeout is not None else 60 + 2 * seconds
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=env, timeout=limit)
+    except subprocess.TimeoutExpired:
+        raise PlanError(f"the steadiness sample ({seconds:g} s) took over {limit:.0f} s: the "
+                        "machine is too loaded to sample; run it alone") from None
     if done.returncode != 0:
-        raise RuntimeError(f"the steadiness sample failed (exit {done.returncode}): "
-                           f"{done.stderr.strip()[-500:]}")
+        raise PlanError(f"the steadiness sample failed (exit {done.returncode}): "
+                        f"{done.stderr.strip()[-500:]}")
     got = json.loads(done.stdout.strip().splitlines()[-1])
     return {k: (np.array(v) if k != "kinds" else v) for k, v in got.items()}
+
+
+def measured(seconds: float, timeout: float | None = None) -> dict:
+    """``summary`` of a ``sample_one_thread`` of ``seconds``."""
+    return summary(sample_one_thread(seconds, timeout))
+
+
+def report(summ: dict, when: str) -> str:
+    """``lines`` under a heading saying when the sample was taken, indented, for a table."""
+    return f"{when}:\n" + "\n".join("  " + line for line in lines(summ)) + "\n"
 
 
 def relative(got: dict) -> np.ndarray:
